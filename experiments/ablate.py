@@ -1,0 +1,176 @@
+"""Runs a grid of training configurations and writes one table.
+
+  python experiments/ablate.py \
+      --grid="rollout_quant=none,int8;correction=tis,acr;uaq_scale=1.0,1.5" \
+      --seeds=0,1 --steps=20 --out_dir=runs/ablate
+
+or with a checked-in config (a JSON list of {"name": ..., field: value}):
+
+  python experiments/ablate.py --configs=experiments/configs/qurl_cpu.json
+
+Every run gets its own directory `<out_dir>/<name>_s<seed>` and is resumed if
+it already finished some steps (so a killed ablation continues). The table
+(`<out_dir>/table.md` and `table.json`) has, per run: held-out accuracy
+before / final / best, mean reward over the first and last quarter,
+behavior-proximal KL, max ρ, clip fractions, rollout tokens/s and seconds per
+step; and per config, the mean ± std over seeds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+
+from absl import app, flags
+import numpy as np
+
+from rljax.train import flags as train_flags
+from rljax.train.config import TrainConfig
+from rljax.train.metrics import read_metrics
+
+train_flags.define_train_flags(
+    algorithm="grpo", task="arithmetic", task_difficulty="easy",
+    rollout_quant="int8", steps=20, eval_size=64, checkpoint_every=5,
+    export_hf=False, run_dir="runs/ablate")
+_GRID = flags.DEFINE_string(
+    "grid", "", "Semicolon-separated FIELD=v1,v2 axes; the cross product runs.")
+_CONFIGS = flags.DEFINE_string(
+    "configs", "", "JSON file: a list of {name, field: value, ...} runs.")
+_SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds, each run once per seed.")
+_OUT_DIR = flags.DEFINE_string("out_dir", "runs/ablate", "Where runs and the table go.")
+
+
+def _parse_value(field: dataclasses.Field, text: str):
+  base = TrainConfig.__dataclass_fields__[field.name]
+  default = base.default
+  if isinstance(default, bool):
+    return text.lower() in ("1", "true", "yes")
+  if isinstance(default, int):
+    return int(text)
+  if isinstance(default, float) or default is None:
+    return None if text == "None" else float(text)
+  return text
+
+
+def grid_runs(grid: str) -> list[dict]:
+  """'a=1,2;b=x' -> [{'name': 'a=1_b=x', 'a': 1, 'b': 'x'}, ...]."""
+  if not grid:
+    return []
+  fields = TrainConfig.__dataclass_fields__
+  axes = []
+  for part in grid.split(";"):
+    if "=" not in part:
+      raise ValueError(f"--grid axis {part!r} is not FIELD=v1,v2")
+    name, values = part.split("=", 1)
+    name = name.strip()
+    if name not in fields:
+      raise ValueError(f"--grid field {name!r} is not a TrainConfig field")
+    axes.append([(name, _parse_value(fields[name], v.strip()))
+                 for v in values.split(",")])
+  runs = []
+  for combo in itertools.product(*axes):
+    run = dict(combo)
+    run["name"] = "_".join(f"{k}={v}" for k, v in combo)
+    runs.append(run)
+  return runs
+
+
+def summarize(run_dir: str) -> dict:
+  rows = read_metrics(run_dir)
+  train = [r for r in rows if "reward_mean" in r]
+  evals = [r for r in rows if "eval_accuracy" in r]
+
+  def mean(key, part):
+    vals = [r[key] for r in part if isinstance(r.get(key), (int, float))]
+    return float(np.mean(vals)) if vals else None
+  q = max(1, len(train) // 4)
+  return {
+      "steps": len(train),
+      "eval_before": evals[0]["eval_accuracy"] if evals else None,
+      "eval_final": evals[-1]["eval_accuracy"] if evals else None,
+      "eval_best": max(e["eval_accuracy"] for e in evals) if evals else None,
+      "reward_first_q": mean("reward_mean", train[:q]),
+      "reward_last_q": mean("reward_mean", train[-q:]),
+      "behav_prox_kl": mean("behav_prox_kl", train),
+      "max_rho": max((r.get("max_prox_behav_ratio", 0.0) for r in train),
+                     default=None),
+      "clip_low": mean("clip_fraction_low", train),
+      "clip_high": mean("clip_fraction_high", train),
+      "tis_truncated": mean("tis_truncated_fraction", train),
+      "rollout_tok_s": mean("rollout_tokens_per_s", train),
+      "s_per_step": mean("time_step", train),
+  }
+
+
+def _fmt(v) -> str:
+  if v is None:
+    return "–"
+  if isinstance(v, float):
+    return f"{v:.4g}"
+  return str(v)
+
+
+def write_table(results: list[dict], out_dir: str) -> str:
+  cols = ["name", "seed", "steps", "eval_before", "eval_final", "eval_best",
+          "reward_first_q", "reward_last_q", "behav_prox_kl", "max_rho",
+          "clip_low", "clip_high", "tis_truncated", "rollout_tok_s",
+          "s_per_step"]
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  for r in results:
+    lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+  # Spread over seeds.
+  by_name: dict[str, list[dict]] = {}
+  for r in results:
+    by_name.setdefault(r["name"], []).append(r)
+  agg = ["", "| config | seeds | eval_final mean ± std | eval_best mean | "
+         "reward_last_q mean ± std |", "|---|---|---|---|---|"]
+  for name, rs in by_name.items():
+    ef = [r["eval_final"] for r in rs if r["eval_final"] is not None]
+    eb = [r["eval_best"] for r in rs if r["eval_best"] is not None]
+    rl = [r["reward_last_q"] for r in rs if r["reward_last_q"] is not None]
+    agg.append(f"| {name} | {len(rs)} | "
+               f"{_fmt(np.mean(ef) if ef else None)} ± {_fmt(np.std(ef) if ef else None)} | "
+               f"{_fmt(np.mean(eb) if eb else None)} | "
+               f"{_fmt(np.mean(rl) if rl else None)} ± {_fmt(np.std(rl) if rl else None)} |")
+  text = "\n".join(lines + agg) + "\n"
+  with open(os.path.join(out_dir, "table.md"), "w") as f:
+    f.write(text)
+  with open(os.path.join(out_dir, "table.json"), "w") as f:
+    json.dump(results, f, indent=1)
+  return text
+
+
+def main(argv):
+  del argv
+  from rljax.train.driver import run_experiment
+  runs = grid_runs(_GRID.value)
+  if _CONFIGS.value:
+    with open(_CONFIGS.value) as f:
+      runs += json.load(f)
+  if not runs:
+    raise app.UsageError("give --grid and/or --configs")
+  base = train_flags.config_from_flags()
+  os.makedirs(_OUT_DIR.value, exist_ok=True)
+  results = []
+  for run in runs:
+    overrides = {k: v for k, v in run.items() if k != "name"}
+    for seed in _SEEDS.value:
+      run_dir = os.path.join(_OUT_DIR.value, f"{run['name']}_s{seed}")
+      cfg = dataclasses.replace(base, seed=int(seed), run_dir=run_dir,
+                                resume=True, **overrides)
+      done = os.path.exists(os.path.join(run_dir, "summary.json"))
+      if not done:
+        print(f"[ablate] {run['name']} seed={seed}", flush=True)
+        run_experiment(cfg, plot=True)
+      res = {"name": run["name"], "seed": int(seed), **summarize(run_dir)}
+      results.append(res)
+      print(write_table(results, _OUT_DIR.value), flush=True)
+  from rljax.train.plots import plot_runs
+  plot_runs([os.path.join(_OUT_DIR.value, f"{r['name']}_s{r['seed']}")
+             for r in results], os.path.join(_OUT_DIR.value, "plots.png"),
+            labels=[f"{r['name']} s{r['seed']}" for r in results], smooth=3)
+
+
+if __name__ == "__main__":
+  app.run(main)

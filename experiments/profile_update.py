@@ -1,0 +1,162 @@
+"""Profiles the jitted RL update step for a model size and batch shape.
+
+  python experiments/profile_update.py --model=smollm2-135m --batch=16 --seq=256
+
+Prints compile time, step time, FLOPs and bytes from XLA's cost analysis,
+achieved FLOP/s, MFU against a matmul peak measured on the same device and
+dtype, and peak memory; writes a `jax.profiler` trace (open it with
+TensorBoard's profile plugin or ui.perfetto.dev). `--out=FILE.json` writes
+{"step_s", "flops", "bytes", "achieved_flops_per_s", "peak_flops_per_s",
+"mfu", "peak_memory_bytes", ...}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax import models
+from rljax.core import objectives
+from rljax.train import update as update_lib
+
+_MODEL = flags.DEFINE_string(
+    "model", "smollm2-135m", "Model preset (random weights: speed does not "
+    "depend on values), or 'tiny'.")
+_BATCH = flags.DEFINE_integer("batch", 16, "Sequences per update.")
+_SEQ = flags.DEFINE_integer("seq", 256, "Tokens per sequence.")
+_MICRO = flags.DEFINE_integer("micro_batches", 1, "Gradient-accumulation splits.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Parameter/compute dtype.")
+_REMAT = flags.DEFINE_bool("remat", False, "Checkpoint each layer.")
+_CHUNK = flags.DEFINE_integer("logprob_chunk", 0, "Sequence chunk of the LM head.")
+_STEPS = flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up).")
+_TRACE = flags.DEFINE_string("trace_dir", "runs/profile_update/trace",
+                             "Where the profiler trace goes ('' = none).")
+_OUT = flags.DEFINE_string("out", "", "Write the numbers as JSON here.")
+
+
+def measure_matmul_peak(dtype, n: int = 2048, repeats: int = 5) -> float:
+  """Best FLOP/s of a jitted n×n @ n×n matmul on the default device."""
+  k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+  a = jax.random.normal(k1, (n, n), jnp.float32).astype(dtype)
+  b = jax.random.normal(k2, (n, n), jnp.float32).astype(dtype)
+  mm = jax.jit(lambda x, y: x @ y)
+  mm(a, b).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    mm(a, b).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2.0 * n ** 3 / best
+
+
+def random_batch(config, batch: int, seq: int, rng) -> dict:
+  k = jax.random.split(rng, 4)
+  tokens = jax.random.randint(k[0], (batch, seq), 0, config.vocab_size,
+                              jnp.int32)
+  prompt = seq // 4
+  mask = jnp.zeros((batch, seq - 1), jnp.float32).at[:, prompt:].set(1.0)
+  logp = -jnp.abs(jax.random.normal(k[1], (batch, seq - 1))) - 1.0
+  return {
+      "tokens": tokens,
+      "attention_mask": jnp.ones((batch, seq), jnp.int32),
+      "loss_mask": mask,
+      "prox_logp": logp,
+      "behav_logp": logp + 0.01 * jax.random.normal(k[2], logp.shape),
+      "advantages": jax.random.normal(k[3], (batch, seq - 1)) * mask,
+  }
+
+
+def peak_memory_bytes(compiled) -> int:
+  dev = jax.devices()[0]
+  stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
+  if stats and "peak_bytes_in_use" in stats:
+    return int(stats["peak_bytes_in_use"])
+  try:
+    mem = compiled.memory_analysis()
+    return int(mem.argument_size_in_bytes + mem.output_size_in_bytes
+               + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+  except Exception:  # pylint: disable=broad-except
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def main(argv):
+  del argv
+  dtype = jnp.dtype(_DTYPE.value)
+  if _MODEL.value == "tiny":
+    config = models.tiny_config()
+  else:
+    config = models.preset(_MODEL.value)
+  params = models.init_params(config, jax.random.PRNGKey(0), dtype=dtype)
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  loss = objectives.PolicyLossConfig(surrogate="ppo", correction="acr",
+                                     eps_low=0.2, eps_high=0.28,
+                                     aggregation="token-mean")
+  spec = update_lib.UpdateSpec(model_config=config, loss=loss,
+                               micro_batches=_MICRO.value, remat=_REMAT.value,
+                               logprob_chunk=_CHUNK.value)
+  optimizer = update_lib.make_optimizer(1e-6, 100)
+  state = update_lib.init_train_state(params, optimizer)
+  batch = random_batch(config, _BATCH.value, _SEQ.value, jax.random.PRNGKey(1))
+  step_fn = update_lib.make_update_step(spec, optimizer)
+
+  t0 = time.perf_counter()
+  compiled = step_fn.lower(state, batch).compile()
+  compile_s = time.perf_counter() - t0
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops = float(cost.get("flops", 0.0))
+  bytes_accessed = float(cost.get("bytes accessed", 0.0))
+  # Analytic count for comparison: 6·N·tokens (forward + backward).
+  analytic = 6.0 * n_params * _BATCH.value * _SEQ.value
+
+  state, m = compiled(state, batch)  # warm-up
+  jax.block_until_ready(m)
+  times = []
+  for _ in range(_STEPS.value):
+    t0 = time.perf_counter()
+    state, m = compiled(state, batch)
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - t0)
+  step_s = float(np.median(times))
+  if _TRACE.value:
+    os.makedirs(_TRACE.value, exist_ok=True)
+    with jax.profiler.trace(_TRACE.value):
+      state, m = compiled(state, batch)
+      jax.block_until_ready(m)
+  peak = measure_matmul_peak(dtype)
+  used_flops = flops if flops > 0 else analytic
+  achieved = used_flops / step_s
+  result = {
+      "device": str(jax.devices()[0].device_kind),
+      "backend": jax.default_backend(),
+      "model": _MODEL.value, "params": int(n_params), "dtype": _DTYPE.value,
+      "batch": _BATCH.value, "seq": _SEQ.value,
+      "micro_batches": _MICRO.value, "remat": _REMAT.value,
+      "compile_s": compile_s, "step_s": step_s,
+      "flops": flops, "analytic_flops_6nt": analytic, "bytes": bytes_accessed,
+      "achieved_flops_per_s": achieved, "peak_flops_per_s": peak,
+      "mfu": achieved / peak,
+      "tokens_per_s": _BATCH.value * _SEQ.value / step_s,
+      "peak_memory_bytes": peak_memory_bytes(compiled),
+      "trace_dir": _TRACE.value,
+  }
+  width = max(len(k) for k in result)
+  for k, v in result.items():
+    if isinstance(v, float):
+      v = f"{v:.4g}"
+    print(f"{k:<{width}}  {v}")
+  if _OUT.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+    with open(_OUT.value, "w") as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,385 @@
+"""The Llama/Qwen2 decoder as pure functions over a params dict.
+
+The params tree is the one fixed in docs/CONTRACTS.md: blocks stacked on a
+leading layer axis and run with `jax.lax.scan`, so compile time does not grow
+with depth. Pure functions (rather than a Module) are what the rest of rljax
+calls, because quantized `QTensor` leaves and `NamedSharding`s plug into a
+plain dict without module surgery. `Decoder` is a thin `flax.linen` wrapper for
+users who want `init`/`apply`.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+
+from rljax.models import layers
+from rljax.models.config import ModelConfig
+from rljax.quant.qtensor import QTensor, qdot
+
+Params = Mapping[str, Any]
+KVCache = dict[str, jax.Array]
+
+_INIT_STD = 0.02  # HF initializer_range of Llama/Qwen2.
+
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                "down_proj")
+
+
+def layer_kernel_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+  """[in, out] of every linear layer of one block."""
+  d, f = config.hidden_size, config.intermediate_size
+  hd = config.head_dim
+  q, kv = config.num_heads * hd, config.num_kv_heads * hd
+  return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv),
+          "o_proj": (q, d), "gate_proj": (d, f), "up_proj": (d, f),
+          "down_proj": (f, d)}
+
+
+def _normal(rng, shape, dtype):
+  return (_INIT_STD * jax.random.normal(rng, shape, jnp.float32)).astype(dtype)
+
+
+def init_embed(config: ModelConfig, rng: PRNGKeyArray, dtype=jnp.float32):
+  return {"embedding": _normal(rng, (config.vocab_size, config.hidden_size),
+                               dtype)}
+
+
+def init_layers(config: ModelConfig, rng: PRNGKeyArray, dtype=jnp.float32):
+  n, d = config.num_layers, config.hidden_size
+  shapes = layer_kernel_shapes(config)
+  rngs = jax.random.split(rng, len(shapes))
+  out: dict[str, Any] = {"attn_norm": {"scale": jnp.ones((n, d), dtype)},
+                         "mlp_norm": {"scale": jnp.ones((n, d), dtype)}}
+  for key, name in zip(rngs, _PROJECTIONS):
+    out[name] = {"kernel": _normal(key, (n, *shapes[name]), dtype)}
+  if config.has_qkv_bias:
+    for name in ("q_proj", "k_proj", "v_proj"):
+      out[name]["bias"] = jnp.zeros((n, shapes[name][1]), dtype)
+  return out
+
+
+def init_final_norm(config: ModelConfig, rng: PRNGKeyArray, dtype=jnp.float32):
+  del rng
+  return {"scale": jnp.ones((config.hidden_size,), dtype)}
+
+
+def init_lm_head(config: ModelConfig, rng: PRNGKeyArray, dtype=jnp.float32):
+  shape = (config.hidden_size, config.vocab_size)
+  return {"kernel": _normal(rng, shape, dtype)}
+
+
+def init_params(config: ModelConfig, rng: PRNGKeyArray,
+                dtype=jnp.float32) -> dict[str, Any]:
+  """Random params, HF's init: N(0, 0.02²) weights, unit norms, zero biases."""
+  k_embed, k_layers, k_head = jax.random.split(rng, 3)
+  params = {"embed": init_embed(config, k_embed, dtype),
+            "layers": init_layers(config, k_layers, dtype),
+            "final_norm": init_final_norm(config, None, dtype)}
+  if not config.tie_word_embeddings:
+    params["lm_head"] = init_lm_head(config, k_head, dtype)
+  return params
+
+
+# ------------------------------------------------------------------ checks
+def param_shapes(config: ModelConfig) -> dict[str, Any]:
+  """The shape of every leaf `init_params(config, ...)` creates."""
+  n, d, v = config.num_layers, config.hidden_size, config.vocab_size
+  shapes: dict[str, Any] = {
+      "embed": {"embedding": (v, d)},
+      "layers": {"attn_norm": {"scale": (n, d)},
+                 "mlp_norm": {"scale": (n, d)}},
+      "final_norm": {"scale": (d,)},
+  }
+  for name, (d_in, d_out) in layer_kernel_shapes(config).items():
+    shapes["layers"][name] = {"kernel": (n, d_in, d_out)}
+    if config.has_qkv_bias and name in ("q_proj", "k_proj", "v_proj"):
+      shapes["layers"][name]["bias"] = (n, d_out)
+  if not config.tie_word_embeddings:
+    shapes["lm_head"] = {"kernel": (d, v)}
+  return shapes
+
+
+def check_params(config: ModelConfig, params: Params) -> None:
+  """Raises naming the first leaf of `params` whose presence or shape does
+  not fit `config` (a QTensor kernel is checked by its `value`)."""
+  def walk(expected, got, path):
+    if not isinstance(expected, dict):
+      shape = tuple(got.shape)
+      if shape != expected:
+        raise ValueError(f"params{path} has shape {shape}; expected {expected} "
+                         f"for this ModelConfig")
+      return
+    if not isinstance(got, Mapping):
+      raise TypeError(f"params{path} is a {type(got).__name__}; expected a "
+                      "dict")
+    missing = sorted(set(expected) - set(got))
+    if missing:
+      raise KeyError(f"params{path} lacks {missing}")
+    for key in expected:
+      walk(expected[key], got[key], f"{path}[{key!r}]")
+
+  walk(param_shapes(config), params, "")
+
+
+def _check_tokens(tokens, name="tokens"):
+  if not hasattr(tokens, "dtype") or not jnp.issubdtype(tokens.dtype,
+                                                        jnp.integer):
+    raise TypeError(f"{name} must be an integer array [B, T]; got "
+                    f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
+  if tokens.ndim != 2:
+    raise ValueError(f"{name} must have shape [B, T]; got {tokens.shape}")
+
+
+def _check_same_shape(x, tokens, name):
+  if x is not None and tuple(x.shape) != tuple(tokens.shape):
+    raise ValueError(f"{name} has shape {tuple(x.shape)}; expected the shape "
+                     f"of tokens {tuple(tokens.shape)}")
+
+
+def compute_dtype(params: Params) -> jnp.dtype:
+  """Activations run in the embedding's dtype (the params' dtype)."""
+  return params["embed"]["embedding"].dtype
+
+
+def positions_from_mask(attention_mask: Int[Array, "b t"]) -> Int[Array, "b t"]:
+  """Position of each token counting only real ones: cumsum(mask) − 1 (≥ 0).
+
+  With left padding the first real token gets position 0, as HF's generate.
+  """
+  return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1,
+                     0)
+
+
+# ---------------------------------------------------------------- the block
+def _attention_block(config: ModelConfig, layer: Params, x, cos, sin, k_fn):
+  """Attention sub-block. `k_fn(k, v) -> (keys, values, mask, extra)` supplies
+  what the queries attend to: the fresh keys, or the KV cache with the fresh
+  ones written in (then `extra` carries the updated cache out)."""
+  b, t, _ = x.shape
+  hd = config.head_dim
+  h = layers.rms_norm(x, layer["attn_norm"]["scale"], config.rms_norm_eps)
+  q = layers.linear(h, layer["q_proj"]).reshape(b, t, config.num_heads, hd)
+  k = layers.linear(h, layer["k_proj"]).reshape(b, t, config.num_kv_heads, hd)
+  v = layers.linear(h, layer["v_proj"]).reshape(b, t, config.num_kv_heads, hd)
+  q = layers.apply_rope(q, cos, sin)
+  k = layers.apply_rope(k, cos, sin)
+  keys, values, mask, extra = k_fn(k, v)
+  out = layers.attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask)
+  x = x + layers.linear(out.reshape(b, t, config.num_heads * hd),
+                        layer["o_proj"])
+  return x, extra
+
+
+def _mlp_block(config: ModelConfig, layer: Params, x):
+  h = layers.rms_norm(x, layer["mlp_norm"]["scale"], config.rms_norm_eps)
+  return x + layers.swiglu_mlp(h, layer["gate_proj"], layer["up_proj"],
+                               layer["down_proj"])
+
+
+def embed_tokens(params: Params, tokens: Int[Array, "b t"]
+                 ) -> Float[Array, "b t d"]:
+  return jnp.take(params["embed"]["embedding"], tokens, axis=0)
+
+
+def final_hidden_states(config: ModelConfig, params: Params,
+                        tokens: Int[Array, "b t"],
+                        attention_mask: Int[Array, "b t"] | None = None,
+                        positions: Int[Array, "b t"] | None = None,
+                        *, remat: bool = False) -> Float[Array, "b t d"]:
+  """Hidden states after the final RMSNorm, in the params' dtype.
+
+  Args:
+    config: the architecture.
+    params: the params tree (float or QTensor kernels).
+    tokens: int [B, T].
+    attention_mask: [B, T], 1 for real tokens, 0 for padding (left or right).
+      Padded keys are never attended to; outputs at padded queries are finite
+      but meaningless.
+    positions: int [B, T] RoPE positions; default cumsum(mask) − 1, or
+      0..T−1 without a mask.
+    remat: recompute each block's activations in the backward pass
+      (`jax.checkpoint` per layer) to save memory.
+  """
+  _check_tokens(tokens)
+  check_params(config, params)
+  _check_same_shape(attention_mask, tokens, "attention_mask")
+  _check_same_shape(positions, tokens, "positions")
+  b, t = tokens.shape
+  if positions is None:
+    positions = (positions_from_mask(attention_mask)
+                 if attention_mask is not None else
+                 jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)))
+  causal = jnp.tril(jnp.ones((t, t), jnp.bool_))[None]
+  if attention_mask is not None:
+    mask = causal & attention_mask.astype(jnp.bool_)[:, None, :]
+  else:
+    mask = jnp.broadcast_to(causal, (b, t, t))
+  cos, sin = layers.rope_cos_sin(config, positions)
+
+  def block(x, layer):
+    x, _ = _attention_block(config, layer, x, cos, sin,
+                            lambda k, v: (k, v, mask, None))
+    return _mlp_block(config, layer, x), None
+
+  if remat:
+    block = jax.checkpoint(block, prevent_cse=False)
+  x = embed_tokens(params, tokens)
+  x, _ = jax.lax.scan(block, x, params["layers"])
+  return layers.rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps)
+
+
+def lm_head_kernel(config: ModelConfig, params: Params) -> Any:
+  """The [D, V] output kernel: the transposed embedding when tied."""
+  if config.tie_word_embeddings:
+    return params["embed"]["embedding"].T
+  if "lm_head" not in params:
+    raise KeyError("params has no 'lm_head' but config.tie_word_embeddings is "
+                   "False")
+  return params["lm_head"]["kernel"]
+
+
+def logits_from_hidden(config: ModelConfig, params: Params,
+                       hidden: Float[Array, "... d"]) -> Float[Array, "... v"]:
+  """LM head in float32.
+
+  Log-probs feed importance ratios, where bf16 logits are a known source of
+  train/inference mismatch, so the head runs in float32 regardless of the
+  params' dtype.
+  """
+  kernel = lm_head_kernel(config, params)
+  if isinstance(kernel, QTensor):
+    return qdot(hidden.astype(jnp.float32), kernel)
+  # Products of bf16 values are exact in float32, so a float32-accumulated dot
+  # of the bf16 operands equals the float32 dot of their upcasts, without a
+  # float32 copy of the [D, V] weight.
+  dtype = jnp.promote_types(hidden.dtype, kernel.dtype)
+  return jax.lax.dot_general(
+      hidden.astype(dtype), kernel.astype(dtype),
+      (((hidden.ndim - 1,), (0,)), ((), ())),
+      preferred_element_type=jnp.float32)
+
+
+def forward(config: ModelConfig, params: Params, tokens: Int[Array, "b t"],
+            attention_mask: Int[Array, "b t"] | None = None,
+            positions: Int[Array, "b t"] | None = None, *,
+            remat: bool = False, return_hidden: bool = False):
+  """Next-token logits of a Llama/Qwen2 decoder.
+
+  Returns float32 logits [B, T, V]; with `return_hidden`, the pair
+  (logits, final hidden states [B, T, D]). See `final_hidden_states` for the
+  arguments.
+  """
+  hidden = final_hidden_states(config, params, tokens, attention_mask,
+                               positions, remat=remat)
+  logits = logits_from_hidden(config, params, hidden)
+  return (logits, hidden) if return_hidden else logits
+
+
+# ---------------------------------------------------------------- KV cache
+def init_cache(config: ModelConfig, batch: int, max_len: int,
+               dtype=jnp.float32) -> KVCache:
+  """Zeroed KV cache: {"k", "v"}: [L, B, S=max_len, Hkv, hd]."""
+  if batch <= 0 or max_len <= 0:
+    raise ValueError(f"init_cache batch={batch}, max_len={max_len}; expected "
+                     "positive ints")
+  shape = (config.num_layers, batch, max_len, config.num_kv_heads,
+           config.head_dim)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+def forward_with_cache(config: ModelConfig, params: Params,
+                       tokens: Int[Array, "b t"], positions: Int[Array, "b t"],
+                       cache: KVCache, write_index: Int[Array, ""] | int,
+                       kv_mask: Bool[Array, "b s"]):
+  """Runs T new tokens against a KV cache: prefill (T > 1) or decode (T = 1).
+
+  The new keys/values are written at cache slots [write_index, write_index+T)
+  (the same slots for every row: prompts are left-padded so rows align). New
+  token t attends to slot s iff kv_mask[b, s] and s ≤ write_index + t, so the
+  caller marks the new slots valid in `kv_mask` (and padding invalid).
+
+  Args:
+    config: the architecture.
+    params: the params tree.
+    tokens: int [B, T] new tokens.
+    positions: int [B, T] their RoPE positions.
+    cache: from `init_cache`; the values are cast to the cache's dtype.
+    write_index: first slot to write; may be traced (jit-friendly).
+    kv_mask: bool/int [B, S] valid key slots, including the ones being written.
+
+  Returns:
+    (logits float32 [B, T, V], updated cache).
+  """
+  _check_tokens(tokens)
+  check_params(config, params)
+  _check_same_shape(positions, tokens, "positions")
+  b, t = tokens.shape
+  s = cache["k"].shape[2]
+  if cache["k"].shape[:2] != (config.num_layers, b):
+    raise ValueError(f"cache k has shape {cache['k'].shape}; expected "
+                     f"[L={config.num_layers}, B={b}, S, Hkv, hd]")
+  if tuple(kv_mask.shape) != (b, s):
+    raise ValueError(f"kv_mask has shape {tuple(kv_mask.shape)}; expected "
+                     f"[B={b}, S={s}]")
+  if isinstance(write_index, int) and not 0 <= write_index <= s - t:
+    # (A traced index cannot be checked; XLA would clamp it silently.)
+    raise ValueError(f"write_index={write_index} with {t} new tokens does not "
+                     f"fit a cache of {s} slots")
+  write_index = jnp.asarray(write_index, jnp.int32)
+  query_slot = write_index + jnp.arange(t, dtype=jnp.int32)
+  causal = jnp.arange(s, dtype=jnp.int32)[None, :] <= query_slot[:, None]
+  mask = causal[None] & kv_mask.astype(jnp.bool_)[:, None, :]
+  cos, sin = layers.rope_cos_sin(config, positions)
+  zero = jnp.zeros((), jnp.int32)
+
+  def block(carry, xs):
+    x, cache_k, cache_v = carry
+    layer, i = xs
+
+    def write_and_read(k, v):
+      # Update the whole [L, ...] buffer in place (a loop-carried
+      # dynamic_update_slice aliases), then read this layer's slice.
+      start = (i, zero, write_index, zero, zero)
+      ck = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype),
+                                        start)
+      cv = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype),
+                                        start)
+      return ck[i], cv[i], mask, (ck, cv)
+
+    x, (cache_k, cache_v) = _attention_block(config, layer, x, cos, sin,
+                                             write_and_read)
+    x = _mlp_block(config, layer, x)
+    return (x, cache_k, cache_v), None
+
+  x = embed_tokens(params, tokens)
+  (x, k, v), _ = jax.lax.scan(
+      block, (x, cache["k"], cache["v"]),
+      (params["layers"], jnp.arange(config.num_layers, dtype=jnp.int32)))
+  hidden = layers.rms_norm(x, params["final_norm"]["scale"],
+                           config.rms_norm_eps)
+  return logits_from_hidden(config, params, hidden), {"k": k, "v": v}
+
+
+# ------------------------------------------------------------ Flax wrapper
+class Decoder(nn.Module):
+  """`flax.linen` face of the decoder: `init` creates the contract params
+  layout under "params", `apply` calls `forward`."""
+  config: ModelConfig
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens, attention_mask=None, positions=None, *,
+               remat: bool = False, return_hidden: bool = False):
+    cfg, dtype = self.config, self.param_dtype
+    parts = {"embed": init_embed, "layers": init_layers,
+             "final_norm": init_final_norm}
+    if not cfg.tie_word_embeddings:
+      parts["lm_head"] = init_lm_head
+    params = {name: self.param(name, lambda rng, f=init: f(cfg, rng, dtype))
+              for name, init in parts.items()}
+    return forward(cfg, params, tokens, attention_mask, positions, remat=remat,
+                   return_hidden=return_hidden)

@@ -1,0 +1,327 @@
+"""HF Llama/Qwen2 checkpoints: the name mapping, and safetensors dirs in/out.
+
+HF stores `nn.Linear` weights as [out, in] per layer
+(`model.layers.{i}.self_attn.q_proj.weight`); rljax stores Flax kernels
+[in, out] stacked over layers (docs/CONTRACTS.md). `to_hf_state_dict` and
+`from_hf_state_dict` convert between the two, strictly: a missing, unexpected
+or mis-shaped tensor is an error that names it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import safetensors.numpy
+from safetensors import safe_open
+
+from rljax.models import decoder
+from rljax.models.config import ModelConfig
+from rljax.quant.qtensor import QTensor
+
+# Per-layer HF names: rljax layer leaf -> suffix after "model.layers.{i}.".
+_LAYER_NAMES = {
+    ("attn_norm", "scale"): "input_layernorm.weight",
+    ("q_proj", "kernel"): "self_attn.q_proj.weight",
+    ("q_proj", "bias"): "self_attn.q_proj.bias",
+    ("k_proj", "kernel"): "self_attn.k_proj.weight",
+    ("k_proj", "bias"): "self_attn.k_proj.bias",
+    ("v_proj", "kernel"): "self_attn.v_proj.weight",
+    ("v_proj", "bias"): "self_attn.v_proj.bias",
+    ("o_proj", "kernel"): "self_attn.o_proj.weight",
+    ("mlp_norm", "scale"): "post_attention_layernorm.weight",
+    ("gate_proj", "kernel"): "mlp.gate_proj.weight",
+    ("up_proj", "kernel"): "mlp.up_proj.weight",
+    ("down_proj", "kernel"): "mlp.down_proj.weight",
+}
+_EMBED = "model.embed_tokens.weight"
+_FINAL_NORM = "model.norm.weight"
+_LM_HEAD = "lm_head.weight"
+
+# Buffers some older checkpoints carry that are not parameters.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+_SAVE_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32,
+                "float16": np.float16}
+
+
+def _layer_leaves(config: ModelConfig) -> list[tuple[str, str]]:
+  leaves = [k for k in _LAYER_NAMES if k[1] != "bias"]
+  if config.has_qkv_bias:
+    leaves += [(p, "bias") for p in ("q_proj", "k_proj", "v_proj")]
+  return leaves
+
+
+def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """HF tensor name -> shape, for every tensor a checkpoint must hold."""
+  d, v = config.hidden_size, config.vocab_size
+  kernels = decoder.layer_kernel_shapes(config)
+  shapes = {_EMBED: (v, d), _FINAL_NORM: (d,)}
+  if not config.tie_word_embeddings:
+    shapes[_LM_HEAD] = (v, d)
+  for i in range(config.num_layers):
+    for proj, kind in _layer_leaves(config):
+      name = f"model.layers.{i}.{_LAYER_NAMES[(proj, kind)]}"
+      if kind == "kernel":
+        d_in, d_out = kernels[proj]
+        shapes[name] = (d_out, d_in)
+      elif kind == "bias":
+        shapes[name] = (kernels[proj][1],)
+      else:
+        shapes[name] = (d,)
+  return shapes
+
+
+# ------------------------------------------------------------------- export
+def _kernel_to_hf(name: str, kernel: Any, out: dict[str, np.ndarray]):
+  """[in, out] kernel -> HF [out, in]; a QTensor adds its `weight_scale`
+  [out, 1] (the compressed-tensors / vLLM per-channel layout)."""
+  if isinstance(kernel, QTensor):
+    out[name] = np.ascontiguousarray(np.asarray(kernel.value).T)
+    scale = np.asarray(kernel.scale, np.float32).reshape(-1)
+    if scale.size == 1:
+      scale = np.broadcast_to(scale, (kernel.value.shape[-1],))
+    out[name + "_scale"] = np.ascontiguousarray(scale.reshape(-1, 1))
+  else:
+    out[name] = np.ascontiguousarray(np.asarray(kernel).T)
+
+
+def _layer_slice(leaf: Any, i: int) -> Any:
+  return jax.tree.map(lambda x: x[i], leaf)
+
+
+def to_hf_state_dict(config: ModelConfig, params: Mapping[str, Any]
+                     ) -> dict[str, np.ndarray]:
+  """HF name -> numpy array ([out, in] for linear weights), in the params'
+  dtypes. A QTensor kernel exports its quantized `weight` plus
+  `weight_scale` [out, 1]; tied embeddings export no `lm_head.weight`."""
+  params = jax.device_get(params)
+  out: dict[str, np.ndarray] = {
+      _EMBED: np.asarray(params["embed"]["embedding"]),
+      _FINAL_NORM: np.asarray(params["final_norm"]["scale"]),
+  }
+  if not config.tie_word_embeddings:
+    _kernel_to_hf(_LM_HEAD, decoder.lm_head_kernel(config, params), out)
+  layers = params["layers"]
+  for proj, kind in _layer_leaves(config):
+    leaf = layers[proj][kind]
+    for i in range(config.num_layers):
+      name = f"model.layers.{i}.{_LAYER_NAMES[(proj, kind)]}"
+      if kind == "kernel":
+        _kernel_to_hf(name, _layer_slice(leaf, i), out)
+      else:
+        out[name] = np.asarray(leaf[i])
+  return out
+
+
+# ------------------------------------------------------------------- import
+def _format_names(names) -> str:
+  names = sorted(names)
+  shown = ", ".join(names[:8])
+  return shown + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+
+
+def _shape_of(state_dict: Mapping[str, Any], name: str) -> tuple[int, ...]:
+  if isinstance(state_dict, LazyStateDict):
+    return state_dict.shape(name)
+  return tuple(np.shape(state_dict[name]))
+
+
+def from_hf_state_dict(config: ModelConfig,
+                       state_dict: Mapping[str, Any],
+                       dtype=None) -> dict[str, Any]:
+  """HF state dict (numpy/torch-free arrays, [out, in]) -> rljax params.
+
+  Strict: raises KeyError naming missing or unexpected tensors and ValueError
+  naming a tensor whose shape differs from the config's. A tied checkpoint may
+  carry an `lm_head.weight` equal to the embedding (it is dropped).
+
+  Args:
+    config: the architecture the tensors must match.
+    state_dict: name -> array.
+    dtype: params dtype; default the embedding's dtype.
+  """
+  expected = expected_hf_shapes(config)
+  present = {k for k in state_dict
+             if not k.endswith(_IGNORED_SUFFIXES)}
+  if config.tie_word_embeddings and _LM_HEAD in present:
+    if not np.array_equal(np.asarray(state_dict[_LM_HEAD]),
+                          np.asarray(state_dict.get(_EMBED))):
+      raise ValueError(f"tensor {_LM_HEAD!r} differs from {_EMBED!r} but "
+                       "config.tie_word_embeddings=True")
+    present.discard(_LM_HEAD)
+  missing = set(expected) - present
+  if missing:
+    raise KeyError(f"checkpoint is missing tensors: {_format_names(missing)}")
+  unexpected = present - set(expected)
+  if unexpected:
+    raise KeyError(f"checkpoint has unexpected tensors: "
+                   f"{_format_names(unexpected)}")
+  for name, shape in expected.items():
+    got = _shape_of(state_dict, name)
+    if got != shape:
+      raise ValueError(f"tensor {name!r} has shape {got}; expected {shape} "
+                       f"for {config.arch} config")
+  if dtype is None:
+    dtype = np.asarray(state_dict[_EMBED]).dtype
+  as_param = lambda x: jnp.asarray(np.asarray(x), dtype=dtype)
+
+  layers: dict[str, dict[str, jax.Array]] = {}
+  for proj, kind in _layer_leaves(config):
+    per_layer = [np.asarray(state_dict[
+        f"model.layers.{i}.{_LAYER_NAMES[(proj, kind)]}"])
+                 for i in range(config.num_layers)]
+    if kind == "kernel":
+      per_layer = [w.T for w in per_layer]
+    layers.setdefault(proj, {})[kind] = as_param(np.stack(per_layer))
+  params = {"embed": {"embedding": as_param(state_dict[_EMBED])},
+            "layers": layers,
+            "final_norm": {"scale": as_param(state_dict[_FINAL_NORM])}}
+  if not config.tie_word_embeddings:
+    params["lm_head"] = {"kernel": as_param(np.asarray(state_dict[_LM_HEAD]).T)}
+  return params
+
+
+# ---------------------------------------------------------- safetensors dir
+def _safetensors_files(path: str) -> list[str]:
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    return sorted({os.path.join(path, v) for v in weight_map.values()})
+  single = os.path.join(path, "model.safetensors")
+  if os.path.isfile(single):
+    return [single]
+  files = sorted(os.path.join(path, f) for f in os.listdir(path)
+                 if f.endswith(".safetensors"))
+  if not files:
+    raise FileNotFoundError(f"no *.safetensors files in {path!r}")
+  return files
+
+
+class LazyStateDict(Mapping):
+  """Tensors of safetensors files, read from disk on access.
+
+  Loading a large checkpoint converts one tensor at a time instead of holding
+  every file in memory next to the converted params.
+  """
+
+  def __init__(self, files: list[str]):
+    self._where: dict[str, str] = {}
+    for file in files:
+      with safe_open(file, framework="np") as f:
+        for name in f.keys():
+          if name in self._where:
+            raise ValueError(f"tensor {name!r} appears in two files "
+                             f"({self._where[name]}, {file})")
+          self._where[name] = file
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    with safe_open(self._where[name], framework="np") as f:
+      return tuple(f.get_slice(name).get_shape())
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    with safe_open(self._where[name], framework="np") as f:
+      return f.get_tensor(name)
+
+  def __iter__(self):
+    return iter(self._where)
+
+  def __len__(self):
+    return len(self._where)
+
+
+def load_hf_state_dict(path: str | os.PathLike) -> Mapping[str, np.ndarray]:
+  """All tensors of an HF safetensors dir (single file or sharded index),
+  as a lazily-read mapping name -> numpy array."""
+  return LazyStateDict(_safetensors_files(os.fspath(path)))
+
+
+def load_hf(path: str | os.PathLike, dtype=jnp.float32
+            ) -> tuple[ModelConfig, dict[str, Any]]:
+  """(config, params) from an HF Llama/Qwen2 safetensors dir."""
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"not a directory: {path!r}")
+  config = ModelConfig.from_hf(path)
+  return config, from_hf_state_dict(config, load_hf_state_dict(path), dtype)
+
+
+def _shards(tensors: dict[str, np.ndarray], max_shard_bytes: int
+            ) -> Iterator[dict[str, np.ndarray]]:
+  shard, size = {}, 0
+  for name, array in tensors.items():
+    if shard and size + array.nbytes > max_shard_bytes:
+      yield shard
+      shard, size = {}, 0
+    shard[name] = array
+    size += array.nbytes
+  if shard:
+    yield shard
+
+
+def save_hf(config: ModelConfig, params: Mapping[str, Any],
+            out_dir: str | os.PathLike, tokenizer=None,
+            dtype: str = "bfloat16", max_shard_bytes: int = 2 * 2**30) -> str:
+  """Writes an HF checkpoint dir that `AutoModelForCausalLM` and vLLM load.
+
+  Float tensors are cast to `dtype` ("bfloat16", "float16" or "float32");
+  quantized (QTensor) weights keep their dtype. Above `max_shard_bytes` the
+  weights are split into `model-0000k-of-0000n.safetensors` files with a
+  `model.safetensors.index.json`. Also writes config.json,
+  generation_config.json and, if given, the tokenizer files.
+
+  Returns:
+    out_dir.
+  """
+  if dtype not in _SAVE_DTYPES:
+    raise ValueError(f"dtype={dtype!r}; expected one of {sorted(_SAVE_DTYPES)}")
+  out_dir = os.fspath(out_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  target = _SAVE_DTYPES[dtype]
+  tensors = {}
+  for name, array in to_hf_state_dict(config, params).items():
+    # Quantized weights (1-byte) and their float32 scales keep their dtype.
+    is_float = jnp.issubdtype(array.dtype, jnp.floating)
+    if is_float and array.dtype.itemsize > 1 and not name.endswith("_scale"):
+      array = array.astype(target)
+    tensors[name] = np.ascontiguousarray(array)
+
+  for stale in os.listdir(out_dir):
+    if stale.endswith(".safetensors") or stale == "model.safetensors.index.json":
+      os.remove(os.path.join(out_dir, stale))
+  shards = list(_shards(tensors, max_shard_bytes))
+  metadata = {"format": "pt"}
+  if len(shards) == 1:
+    safetensors.numpy.save_file(shards[0],
+                                os.path.join(out_dir, "model.safetensors"),
+                                metadata=metadata)
+  else:
+    weight_map = {}
+    for k, shard in enumerate(shards, start=1):
+      file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+      safetensors.numpy.save_file(shard, os.path.join(out_dir, file),
+                                  metadata=metadata)
+      weight_map.update({name: file for name in shard})
+    index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
+             "weight_map": weight_map}
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+      json.dump(index, f, indent=2)
+
+  hf_config = config.to_hf()
+  hf_config["torch_dtype"] = dtype
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2)
+  generation = {"bos_token_id": config.bos_token_id,
+                "eos_token_id": hf_config["eos_token_id"]}
+  if config.pad_token_id is not None:
+    generation["pad_token_id"] = config.pad_token_id
+  with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+    json.dump(generation, f, indent=2)
+  if tokenizer is not None:
+    tokenizer.save_pretrained(out_dir)
+  return out_dir

@@ -1,0 +1,139 @@
+"""The building blocks of a Llama/Qwen2 block, as pure functions.
+
+Each follows HF transformers' numerics (which is what the checkpoints were
+trained and evaluated with): RMSNorm normalizes in float32, RoPE uses the
+rotate-half convention with float32 angles, attention takes its softmax in
+float32.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import chex
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from rljax.models.config import ModelConfig
+from rljax.quant.qtensor import qdot
+
+# Added to the scores of masked keys. Finite, so that a query with no valid key
+# (a left-pad position) yields a uniform average instead of NaN; such outputs
+# are never read, but NaN would poison gradients through `jnp.where`.
+_MASK_VALUE = float(jnp.finfo(jnp.float32).min) / 2
+
+
+def rms_norm(x: Float[Array, "... d"], scale: Float[Array, "d"],
+             eps: float) -> Float[Array, "... d"]:
+  """RMSNorm (Zhang & Sennrich, 2019), HF Llama semantics.
+
+    y = x / sqrt(mean(x²) + eps) * scale
+
+  The normalization runs in float32 and is cast back to `x.dtype` before the
+  scale multiplies (no `1 +` offset), exactly as `LlamaRMSNorm`.
+  """
+  chex.assert_equal(x.shape[-1:], scale.shape)
+  x32 = x.astype(jnp.float32)
+  variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  normed = (x32 * jax.lax.rsqrt(variance + eps)).astype(x.dtype)
+  return scale.astype(x.dtype) * normed
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> Float[Array, "half"]:
+  """Per-pair rotation rates θ_i = base^(-2i/hd) (Su et al., 2021, RoFormer).
+
+  With `rope_scaling`:
+    linear  (Chen et al., 2023, position interpolation): θ_i / factor.
+    llama3  (Llama 3 report, 2024): wavelengths longer than
+      orig_ctx / low_freq_factor are divided by factor, shorter than
+      orig_ctx / high_freq_factor are kept, and those between interpolate
+      smoothly with s = (orig_ctx / λ − low) / (high − low):
+      θ' = (1 − s) θ / factor + s θ.
+  """
+  hd = config.head_dim
+  exponents = jnp.arange(0, hd, 2, dtype=jnp.float32) / hd
+  inv_freq = 1.0 / (config.rope_theta ** exponents)
+  scaling = config.rope_scaling_dict
+  if scaling is None:
+    return inv_freq
+  factor = float(scaling["factor"])
+  if scaling["rope_type"] == "linear":
+    return inv_freq / factor
+  # llama3
+  low = float(scaling["low_freq_factor"])
+  high = float(scaling["high_freq_factor"])
+  orig_ctx = float(scaling["original_max_position_embeddings"])
+  wavelen = 2 * math.pi / inv_freq
+  scaled = jnp.where(wavelen > orig_ctx / low, inv_freq / factor, inv_freq)
+  smooth = (orig_ctx / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  is_medium = (wavelen >= orig_ctx / high) & (wavelen <= orig_ctx / low)
+  return jnp.where(is_medium, smoothed, scaled)
+
+
+def rope_cos_sin(config: ModelConfig, positions: Int[Array, "b t"]
+                 ) -> tuple[Float[Array, "b t hd"], Float[Array, "b t hd"]]:
+  """cos and sin of the angles p·θ_i, duplicated to the full head width."""
+  chex.assert_rank(positions, 2)
+  inv_freq = rope_inverse_frequencies(config)
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: Float[Array, "b t h hd"], cos: Float[Array, "b t hd"],
+               sin: Float[Array, "b t hd"]) -> Float[Array, "b t h hd"]:
+  """Rotary embedding, HF rotate-half layout: pairs are (x_i, x_{i+hd/2}).
+
+    y = x · cos + rotate_half(x) · sin,   rotate_half(x) = [−x₂, x₁]
+  """
+  chex.assert_rank(x, 4)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos = cos[:, :, None, :].astype(x.dtype)
+  sin = sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def linear(x: Float[Array, "... d_in"], p: Mapping[str, Any]
+           ) -> Float[Array, "... d_out"]:
+  """x @ kernel (+ bias), the matmul through `qdot` so QTensor kernels work."""
+  y = qdot(x, p["kernel"])
+  if "bias" in p:
+    y = y + p["bias"].astype(y.dtype)
+  return y
+
+
+def swiglu_mlp(x: Float[Array, "... d"], gate: Mapping[str, Any],
+               up: Mapping[str, Any], down: Mapping[str, Any]
+               ) -> Float[Array, "... d"]:
+  """SwiGLU feed-forward (Shazeer, 2020): down(silu(gate x) ⊙ up x)."""
+  return linear(jax.nn.silu(linear(x, gate)) * linear(x, up), down)
+
+
+def attention(q: Float[Array, "b t hq hd"], k: Float[Array, "b s hkv hd"],
+              v: Float[Array, "b s hkv hd"], mask: Bool[Array, "b t s"]
+              ) -> Float[Array, "b t hq hd"]:
+  """Grouped-query scaled dot-product attention (Ainslie et al., 2023).
+
+    out = softmax(q kᵀ / sqrt(hd) + bias(mask)) v
+
+  Query head h reads key/value head h // (hq / hkv). Scores accumulate and the
+  softmax runs in float32; probabilities are cast to `v.dtype` for the value
+  matmul (as HF's eager attention).
+  """
+  chex.assert_rank([q, k, v, mask], [4, 4, 4, 3])
+  chex.assert_equal_shape([k, v])
+  b, t, hq, hd = q.shape
+  hkv = k.shape[2]
+  if hq % hkv:
+    raise ValueError(f"query heads {hq} not a multiple of kv heads {hkv}")
+  q = q.reshape(b, t, hkv, hq // hkv, hd)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
+                      preferred_element_type=jnp.float32)
+  scores = scores * (1.0 / math.sqrt(hd))
+  scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, hq, hd)

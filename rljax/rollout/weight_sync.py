@@ -1,0 +1,354 @@
+"""Weights for an inference engine as a checkpoint-format safetensors dir.
+
+The vLLM sidecar receives new weights at every RL step by reading a directory
+of `.safetensors` shards, written in the engine's own checkpoint format (HF
+names, HF dtypes and shapes), from tmpfs (`/dev/shm`): vLLM's in-place
+`reload_weights` then runs its normal loader on it, so the same path serves
+bf16 checkpoints and INT8/FP8 compressed-tensors checkpoints (int8 `*.weight`
+codes plus `*.weight_scale`).
+
+This module is engine-agnostic and strict. `CheckpointManifest` records the
+name, shape and dtype of every tensor of the checkpoint the engine was started
+from; `prepare_tensors` checks a new state dict against it *before* anything
+reaches the engine, because vLLM 0.32 aborts its engine process on an unknown
+tensor name (the half-reloaded layers are left without data), so a typo would
+otherwise cost a restart.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import json
+import os
+import shutil
+import struct
+import tempfile
+from typing import Any, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from rljax.quant import safetensors_io
+
+INDEX_FILE = "model.safetensors.index.json"
+
+# safetensors dtype tag -> numpy dtype.
+_DTYPES = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "I16": np.dtype(np.int16),
+    "I32": np.dtype(np.int32),
+    "I64": np.dtype(np.int64),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+}
+
+# Dtypes a float tensor may be cast to. Everything else (int8 / fp8 codes of a
+# quantized checkpoint) must arrive in exactly the checkpoint's dtype: casting
+# floats to codes would silently skip the quantizer and its scales.
+_FLOAT_DTYPES = frozenset(np.dtype(d) for d in (
+    np.float16, ml_dtypes.bfloat16, np.float32, np.float64))
+
+
+def is_float_dtype(dtype: Any) -> bool:
+  """True for the float dtypes a weight may be cast between (bf16 included)."""
+  return np.dtype(dtype) in _FLOAT_DTYPES
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+  """Shape and dtype of one checkpoint tensor."""
+  shape: tuple[int, ...]
+  dtype: np.dtype
+
+  @property
+  def nbytes(self) -> int:
+    return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def read_safetensors_header(path: str | os.PathLike) -> dict[str, TensorSpec]:
+  """Tensor name -> TensorSpec, from the JSON header of a `.safetensors` file.
+
+  Reads only the header (not the data), so it is cheap for any model size.
+  """
+  path = os.fspath(path)
+  with open(path, "rb") as f:
+    raw_len = f.read(8)
+    if len(raw_len) != 8:
+      raise ValueError(f"{path!r} is not a safetensors file (shorter than 8 "
+                       "bytes)")
+    (header_len,) = struct.unpack("<Q", raw_len)
+    header = json.loads(f.read(header_len))
+  specs = {}
+  for name, entry in header.items():
+    if name == "__metadata__":
+      continue
+    tag = entry["dtype"]
+    if tag not in _DTYPES:
+      raise ValueError(
+          f"{path!r}: tensor {name!r} has safetensors dtype {tag!r}; expected "
+          f"one of {sorted(_DTYPES)}")
+    specs[name] = TensorSpec(tuple(int(d) for d in entry["shape"]),
+                             _DTYPES[tag])
+  return specs
+
+
+def safetensors_files(model_dir: str | os.PathLike) -> list[str]:
+  """The weight files of a checkpoint dir (from its index if it has one)."""
+  model_dir = os.fspath(model_dir)
+  index = os.path.join(model_dir, INDEX_FILE)
+  if os.path.isfile(index):
+    with open(index) as f:
+      names = sorted(set(json.load(f)["weight_map"].values()))
+  else:
+    names = sorted(n for n in os.listdir(model_dir)
+                   if n.endswith(".safetensors"))
+  if not names:
+    raise FileNotFoundError(
+        f"no .safetensors files in {model_dir!r}; expected an HF checkpoint "
+        "directory")
+  return [os.path.join(model_dir, n) for n in names]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointManifest:
+  """Every tensor of a checkpoint: name -> TensorSpec.
+
+  Attributes:
+    specs: tensor name -> TensorSpec, for every tensor of the checkpoint.
+    source: where it was read from (for error messages).
+  """
+  specs: Mapping[str, TensorSpec]
+  source: str = "<memory>"
+
+  @classmethod
+  def from_dir(cls, model_dir: str | os.PathLike) -> "CheckpointManifest":
+    """Reads the manifest of an HF safetensors checkpoint directory."""
+    specs: dict[str, TensorSpec] = {}
+    for path in safetensors_files(model_dir):
+      for name, spec in read_safetensors_header(path).items():
+        if name in specs:
+          raise ValueError(f"tensor {name!r} appears in two shards of "
+                           f"{os.fspath(model_dir)!r}")
+        specs[name] = spec
+    return cls(specs=specs, source=os.fspath(model_dir))
+
+  @property
+  def nbytes(self) -> int:
+    return sum(s.nbytes for s in self.specs.values())
+
+  def __len__(self) -> int:
+    return len(self.specs)
+
+
+def _format_names(names, limit: int = 6) -> str:
+  names = sorted(names)
+  shown = ", ".join(repr(n) for n in names[:limit])
+  return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def prepare_tensors(state_dict: Mapping[str, Any],
+                    manifest: CheckpointManifest,
+                    check_finite: bool = True,
+                    context: str = "weight sync") -> dict[str, np.ndarray]:
+  """Checks a state dict against the engine's checkpoint; casts float dtypes.
+
+  Args:
+    state_dict: HF tensor name -> array (numpy, JAX or anything `np.asarray`
+      accepts). It must hold exactly the manifest's tensors: the engine
+      reloads all of them.
+    manifest: the checkpoint the engine runs.
+    check_finite: refuse NaN/inf in float tensors (a NaN weight would turn
+      every rollout into garbage without any error).
+    context: prefix of error messages (which engine, doing what).
+
+  Returns:
+    name -> C-contiguous numpy array with the manifest's shape and dtype
+    (float tensors are cast to the manifest dtype; integer/fp8 codes must
+    already have it).
+
+  Raises:
+    ValueError: missing, unexpected or mis-shaped tensors, or non-finite
+      values.
+    TypeError: a tensor whose dtype cannot be cast to the checkpoint's, e.g.
+      float weights for an int8 slot of a compressed-tensors engine.
+  """
+  if not isinstance(state_dict, Mapping):
+    raise TypeError(f"{context}: state_dict is a {type(state_dict).__name__}; "
+                    "expected a mapping of HF tensor names to arrays")
+  bad_keys = [k for k in state_dict if not isinstance(k, str)]
+  if bad_keys:
+    raise TypeError(f"{context}: state_dict key {bad_keys[0]!r} is not a "
+                    "string; expected HF tensor names")
+  expected = manifest.specs
+  missing = set(expected) - set(state_dict)
+  unexpected = set(state_dict) - set(expected)
+  if unexpected:
+    hints = []
+    for name in sorted(unexpected)[:3]:
+      close = difflib.get_close_matches(name, list(expected), n=1)
+      if close:
+        hints.append(f"{name!r} -> did you mean {close[0]!r}?")
+    raise ValueError(
+        f"{context}: {len(unexpected)} tensor(s) not in the engine's "
+        f"checkpoint {manifest.source!r}: {_format_names(unexpected)}"
+        + (f" ({'; '.join(hints)})" if hints else "")
+        + f"; expected exactly the {len(expected)} names of that checkpoint")
+  if missing:
+    raise ValueError(
+        f"{context}: {len(missing)} tensor(s) of the engine's checkpoint "
+        f"{manifest.source!r} are missing: {_format_names(missing)}; the "
+        "engine reloads every tensor, so pass the full state dict")
+  out: dict[str, np.ndarray] = {}
+  for name, spec in expected.items():
+    array = np.asarray(state_dict[name])
+    if tuple(array.shape) != spec.shape:
+      raise ValueError(
+          f"{context}: tensor {name!r} has shape {tuple(array.shape)}; "
+          f"expected {spec.shape} (HF layout, [out, in] for linear weights)")
+    if array.dtype != spec.dtype:
+      if not (is_float_dtype(spec.dtype) and is_float_dtype(array.dtype)):
+        raise TypeError(
+            f"{context}: tensor {name!r} has dtype {array.dtype}; expected "
+            f"{spec.dtype} (the engine's checkpoint stores it so; quantized "
+            "codes must be produced by the quantizer, e.g. "
+            "rljax.quant.compressed_tensors_state_dict)")
+      if check_finite and array.dtype == np.float32:
+        _check_finite(name, array, context)  # cheaper before the cast
+        array = array.astype(spec.dtype)
+      else:
+        array = array.astype(spec.dtype)
+        if check_finite:
+          _check_finite(name, array, context)
+    elif check_finite and is_float_dtype(spec.dtype):
+      _check_finite(name, array, context)
+    out[name] = np.ascontiguousarray(array)
+  return out
+
+
+def _check_finite(name: str, array: np.ndarray, context: str) -> None:
+  if not np.isfinite(array).all():
+    bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+    raise ValueError(f"{context}: tensor {name!r} has {bad} non-finite "
+                     "value(s) (NaN/inf); refusing to load them")
+
+
+def shard_tensors(tensors: Mapping[str, np.ndarray], max_shard_bytes: int
+                  ) -> list[dict[str, np.ndarray]]:
+  """Splits tensors (in name order) into shards of at most max_shard_bytes.
+
+  A tensor larger than the limit gets a shard of its own.
+  """
+  if max_shard_bytes < 1:
+    raise ValueError(f"max_shard_bytes={max_shard_bytes}; expected >= 1")
+  shards: list[dict[str, np.ndarray]] = []
+  shard: dict[str, np.ndarray] = {}
+  size = 0
+  for name in sorted(tensors):
+    array = tensors[name]
+    if shard and size + array.nbytes > max_shard_bytes:
+      shards.append(shard)
+      shard, size = {}, 0
+    shard[name] = array
+    size += array.nbytes
+  if shard:
+    shards.append(shard)
+  return shards
+
+
+def write_checkpoint(tensors: Mapping[str, np.ndarray],
+                     out_dir: str | os.PathLike,
+                     max_shard_bytes: int = 1 << 30) -> int:
+  """Writes tensors as `model-0000k-of-0000n.safetensors` + index.
+
+  Args:
+    tensors: name -> numpy array, already in checkpoint dtype and shape.
+    out_dir: an existing, empty directory.
+    max_shard_bytes: shard size limit.
+
+  Returns:
+    Bytes of tensor data written.
+  """
+  out_dir = os.fspath(out_dir)
+  shards = shard_tensors(tensors, max_shard_bytes)
+  weight_map = {}
+  total = 0
+  for k, shard in enumerate(shards, start=1):
+    file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+    safetensors_io.save_safetensors(os.path.join(out_dir, file), shard)
+    weight_map.update({name: file for name in shard})
+    total += sum(a.nbytes for a in shard.values())
+  with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+  return total
+
+
+def default_sync_root() -> str:
+  """tmpfs when there is one (no disk I/O on the sync path), else the temp dir."""
+  if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+    return "/dev/shm"
+  return tempfile.gettempdir()
+
+
+class SyncDirs:
+  """Fresh directories for successive weight syncs, deleting stale ones.
+
+  The directory of the last sync that an engine loaded is kept (a restarted
+  engine reloads from it); older ones are removed when a newer one is
+  committed.
+  """
+
+  _counter = itertools.count()
+
+  def __init__(self, root: str | os.PathLike | None = None,
+               prefix: str = "rljax-sync"):
+    self.root = os.fspath(root) if root is not None else default_sync_root()
+    self.prefix = f"{prefix}-{os.getpid()}-{next(self._counter)}"
+    self._step = itertools.count()
+    self.current: str | None = None
+    self._pending: list[str] = []
+
+  @property
+  def glob_pattern(self) -> str:
+    """Matches every directory this object creates (for crash cleanup)."""
+    return os.path.join(self.root, f"{self.prefix}-*")
+
+  def new(self, nbytes: int) -> str:
+    """Creates an empty directory with room for nbytes (checked up front)."""
+    os.makedirs(self.root, exist_ok=True)
+    free = shutil.disk_usage(self.root).free
+    if free < nbytes * 1.05 + (16 << 20):
+      raise OSError(
+          f"weight sync needs {nbytes / 2**20:.0f} MiB in {self.root!r} but "
+          f"only {free / 2**20:.0f} MiB are free; pass a larger sync_root")
+    path = os.path.join(self.root, f"{self.prefix}-{next(self._step):06d}")
+    os.makedirs(path)
+    self._pending.append(path)
+    return path
+
+  def commit(self, path: str) -> None:
+    """Marks path as the loaded weights; removes every other directory."""
+    for other in self._pending + ([self.current] if self.current else []):
+      if other != path:
+        shutil.rmtree(other, ignore_errors=True)
+    self._pending = []
+    self.current = path
+
+  def discard(self, path: str) -> None:
+    """Removes a directory that was not loaded."""
+    if path in self._pending:
+      self._pending.remove(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+  def cleanup(self) -> None:
+    for path in self._pending + ([self.current] if self.current else []):
+      shutil.rmtree(path, ignore_errors=True)
+    self._pending = []
+    self.current = None
+

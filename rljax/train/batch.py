@@ -1,0 +1,65 @@
+"""From a rollout and its rewards to the arrays the update step trains on.
+
+Pure NumPy/JAX glue between `rljax.rollout` (token lists), `rljax.core`
+(advantages, shaping, group filtering) and `rljax.train.update` (a dict of
+equally shaped arrays). No model is called here.
+"""
+from __future__ import annotations
+
+import numpy as np
+import jax.numpy as jnp
+
+from rljax.core import advantages as adv_lib
+from rljax.core import shaping
+from rljax.train.config import TrainConfig
+
+
+def bucket(length: int, multiple: int = 32) -> int:
+  """Rounds up to a multiple, so that jit compiles are reused across steps."""
+  return max(multiple, -(-length // multiple) * multiple)
+
+
+def sequence_advantages(cfg: TrainConfig, rewards: np.ndarray,
+                        valid: np.ndarray) -> np.ndarray:
+  """Per-sequence advantages [B] for the outcome-reward estimators.
+
+  `valid` marks sequences that take part (dynamic sampling may fill a batch
+  with masked-out groups); the returned advantage is 0 elsewhere.
+  """
+  r = jnp.asarray(rewards, jnp.float32)
+  g = cfg.group_size
+  if cfg.advantage == "grpo":
+    a = adv_lib.grpo(r, g)
+  elif cfg.advantage == "drgrpo":
+    a = adv_lib.drgrpo(r, g)
+  elif cfg.advantage == "rloo":
+    a = adv_lib.rloo(r, g)
+  elif cfg.advantage == "reinforce_pp":
+    a = adv_lib.reinforce_pp(r, jnp.asarray(valid))
+  elif cfg.advantage == "reinforce_pp_baseline":
+    a = adv_lib.reinforce_pp_baseline(r, g)
+  elif cfg.advantage == "reinforce":
+    a = r
+  else:
+    raise ValueError(f"advantage={cfg.advantage!r} is not an outcome estimator")
+  return np.where(valid, np.asarray(a), 0.0).astype(np.float32)
+
+
+def shaped_rewards(cfg: TrainConfig, rewards: np.ndarray,
+                   response_lengths: np.ndarray) -> np.ndarray:
+  """Adds DAPO's soft overlong punishment when configured (Yu et al. 2025)."""
+  if not cfg.overlong_max_len:
+    return rewards
+  penalty = shaping.soft_overlong_punishment(
+      jnp.asarray(response_lengths), cfg.overlong_max_len,
+      cfg.overlong_cache_len)
+  return rewards + np.asarray(penalty, np.float32)
+
+
+def group_keep(cfg: TrainConfig, rewards: np.ndarray) -> np.ndarray:
+  """bool [n_groups]: groups with reward variance (DAPO dynamic sampling)."""
+  if not cfg.dynamic_sampling:
+    return np.ones(len(rewards) // cfg.group_size, bool)
+  zero_var = shaping.zero_variance_groups(jnp.asarray(rewards, jnp.float32),
+                                          cfg.group_size)
+  return ~np.asarray(zero_var)

@@ -1,0 +1,93 @@
+"""Per-step metrics: one JSON object a line in `metrics.jsonl`, TensorBoard
+scalars beside it, and a console progress bar with ETA.
+
+The JSONL file is appended and flushed every step, so a crash loses nothing
+already logged; a resumed run truncates it back to its checkpoint's step so
+the file never holds two different step 4s.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def to_float(value: Any) -> float | None:
+  """Host float of a scalar-like value (jax/numpy scalar, 0-d array)."""
+  try:
+    f = float(np.asarray(value))
+  except (TypeError, ValueError):
+    return None
+  return f
+
+
+def nonfinite_keys(metrics: Mapping[str, Any]) -> list[str]:
+  return sorted(k for k, v in metrics.items()
+                if isinstance(v, float) and not math.isfinite(v))
+
+
+class MetricsWriter:
+  """Writes flat dicts of floats per step to JSONL and (optionally) TensorBoard."""
+
+  def __init__(self, run_dir: str, tensorboard: bool = True,
+               resume_step: int | None = None):
+    os.makedirs(run_dir, exist_ok=True)
+    self.path = os.path.join(run_dir, "metrics.jsonl")
+    if resume_step is not None and os.path.exists(self.path):
+      self._truncate_after(resume_step)
+    elif resume_step is None and os.path.exists(self.path):
+      os.remove(self.path)
+    self._file = open(self.path, "a", encoding="utf-8")
+    self._tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter
+        self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+      except ImportError:  # TensorBoard is optional; JSONL is the record.
+        self._tb = None
+
+  def _truncate_after(self, step: int) -> None:
+    kept = []
+    with open(self.path, encoding="utf-8") as f:
+      for line in f:
+        try:
+          if json.loads(line).get("step", 0) <= step:
+            kept.append(line)
+        except json.JSONDecodeError:
+          break  # a line cut by the crash ends the file
+    with open(self.path, "w", encoding="utf-8") as f:
+      f.writelines(kept)
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
+    row: dict[str, Any] = {"step": int(step)}
+    for k, v in metrics.items():
+      f = to_float(v)
+      if f is not None:
+        row[k] = f if math.isfinite(f) else str(f)
+    self._file.write(json.dumps(row) + "\n")
+    self._file.flush()
+    if self._tb is not None:
+      for k, v in row.items():
+        if k != "step" and isinstance(v, float):
+          self._tb.add_scalar(k, v, step)
+      self._tb.flush()
+    return row
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_metrics(run_dir: str) -> list[dict[str, Any]]:
+  path = os.path.join(run_dir, "metrics.jsonl")
+  rows = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      line = line.strip()
+      if line:
+        rows.append(json.loads(line))
+  return rows

@@ -1,0 +1,144 @@
+"""token_logprobs / logprobs_from_logits: values, temperature, chunking, grads."""
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rljax import models
+
+CONFIG = models.tiny_config()
+
+
+class LogprobsFromLogitsTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_hand_computed(self):
+    # probs [1/4, 3/4]: logp of token 1 = log 3/4, H = -(1/4 log 1/4 + ...).
+    logits = jnp.array([[0.0, math.log(3.0)]])
+    logp, ent = self.variant(models.logprobs_from_logits)(logits,
+                                                          jnp.array([1]))
+    np.testing.assert_allclose(logp, [math.log(0.75)], rtol=1e-6)
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    np.testing.assert_allclose(ent, [h], rtol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_temperature(self):
+    # τ = 2 halves the logits: [0, ln 9] -> [0, ln 3].
+    logits = jnp.array([[0.0, math.log(9.0)]])
+    logp, _ = self.variant(models.logprobs_from_logits)(
+        logits, jnp.array([1]), 2.0)
+    np.testing.assert_allclose(logp, [math.log(0.75)], rtol=1e-6)
+
+  def test_bad_temperature(self):
+    with pytest.raises(ValueError, match="temperature=0"):
+      models.logprobs_from_logits(jnp.zeros((1, 2)), jnp.array([0]), 0)
+
+
+@pytest.fixture(scope="module")
+def params(random_params):
+  return random_params(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def batch():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(3, CONFIG.vocab_size, (2, 11)).astype(np.int32)
+  mask = np.ones_like(tokens)
+  tokens[1, :2], mask[1, :2] = 0, 0
+  return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+logprobs = jax.jit(models.token_logprobs, static_argnums=(0, 5),
+                   static_argnames=("remat",))
+
+
+def test_matches_direct_computation(params, batch):
+  tokens, mask = batch
+  logp, ent = logprobs(CONFIG, params, tokens, mask, 0.7, None)
+  logits = models.forward(CONFIG, params, tokens, mask) / 0.7
+  log_p = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+  expected = np.take_along_axis(np.asarray(log_p),
+                                np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+  expected_ent = -np.sum(np.exp(log_p) * log_p, axis=-1)
+  assert logp.shape == ent.shape == (2, 10)
+  np.testing.assert_allclose(logp, expected, atol=1e-5)
+  np.testing.assert_allclose(ent, expected_ent, atol=1e-5)
+  assert np.all(np.asarray(ent) <= math.log(CONFIG.vocab_size) + 1e-5)
+
+
+def test_temperature_changes_values(params, batch):
+  tokens, mask = batch
+  a, ea = logprobs(CONFIG, params, tokens, mask, 1.0, None)
+  b, eb = logprobs(CONFIG, params, tokens, mask, 2.0, None)
+  assert np.abs(a - b).max() > 1e-3
+  assert np.all(np.asarray(eb) > np.asarray(ea))  # hotter = flatter
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 4, 10, 64])
+def test_chunked_equals_unchunked(params, batch, chunk_size):
+  tokens, mask = batch
+  ref = logprobs(CONFIG, params, tokens, mask, 0.9, None)
+  out = logprobs(CONFIG, params, tokens, mask, 0.9, chunk_size)
+  for r, o in zip(ref, out):
+    np.testing.assert_allclose(o, r, atol=1e-6)
+
+
+def test_chunked_gradients_equal_unchunked(params, batch):
+  tokens, mask = batch
+  weights = jnp.asarray(np.random.default_rng(1).standard_normal((2, 10)),
+                        jnp.float32)
+
+  def loss(p, chunk_size):
+    logp, ent = models.token_logprobs(CONFIG, p, tokens, mask, 1.0,
+                                      chunk_size)
+    return jnp.sum(weights * logp) + 0.1 * jnp.sum(ent)
+
+  grad = jax.jit(jax.grad(loss), static_argnums=1)
+  g_ref, g_chunk = grad(params, None), grad(params, 4)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
+               g_ref, g_chunk)
+  assert float(jnp.abs(g_ref["lm_head"]["kernel"]).max()) > 0
+
+
+def test_traced_temperature(params, batch):
+  tokens, mask = batch
+  f = jax.jit(lambda t: models.token_logprobs(CONFIG, params, tokens, mask,
+                                              t)[0])
+  np.testing.assert_allclose(
+      f(jnp.float32(0.5)), logprobs(CONFIG, params, tokens, mask, 0.5, None)[0],
+      atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tokens": jnp.ones((2, 1), jnp.int32)}, "T >= 2"),
+    ({"chunk_size": 0}, "chunk_size=0"),
+    ({"temperature": -1.0}, "temperature=-1.0"),
+])
+def test_bad_inputs(params, kwargs, message):
+  args = {"tokens": jnp.ones((2, 4), jnp.int32)}
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=message):
+    models.token_logprobs(CONFIG, params, **args)
+
+
+def test_chunking_shrinks_compiled_memory():
+  # [B, T, V] float32 logits (and their gradient) dominate the unchunked
+  # program's temporaries; chunks of 64 positions should cut them well down.
+  config = models.tiny_config(vocab_size=8192, num_layers=1)
+  params = jax.eval_shape(lambda: models.init_params(config,
+                                                     jax.random.PRNGKey(0)))
+  tokens = jax.ShapeDtypeStruct((2, 256), jnp.int32)
+
+  def temp_bytes(chunk_size):
+    grad = jax.grad(lambda p, t: models.token_logprobs(
+        config, p, t, chunk_size=chunk_size)[0].sum())
+    analysis = jax.jit(grad).lower(params, tokens).compile().memory_analysis()
+    if analysis is None:
+      pytest.skip("backend has no memory analysis")
+    return analysis.temp_size_in_bytes
+
+  logits_bytes = 2 * 255 * 8192 * 4
+  assert temp_bytes(None) - temp_bytes(64) > 2 * logits_bytes

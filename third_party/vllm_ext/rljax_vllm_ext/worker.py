@@ -1,0 +1,137 @@
+"""vLLM worker extension used by rljax's vLLM sidecar (runs inside vLLM).
+
+vLLM mixes this class into its worker class when the server is started with
+`--worker-extension-cls rljax_vllm_ext.RljaxWorkerExtension`; its methods are
+then reachable over HTTP through `POST /collective_rpc` (dev mode), like
+vLLM's own `reload_weights`.
+
+Why it exists: in vLLM 0.32 (CPU backend), an in-place `reload_weights` of a
+W8A8 INT8 compressed-tensors model leaves every oneDNN int8 GEMM handler
+pointing at the *previous* (freed) `weight_scale` tensors: layerwise reload
+copies the new values into the original parameter storage, but the handlers
+were created, during re-processing, from the temporary tensors. The reloaded
+model then computes garbage (inf/NaN logits; greedy decoding emits token 0).
+`rljax_reload_weights` runs vLLM's reload and then rebuilds those handlers
+from the live scale parameters and the new int8 codes, which restores
+bit-identical outputs for identical weights (see README.md).
+
+Only imports vLLM and torch: this file must not import rljax or JAX.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+EXTENSION_VERSION = 1
+
+
+def _weight_files(weights_path: str) -> dict[str, str]:
+  """Tensor name -> safetensors file, for a checkpoint directory."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  index = os.path.join(weights_path, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    return {name: os.path.join(weights_path, file)
+            for name, file in weight_map.items()}
+  where = {}
+  for file in sorted(os.listdir(weights_path)):
+    if file.endswith(".safetensors"):
+      path = os.path.join(weights_path, file)
+      with safe_open(path, "pt") as handle:
+        for name in handle.keys():
+          where[name] = path
+  return where
+
+
+def _onednn_int8_layers(model) -> list[tuple[str, Any, Any]]:
+  """(module name, module, kernel) of every INT8 linear on the oneDNN path."""
+  try:
+    from vllm.model_executor.kernels.linear.scaled_mm.cpu import (  # pylint: disable=g-import-not-at-top
+        CPUInt8ScaledMMLinearKernel)
+  except ImportError:  # not the CPU backend of this vLLM version
+    return []
+  onednn = CPUInt8ScaledMMLinearKernel._apply_weights_onednn  # pylint: disable=protected-access
+  layers = []
+  for name, module in model.named_modules():
+    kernel = getattr(getattr(module, "scheme", None), "kernel", None)
+    if not isinstance(kernel, CPUInt8ScaledMMLinearKernel):
+      continue
+    if getattr(getattr(kernel, "linear_method", None), "__func__",
+               None) is onednn:
+      layers.append((name, module, kernel))
+  return layers
+
+
+def rebuild_onednn_int8_handlers(model, weights_path: str, out_dtype,
+                                 tp_size: int = 1) -> int:
+  """Recreates the oneDNN GEMM handler of every INT8 linear layer from the
+  layer's live `weight_scale` and the int8 codes in weights_path.
+
+  Returns:
+    Number of handlers rebuilt.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  from vllm import _custom_ops as ops  # pylint: disable=g-import-not-at-top
+
+  layers = _onednn_int8_layers(model)
+  if not layers:
+    return 0
+  if tp_size != 1:
+    raise NotImplementedError(
+        "rljax_reload_weights: rebuilding oneDNN INT8 handlers is implemented "
+        f"for tensor_parallel_size=1; this server runs {tp_size}")
+  files = _weight_files(weights_path)
+  packed = getattr(model, "packed_modules_mapping", {}) or {}
+  for name, module, kernel in layers:
+    parent, _, leaf = name.rpartition(".")
+    parts = packed.get(leaf, [leaf])
+    codes = []
+    for part in parts:
+      tensor_name = f"{parent}.{part}.weight"
+      if tensor_name not in files:
+        raise KeyError(
+            f"rljax_reload_weights: {weights_path!r} has no {tensor_name!r} "
+            f"(needed to rebuild the INT8 GEMM of {name!r})")
+      with safe_open(files[tensor_name], "pt") as handle:
+        codes.append(handle.get_tensor(tensor_name))
+    weight = torch.cat(codes, dim=0) if len(codes) > 1 else codes[0]
+    if weight.dtype != torch.int8:
+      raise TypeError(f"rljax_reload_weights: {name!r} codes have dtype "
+                      f"{weight.dtype}; expected torch.int8")
+    _, scale_name, input_scale_name, _, _ = kernel.layer_param_names
+    scale = getattr(module, scale_name)
+    if weight.shape[0] != scale.shape[0]:
+      raise ValueError(
+          f"rljax_reload_weights: {name!r} has {weight.shape[0]} output "
+          f"channels in {weights_path!r} but {scale.shape[0]} scales loaded")
+    # The handler wants [K, N] with unit stride along K, i.e. the transpose of
+    # the contiguous [N, K] checkpoint tensor (as vLLM's own processing does).
+    kernel.dnnl_handler = ops.create_onednn_scaled_mm(
+        weight.contiguous().t(), scale, out_dtype,
+        getattr(module, input_scale_name, None) is None,
+        not kernel.config.input_symmetric, 32)
+  return len(layers)
+
+
+class RljaxWorkerExtension:
+  """Methods added to vLLM's worker (every attribute is `rljax_`-prefixed so
+  that none can shadow a worker attribute)."""
+
+  def rljax_extension_info(self) -> dict[str, Any]:
+    """What the sidecar checks at start-up: the extension is loaded."""
+    import vllm  # pylint: disable=g-import-not-at-top
+    return {"extension_version": EXTENSION_VERSION,
+            "vllm_version": getattr(vllm, "__version__", None)}
+
+  def rljax_reload_weights(self, weights_path: str) -> dict[str, Any]:
+    """vLLM's in-place `reload_weights` from a checkpoint-format directory,
+    plus the repairs the installed vLLM needs afterwards."""
+    self.reload_weights(weights_path=weights_path)
+    config = self.vllm_config  # pylint: disable=no-member
+    rebuilt = rebuild_onednn_int8_handlers(
+        self.model_runner.model, weights_path,  # pylint: disable=no-member
+        config.model_config.dtype, config.parallel_config.tensor_parallel_size)
+    return {"rebuilt_int8_handlers": rebuilt}
