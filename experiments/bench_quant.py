@@ -38,8 +38,9 @@ _FORMATS = flags.DEFINE_list(
     "Weight formats: f32, bf16, int8 (W8A8), int8_fake, int8_wo, fp8_fake "
     "(fp8 emulation; native fp8 needs a GPU), int8_head (W8A8 with the LM "
     "head quantized too: untied copy of the embedding).")
-_BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8", "64"],
-                                 "Batch sizes for the throughput table.")
+_BATCH_SIZES = flags.DEFINE_list(
+    "batch_sizes", ["1", "8", "64"],
+    "Batch sizes for the throughput table (empty: skip it).")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
 _ITERS = flags.DEFINE_integer(
     "iters", 5, "Timed calls per cell after warm-up, round-robin over the "
@@ -79,21 +80,25 @@ def format_params(config, params, fmt: str):
                    f"one of {sorted(_QUANT_MODES)}")
 
 
-def _interleaved_times(fns: dict, iters: int) -> dict[str, list[float]]:
-  """Wall seconds of `iters` calls of each warm thunk, taken round-robin.
+def _interleaved_times(fns: dict, iters: int):
+  """Wall and CPU seconds of `iters` calls of each warm thunk, round-robin.
 
   Round-robin order spreads load from other processes over all formats
-  alike; the best (min) time is the least disturbed one.
+  alike; the best (min) wall time is the least disturbed one. CPU seconds
+  (all threads of this process) barely grow when other processes share the
+  cores, so tokens per CPU-second compares formats on a busy machine too.
   """
   for fn in fns.values():
     jax.block_until_ready(fn())  # compile and warm up
-  times = {name: [] for name in fns}
+  wall = {name: [] for name in fns}
+  cpu = {name: [] for name in fns}
   for _ in range(iters):
     for name, fn in fns.items():
-      start = time.perf_counter()
+      start, start_cpu = time.perf_counter(), time.process_time()
       jax.block_until_ready(fn())
-      times[name].append(time.perf_counter() - start)
-  return times
+      wall[name].append(time.perf_counter() - start)
+      cpu[name].append(time.process_time() - start_cpu)
+  return wall, cpu
 
 
 def throughput(vocab_size, params_by_format, batch_sizes, seq_len, iters,
@@ -109,17 +114,24 @@ def throughput(vocab_size, params_by_format, batch_sizes, seq_len, iters,
       fns[(fmt, "forward")] = functools.partial(forward, config, params, tokens)
       if trunk:
         fns[(fmt, "trunk")] = functools.partial(blocks, config, params, tokens)
-    times = _interleaved_times(fns, iters)
+    wall, cpu = _interleaved_times(fns, iters)
+    n = batch * seq_len
     for fmt in params_by_format:
       row = {"format": fmt, "batch": batch, "seq_len": seq_len}
-      for part, key in (("forward", "tokens_per_s"),
-                        ("trunk", "trunk_tokens_per_s")):
-        if (fmt, part) in times:
-          t = times[(fmt, part)]
+      for part, prefix in (("forward", ""), ("trunk", "trunk_")):
+        if (fmt, part) in wall:
+          t, c = wall[(fmt, part)], cpu[(fmt, part)]
           row[f"{part}_s_best"] = min(t)
           row[f"{part}_s_median"] = statistics.median(t)
-          row[key] = batch * seq_len / min(t)
+          row[f"{part}_cpu_s_best"] = min(c)
+          row[f"{prefix}tokens_per_s"] = n / min(t)
+          row[f"{prefix}tokens_per_cpu_s"] = n / min(c)
       rows.append(row)
+      tqdm.write(f"batch {batch} {fmt}: {row['tokens_per_s']:.0f} tok/s, "
+                 f"{row['tokens_per_cpu_s']:.0f} tok/cpu-s"
+                 + (f"; trunk {row['trunk_tokens_per_s']:.0f} tok/s, "
+                    f"{row['trunk_tokens_per_cpu_s']:.0f} tok/cpu-s"
+                    if trunk else ""))
   return rows
 
 
@@ -191,25 +203,29 @@ def next_token_kl(config, reference, candidates, tokenizer, n_prompts, batch,
 
 
 def _print_tables(rows, kl):
-  fast = {}
-  for r in rows:
-    if r["format"] in ("f32", "bf16"):
-      fast[r["batch"]] = max(fast.get(r["batch"], 0.0), r["tokens_per_s"])
-  head = f"{'format':<10}{'batch':>6}{'forward tok/s':>15}{'vs best float':>15}"
-  has_trunk = rows and "trunk_tokens_per_s" in rows[0]
-  if has_trunk:
-    head += f"{'trunk tok/s':>14}"
-  print(head)
-  for r in rows:
-    line = (f"{r['format']:<10}{r['batch']:>6}{r['tokens_per_s']:>15.0f}"
-            f"{r['tokens_per_s'] / fast.get(r['batch'], np.nan):>14.2f}x")
-    if has_trunk:
-      line += f"{r['trunk_tokens_per_s']:>14.0f}"
-    print(line)
+  if rows:
+    best = {}  # the faster float format per (batch, column)
+    cols = [c for c in ("tokens_per_s", "tokens_per_cpu_s", "trunk_tokens_per_s",
+                        "trunk_tokens_per_cpu_s") if c in rows[0]]
+    for r in rows:
+      if r["format"] in ("f32", "bf16"):
+        for c in cols:
+          best[r["batch"], c] = max(best.get((r["batch"], c), 0.0), r[c])
+    titles = {"tokens_per_s": "fwd tok/s", "tokens_per_cpu_s": "fwd tok/cpu-s",
+              "trunk_tokens_per_s": "trunk tok/s",
+              "trunk_tokens_per_cpu_s": "trunk tok/cpu-s"}
+    print(f"{'format':<10}{'batch':>6}"
+          + "".join(f"{titles[c]:>24}" for c in cols))
+    print(" " * 16 + "(x = vs the faster of f32/bf16)")
+    for r in rows:
+      cells = "".join(
+          f"{r[c]:>15.0f} ({r[c] / best.get((r['batch'], c), np.nan):4.2f}x)"
+          for c in cols)
+      print(f"{r['format']:<10}{r['batch']:>6}{cells}")
   if kl:
-    print(f"\n{'format':<14}{'KL mean/token':>15}{'KL last token':>15}")
+    print(f"\n{'format':<16}{'KL mean/token':>15}{'KL last token':>15}")
     for name, v in kl.items():
-      print(f"{name:<14}{v['kl_mean']:>15.2e}{v['kl_last']:>15.2e}")
+      print(f"{name:<16}{v['kl_mean']:>15.2e}{v['kl_last']:>15.2e}")
 
 
 def main(argv):
@@ -223,6 +239,8 @@ def main(argv):
         f"{jax.default_backend()}, {jax.device_count()} device(s)")
   rows = throughput(config.vocab_size, params_by_format, batch_sizes,
                     _SEQ_LEN.value, _ITERS.value, _TRUNK.value, _SEED.value)
+  if _OUT.value:  # a first write, in case the KL pass is interrupted
+    _write(_OUT.value, rows, {})
   kl = {}
   if _KL_PROMPTS.value > 0:
     candidates = {f: cp for f, cp in params_by_format.items() if f != "f32"}
@@ -236,9 +254,14 @@ def main(argv):
                        _KL_PROMPTS.value, _KL_BATCH.value, _SEED.value)
   _print_tables(rows, kl)
   if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump({"model": _MODEL.value, "backend": jax.default_backend(),
-                 "throughput": rows, "kl_to_f32": kl}, f, indent=2)
+    _write(_OUT.value, rows, kl)
+
+
+def _write(path, rows, kl):
+  with open(path, "w") as f:
+    json.dump({"model": _MODEL.value, "backend": jax.default_backend(),
+               "seq_len": _SEQ_LEN.value, "throughput": rows,
+               "kl_to_f32": kl}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,11 @@ _KL_CHUNK = flags.DEFINE_integer("kl_chunk", 4,
                                  "Rows per forward pass of the KL.")
 _VLLM_KV_GIB = flags.DEFINE_float("vllm_kv_gib", 1.0,
                                   "VLLM_CPU_KVCACHE_SPACE of the sidecar.")
+_VLLM_BATCHED_TOKENS = flags.DEFINE_integer(
+    "vllm_max_batched_tokens", 16384,
+    "vLLM --max-num-batched-tokens. Large enough that no prompt is prefilled "
+    "in chunks: vllm-cpu 0.32 crashes on a chunked prefill of a seeded request "
+    "('CPU Generator does not use offset').")
 _OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
 
 _QUESTIONS = ("What is {a}+{b}?", "Compute {a} times {b}.",
@@ -174,7 +179,8 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
   max_len = max(len(p) for p in prompts) + sampling.max_new_tokens + 16
   config = vllm_sidecar.VLLMSidecarConfig(
       max_model_len=max(256, max_len), cpu_kvcache_gib=args["vllm_kv_gib"],
-      max_concurrent_requests=len(prompts))
+      max_concurrent_requests=len(prompts),
+      extra_args=("--max-num-batched-tokens", str(args["vllm_batched_tokens"])))
   with vllm_sidecar.VLLMSidecar(ckpt, config, model_config=model.config) as eng:
     sync = eng.update_weights(model.params)
     start = time.perf_counter()
@@ -242,7 +248,8 @@ def main(argv):
                                  max_new_tokens=new_tokens, seed=_SEED.value)
   args = {"max_batch": _MAX_BATCH.value or prompts_n * samples,
           "kl_rows": _KL_ROWS.value, "kl_chunk": _KL_CHUNK.value,
-          "vllm_kv_gib": _VLLM_KV_GIB.value}
+          "vllm_kv_gib": _VLLM_KV_GIB.value,
+          "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value}
   print(f"model={_MODEL.value} backend={jax.default_backend()} "
         f"devices={jax.devices()[0].device_kind} prompts={prompts_n} "
         f"samples={samples} new_tokens={new_tokens} prompt_tokens="
@@ -263,8 +270,13 @@ def main(argv):
       try:
         for quant in _VLLM_QUANTS.value:
           print(f"[vllm {quant}] ...", flush=True)
-          rows.append(bench_vllm(model, quant, prompts, sampling, args,
-                                 workdir))
+          try:
+            rows.append(bench_vllm(model, quant, prompts, sampling, args,
+                                   workdir))
+          except Exception as e:  # pylint: disable=broad-except
+            # One failing engine must not lose the rows measured so far.
+            print(f"  [vllm {quant}] failed: {str(e)[:600]}", flush=True)
+            continue
           print(f"  {rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
       finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -45,7 +45,9 @@ def make_engine(model):
                       max_prompt_len=1024, max_batch=_BATCH.value,
                       pad_id=int(pad), show_progress=True)
   from rljax.rollout import vllm_sidecar
-  return vllm_sidecar.engine_for_model(model, quant=_QUANT.value)
+  return vllm_sidecar.engine_for_model(
+      model.config, model.params, os.path.join(_OUT_DIR.value, "vllm_start"),
+      quant=_QUANT.value, tokenizer=model.tokenizer)
 
 
 def main(argv):

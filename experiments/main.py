@@ -18,8 +18,9 @@ train_flags.define_train_flags(
     algorithm="grpo", model="smollm2-135m-instruct", task="arithmetic",
     task_difficulty="easy", rollout_quant="int8", correction="acr",
     uaq_scale=1.5, kl_coef=0.0, aggregation="token-mean",
-    prompts_per_step=8, group_size=8, max_new_tokens=32, temperature=1.0,
-    steps=30, learning_rate=3e-6, eval_size=64, checkpoint_every=10,
+    prompts_per_step=8, group_size=6, max_new_tokens=32, temperature=0.7,
+    micro_batches=6, logprob_chunk=32,
+    steps=30, learning_rate=1e-5, eval_size=64, checkpoint_every=10,
     run_dir="runs/main", resume=True)
 
 

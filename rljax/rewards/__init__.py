@@ -14,20 +14,21 @@ from rljax.rewards.extraction import (
     extract_final_answer,
     extract_gsm8k,
     extract_last_boxed,
+    extract_last_number,
 )
 from rljax.rewards.formats import boxed_format_reward, has_boxed_answer, has_r1_format, r1_format_reward
 from rljax.rewards.math_verifier import ground_truth_answer, math_equal, math_reward
 from rljax.rewards.metrics import avg_at_k, mean_pass_at_k, pass_at_k
 from rljax.rewards.pool import RewardBatch, RewardInput, RewardPool, make_inputs
 from rljax.rewards.shaping import OverlongPenalty, overlong_penalty
-from rljax.rewards.verifiers import correctness_reward
+from rljax.rewards.verifiers import Correctness, correctness_reward
 
 __all__ = [
-    "CombinedReward", "CountdownError", "OverlongPenalty", "RewardBatch", "RewardFn",
+    "CombinedReward", "Correctness", "CountdownError", "OverlongPenalty", "RewardBatch", "RewardFn",
     "RewardInput", "RewardOutput", "RewardPool", "avg_at_k", "boxed_format_reward",
     "combine", "correctness_reward", "countdown_reward", "evaluate_countdown_expression",
     "extract_answer_phrase", "extract_answer_tag", "extract_boxed_all", "extract_final_answer",
-    "extract_gsm8k", "extract_last_boxed", "ground_truth_answer", "has_boxed_answer",
+    "extract_gsm8k", "extract_last_boxed", "extract_last_number", "ground_truth_answer", "has_boxed_answer",
     "has_r1_format", "make_inputs", "math_equal", "math_reward", "mean_pass_at_k",
     "overlong_penalty", "pass_at_k", "r1_format_reward", "reward_name", "to_reward_output",
 ]

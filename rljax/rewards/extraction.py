@@ -25,6 +25,7 @@ __all__ = [
     "extract_final_answer",
     "extract_gsm8k",
     "extract_last_boxed",
+    "extract_last_number",
     "strip_answer_decorations",
 ]
 
@@ -37,6 +38,7 @@ _ANSWER_PHRASE = re.compile(
 # A sentence ends at a period followed by white space or the end; "3.5." ends
 # after the second period, not inside the number.
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
+_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d)")
 _BRACE_TOKENS = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])|\\.|[{}]", re.DOTALL)
 # Longer "answers" are rejected before any further processing.
 MAX_EXTRACTED_CHARS = 10_000
@@ -166,3 +168,13 @@ def extract_final_answer(text: str) -> str | None:
             answer = strip_answer_decorations(answer)
             return answer or None
     return None
+
+
+def extract_last_number(text: str) -> str | None:
+    """The last number in the text ("... 7 - 5 = 2." -> "2"), for the lenient
+    fallback of small models that answer without any answer format. Not one
+    of the formats of ``extract_final_answer``: opt in where wanted."""
+    last = None
+    for last in _NUMBER.finditer(text):
+        pass
+    return None if last is None else last.group()

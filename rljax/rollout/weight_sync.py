@@ -290,7 +290,7 @@ def write_checkpoint(tensors: Mapping[str, np.ndarray],
 
 
 def default_sync_root() -> str:
-  """tmpfs when there is one (no disk I/O on the sync path), else the temp dir."""
+  """/dev/shm (tmpfs: no disk I/O on the sync path), else the temp dir."""
   if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
     return "/dev/shm"
   return tempfile.gettempdir()

@@ -15,7 +15,9 @@ from rljax.train.config import TrainConfig
 def run_experiment(cfg: TrainConfig, plot: bool = True,
                    show_progress: bool = True) -> dict:
   """Trains `cfg.steps` steps (resuming if asked); returns the summary."""
+  from absl import logging
   from rljax.train.loop import Trainer  # heavy imports only when running
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   t0 = time.perf_counter()
   trainer = Trainer(cfg, show_progress=show_progress)
   print(f"[rljax] run_dir={cfg.run_dir} algorithm={cfg.algorithm} "

@@ -181,8 +181,13 @@ class Trainer:
                         max_prompt_len=batch_lib.bucket(cfg.max_prompt_tokens),
                         pad_id=self._pad_id())
     from rljax.rollout import vllm_sidecar
-    return vllm_sidecar.engine_for_trainer(self.model_config, self.tokenizer,
-                                           cfg)
+    return vllm_sidecar.engine_for_model(
+        self.model_config, self.state.params,
+        os.path.join(cfg.run_dir, "vllm_start"), quant=cfg.rollout_quant,
+        tokenizer=self.tokenizer, urls=cfg.vllm_urls,
+        config=vllm_sidecar.VLLMSidecarConfig(
+            max_model_len=batch_lib.bucket(cfg.max_prompt_tokens)
+            + cfg.max_new_tokens))
 
   def _logprobs(self, params, tokens, attention_mask):
     return _sequence_logprobs(self.model_config, params, tokens,
@@ -219,7 +224,9 @@ class Trainer:
 
   def _push(self, rparams, diag: dict) -> dict[str, float]:
     t0 = time.perf_counter()
-    mode = "none" if self.cfg.engine == "jax" else self.cfg.rollout_quant
+    # The JAX sampler runs the tree as given; a vLLM engine keeps the format
+    # it was started with (bf16 or INT8 compressed-tensors).
+    mode = "none" if self.cfg.engine == "jax" else None
     stats = self.engine.update_weights(rparams, mode)
     out = dict(diag)
     out["time_sync"] = time.perf_counter() - t0 + diag.pop("time_quantize", 0.0)

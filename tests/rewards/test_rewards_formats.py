@@ -129,3 +129,14 @@ class TestOverlong:
         out = fn("", "\\boxed{3}", "3", {"completion_tokens": 90})
         assert out.score == pytest.approx(0.5)
         assert dataclasses.asdict(out)["components"]["overlong"] == pytest.approx(-0.5)
+
+
+class TestCorrectnessOptions:
+    def test_last_number_fallback(self):
+        assert rewards.Correctness()("", "7 + 5 = 12", "12", NO_META) == rewards.RewardOutput(0.0, {"correct": 0.0})
+        assert rewards.Correctness(last_number_fallback=True)("", "7 + 5 = 12", "12", NO_META).score == 1.0
+
+    def test_named_in_combine(self):
+        fn = rewards.combine([(rewards.Correctness(last_number_fallback=True), 1.0), (rewards.boxed_format_reward, 0.1)])
+        out = fn("", "7 + 5 = 12", "12", NO_META)
+        assert out.score == 1.0 and out.components == {"correct": 1.0, "boxed_format_reward": 0.0, "boxed_format_reward/boxed_format": 0.0}

@@ -189,3 +189,20 @@ class TestGroundTruthAnswer:
     )
     def test_forms(self, truth, expected):
         assert rewards.ground_truth_answer(truth) == expected
+
+
+class TestLastNumberFallback:
+    @pytest.mark.parametrize(
+        "text,expected",
+        [("7 - 5 = 2.", "2"), ("it costs 1,080 dollars", "1,080"), ("x2 and 3.5", "3.5"), ("it is -3", "-3"), ("none", None)],
+    )
+    def test_extract_last_number(self, text, expected):
+        assert extraction.extract_last_number(text) == expected
+
+    @pytest.mark.parametrize(
+        "completion,expected",
+        [("10 - 1 = 9", 1.0), ("10 - 1 = 8", 0.0), ("9, no wait, 8", 0.0), ("\\boxed{8} but 9", 0.0), ("no digits", 0.0)],
+    )
+    def test_only_when_opted_in_and_no_format(self, completion, expected):
+        assert rewards.math_reward(completion, "9", last_number_fallback=True) == expected
+        assert rewards.math_reward(completion, "9") == 0.0  # strict by default

