@@ -60,8 +60,9 @@ def _first_argmax(x: jax.Array) -> jax.Array:
   vocab = x.shape[-1]
   is_max = x == jnp.max(x, axis=-1, keepdims=True)
   iota = jnp.arange(vocab, dtype=jnp.float32)  # exact: vocab < 2^24.
-  return jnp.min(jnp.where(is_max, iota, float(vocab)), axis=-1).astype(
-      jnp.int32)
+  first = jnp.min(jnp.where(is_max, iota, float(vocab)), axis=-1)
+  # All-NaN rows match nothing: stay a valid id (their log-prob is NaN).
+  return jnp.minimum(first, vocab - 1).astype(jnp.int32)
 
 
 def _top_p_threshold(z: jax.Array, weights: jax.Array, top_p) -> jax.Array:
@@ -275,12 +276,13 @@ def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
       sample_next_token, temperature=temperature, top_k=plan.top_k,
       top_p=top_p if plan.use_top_p else 1.0, greedy=plan.greedy)
 
-  cache = models.init_cache(config, num_prompts, prompt_len + capacity,
+  segments = decode_segments(capacity)
+  cache = models.init_cache(config, num_prompts, prompt_len + segments[0],
                             plan.cache_dtype)
   # Position 0 at each row's first real token, as `models.forward` numbers it.
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
   kv_mask = jnp.concatenate(
-      [prompt_mask, jnp.zeros((num_prompts, capacity), prompt_mask.dtype)],
+      [prompt_mask, jnp.zeros((num_prompts, segments[0]), prompt_mask.dtype)],
       axis=1)
   logits, cache = models.forward_with_cache(
       config, params, prompt_tokens, positions, cache, 0, kv_mask)
@@ -306,10 +308,6 @@ def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
   # Padding rows of a partial chunk (no real prompt) start finished.
   done = jnp.isin(tok, stop_ids) | ~live_prompt
 
-  def cond(state):
-    step, _, _, _, done, *_ = state
-    return (step < max_new_tokens) & ~jnp.all(done)
-
   def body(state):
     step, cache, prev_tok, pos, done, kv_mask, out_tokens, out_logp, lengths = (
         state)
@@ -332,9 +330,43 @@ def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
 
   state = (jnp.int32(1), cache, tok, next_pos, done, kv_mask, out_tokens,
            out_logp, lengths)
-  state = jax.lax.while_loop(cond, body, state)
+  # Decode in segments over a growing cache: attention reads every cache slot
+  # at every step, so early steps run on a short cache (see decode_segments).
+  for i, segment_end in enumerate(segments):
+    if i > 0:
+      grow = segment_end - segments[i - 1]
+      step, cache, prev_tok, pos, done, kv_mask, *outputs = state
+      cache = jax.tree_util.tree_map(
+          lambda c: jnp.pad(c, [(0, 0), (0, 0), (0, grow)] +
+                            [(0, 0)] * (c.ndim - 3)), cache)
+      kv_mask = jnp.pad(kv_mask, ((0, 0), (0, grow)))
+      state = (step, cache, prev_tok, pos, done, kv_mask, *outputs)
+    limit = jnp.minimum(max_new_tokens, segment_end)
+
+    def cond(state, limit=limit):
+      step, _, _, _, done, *_ = state
+      return (step < limit) & ~jnp.all(done)
+
+    state = jax.lax.while_loop(cond, body, state)
   steps, out_tokens, out_logp, lengths = state[0], state[6], state[7], state[8]
   return out_tokens, out_logp, lengths, steps
+
+
+def decode_segments(capacity: int) -> tuple[int, ...]:
+  """New-token counts at which the decode cache grows: 64, 128, 256, ...
+
+  A decode step's attention reads all S cache slots, which on CPU costs about
+  as much as the matmuls at batch 128 and S ~ 200. Growing the cache in
+  doubling segments makes the average S over a 256-token rollout ~176 + Lp
+  instead of 256 + Lp, for one extra while-loop compile per segment.
+  """
+  ends = []
+  end = 64
+  while end < capacity:
+    ends.append(end)
+    end *= 2
+  ends.append(capacity)
+  return tuple(ends)
 
 
 # ----------------------------------------------------------------------------

@@ -359,12 +359,12 @@ class Trainer:
     mask_j = jnp.asarray(mask, jnp.float32)
     # Outcome reward on the last response token; KL-to-reference as a
     # per-token penalty (Ouyang et al. 2022).
-    last = packed["prompt_lengths"] * 0 + (np.asarray(mask).shape[1] - 1)
-    ends = np.where(mask.sum(1) > 0,
-                    (np.asarray(mask) * np.arange(mask.shape[1])).max(1), last)
-    token_rewards = np.zeros(mask.shape, np.float32)
-    token_rewards[np.arange(len(ends)), ends] = shaped
-    token_rewards = jnp.asarray(token_rewards) * mask_j
+    valid = np.asarray(mask) > 0
+    has_tokens = valid.any(axis=1)
+    ends = valid.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1)
+    token_rewards = np.zeros(valid.shape, np.float32)
+    token_rewards[np.arange(len(ends)), ends] = np.where(has_tokens, shaped, 0.0)
+    token_rewards = jnp.asarray(token_rewards)
     if cfg.kl_in_reward_coef > 0:
       token_rewards = token_rewards - cfg.kl_in_reward_coef * kl_lib.k1(
           out["prox_logp"], out["ref_logp"]) * mask_j

@@ -103,6 +103,13 @@ class TestSampleNextToken(chex.TestCase):
     np.testing.assert_allclose(freq, p, atol=0.015)
     np.testing.assert_allclose(logp, np.log(p)[np.asarray(tokens)], rtol=1e-5)
 
+  def test_nan_logits_give_valid_ids_and_nan_logp(self):
+    logits = jnp.array([[jnp.nan] * 5, [0.0, 1.0, 2.0, 3.0, 4.0]])
+    for kwargs in ({"greedy": True}, {"temperature": 1.0}):
+      tokens, logp = sample_next_token(logits, _keys(2), **kwargs)
+      assert 0 <= int(tokens[0]) < 5
+      assert np.isnan(logp[0]) and np.isfinite(logp[1])
+
   def test_rejects_non_matrix_logits(self):
     with pytest.raises(ValueError, match=r"expected \[B, V\]"):
       sample_next_token(jnp.zeros((2, 3, 4)), _keys(2))
@@ -142,6 +149,15 @@ class TestSampleKeys:
 
 
 class TestBuckets:
+
+  def test_capacity_and_segments(self):
+    capacities = [jax_sampler.new_token_capacity(t)
+                  for t in (1, 16, 17, 64, 65, 256, 300)]
+    assert capacities == [16, 16, 32, 64, 128, 256, 320]
+    assert jax_sampler.decode_segments(16) == (16,)
+    assert jax_sampler.decode_segments(64) == (64,)
+    assert jax_sampler.decode_segments(256) == (64, 128, 256)
+    assert jax_sampler.decode_segments(320) == (64, 128, 256, 320)
 
   def test_default_prompt_buckets(self):
     assert jax_sampler.default_prompt_buckets(200) == (16, 32, 64, 128, 192,
@@ -199,7 +215,7 @@ def _reference_greedy(config, params, prompt, steps):
   assert config == _TINY_CONFIG
   seq = list(prompt)
   for _ in range(steps):
-    buf = np.zeros((1, 32), np.int32)
+    buf = np.zeros((1, 128), np.int32)
     buf[0, :len(seq)] = seq
     seq.append(int(_last_argmax(params, jnp.asarray(buf), len(seq))))
   return seq[len(prompt):]
@@ -226,6 +242,23 @@ class TestJaxSamplerGreedy:
       assert batch.response_ids[i] == _reference_greedy(config, params,
                                                         prompt, 8)
       assert batch.finish_reason[i] == "length"
+
+  def test_long_rollout_across_cache_segments(self, tiny, sampler):
+    # 80 new tokens: capacity 128, decoded in segments of 64 and 128 slots.
+    config, params = tiny
+    assert jax_sampler.decode_segments(
+        jax_sampler.new_token_capacity(80)) == (64, 128)
+    prompts = PROMPTS[:2]
+    batch = sampler.generate(prompts, base.SamplingConfig(
+        greedy=True, max_new_tokens=80))
+    for i, prompt in enumerate(prompts):
+      assert batch.response_ids[i] == _reference_greedy(config, params,
+                                                        prompt, 80)
+    ref, packed = _reference_logp(config, params, batch, 1.0)
+    mask = packed["response_mask"] > 0
+    assert mask.sum() == 160
+    np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask],
+                               atol=1e-4)
 
   def test_greedy_logp_is_temperature_one_logp(self, tiny, sampler):
     config, params = tiny
