@@ -20,7 +20,7 @@ train_flags.define_train_flags(
     uaq_scale=1.5, kl_coef=0.0, aggregation="token-mean",
     prompts_per_step=8, group_size=6, max_new_tokens=32, temperature=0.7,
     micro_batches=6, logprob_chunk=32,
-    steps=30, learning_rate=1e-5, eval_size=64, checkpoint_every=10,
+    steps=20, learning_rate=1e-5, eval_size=64, checkpoint_every=10,
     run_dir="runs/main", resume=True)
 
 

@@ -5,7 +5,6 @@ tokens against the step-by-step argmax of `models.forward` on the growing
 sequence, behavior log-probs against `models.token_logprobs`.
 """
 import importlib.util
-import os
 
 import chex
 import jax
