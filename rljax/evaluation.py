@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

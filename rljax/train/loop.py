@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -428,9 +427,10 @@ class Trainer:
     self.step_num = step
     if not cfg.pipelined:
       metrics.update(self.sync())
-    seq_valid = valid
-    metrics["reward_mean"] = float(rewards[seq_valid].mean()) if seq_valid.any() \
-        else float(rewards.mean())
+    # reward_mean: the sequences trained on (dynamic sampling may pad the
+    # batch with masked-out groups); reward_all_mean: everything sampled.
+    metrics["reward_mean"] = float(
+        rewards[valid].mean() if valid.any() else rewards.mean())
     metrics["reward_all_mean"] = float(rewards.mean())
     metrics["accuracy"] = float((rewards >= 1.0).mean())
     metrics["time_step"] = time.perf_counter() - t_step
