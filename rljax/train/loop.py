@@ -96,7 +96,7 @@ def _sequence_logprobs(config, params, tokens, attention_mask, temperature,
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def _sequence_values(config, critic_params, tokens, attention_mask):
-  return models.value_forward(config, critic_params["trunk"],
+  return models.value_forward(config, critic_params["backbone"],
                               critic_params["head"], tokens,
                               attention_mask)[:, :-1]
 
@@ -135,9 +135,8 @@ class Trainer:
     if cfg.uses_critic:
       critic_args = (cfg.critic_learning_rate, cfg.steps * n_updates,
                      cfg.warmup_steps, cfg.lr_schedule, 0.0, cfg.max_grad_norm)
-      critic_params = {"trunk": jax.tree.map(jnp.copy, params),
-                       "head": models.init_value_head(
-                           self.model_config, jax.random.PRNGKey(cfg.seed + 1))}
+      critic_params = models.init_critic(self.model_config, params,
+                                         jax.random.PRNGKey(cfg.seed + 1))
     self.spec = update_lib.UpdateSpec(
         model_config=self.model_config, loss=self.loss_cfg,
         temperature=cfg.temperature, kl_coef=cfg.kl_coef,

@@ -144,7 +144,7 @@ def value_loss_sum(spec: UpdateSpec, critic_params, mb: Batch,
                    denom: jax.Array):
   """This micro-batch's share of the PPO clipped value loss."""
   values = models.value_forward(
-      spec.model_config, critic_params["trunk"], critic_params["head"],
+      spec.model_config, critic_params["backbone"], critic_params["head"],
       mb["tokens"], mb["attention_mask"])[:, :-1]
   s, _, metrics = objectives.value_loss_terms(
       values, mb["old_values"], mb["returns"], mb["loss_mask"],

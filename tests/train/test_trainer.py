@@ -1,7 +1,6 @@
 """The RL loop end to end on a tiny random model: every preset takes two
 steps, a killed run resumes to the same next step, pipelined mode runs, and
 NaNs stop a step with a debug dump."""
-import dataclasses
 import json
 import os
 

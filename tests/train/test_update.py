@@ -111,8 +111,7 @@ class TestCritic:
     config, params = tiny
     batch = make_batch(config)
     batch["returns"] = batch["loss_mask"] * 1.0
-    critic = {"trunk": params,
-              "head": models.init_value_head(config, jax.random.PRNGKey(3))}
+    critic = models.init_critic(config, params, jax.random.PRNGKey(3))
     values = models.value_forward(config, params, critic["head"],
                                   batch["tokens"], batch["attention_mask"])
     batch["old_values"] = values[:, :-1]
