@@ -172,12 +172,9 @@ class Trainer:
   def _make_engine(self):
     cfg = self.cfg
     if cfg.engine == "jax":
-      from rljax.rollout.jax_sampler import JaxSampler
       # The trainer quantizes (so the diagnostics see exactly what the engine
       # runs) and hands the sampler ready-made params.
-      return JaxSampler(self.model_config, None, quant="none",
-                        max_prompt_len=batch_lib.bucket(cfg.max_prompt_tokens),
-                        pad_id=self._pad_id())
+      return self._new_jax_sampler()
     from rljax.rollout import vllm_sidecar
     return vllm_sidecar.engine_for_model(
         self.model_config, self.state.params,
@@ -195,6 +192,16 @@ class Trainer:
   def _values(self, critic_params, tokens, attention_mask):
     return _sequence_values(self.model_config, critic_params, tokens,
                             attention_mask)
+
+  def _new_jax_sampler(self):
+    from rljax.rollout.jax_sampler import JaxSampler
+    return JaxSampler(self.model_config, None, quant="none",
+                      max_prompt_len=batch_lib.bucket(self.cfg.max_prompt_tokens),
+                      pad_id=self._pad_id())
+
+  def _decode(self, rb: RolloutBatch) -> list[str]:
+    return [self.tokenizer.decode(r, skip_special_tokens=True)
+            for r in rb.response_ids]
 
   def _pad_id(self) -> int:
     pad = getattr(self.tokenizer, "pad_token_id", None)
@@ -268,8 +275,7 @@ class Trainer:
       timing["time_rollout"] += t_gen
       gen_tokens += int(rb.response_lengths.sum())
       t0 = time.perf_counter()
-      completions = [self.tokenizer.decode(r, skip_special_tokens=True)
-                     for r in rb.response_ids]
+      completions = self._decode(rb)
       scores, comps = self.task.score(completions, examples, rb.n)
       timing["time_reward"] += time.perf_counter() - t0
       keep = batch_lib.group_keep(cfg, scores)
@@ -464,21 +470,16 @@ class Trainer:
 
   def evaluate(self) -> dict[str, float]:
     """Greedy accuracy of the full-precision policy on the held-out set."""
-    from rljax.rollout.jax_sampler import JaxSampler
     t0 = time.perf_counter()
     if not hasattr(self, "_eval_engine"):
-      self._eval_engine = JaxSampler(
-          self.model_config, None, quant="none",
-          max_prompt_len=batch_lib.bucket(self.cfg.max_prompt_tokens),
-          pad_id=self._pad_id())
+      self._eval_engine = self._new_jax_sampler()
     self._eval_engine.update_weights(self.state.params, "none")
     examples = self.task.eval_examples()
     prompts = [self.task.prompt_ids(e) for e in examples]
     rb = self._eval_engine.generate(prompts, SamplingConfig(
         n=1, greedy=True, max_new_tokens=self.cfg.max_new_tokens,
         stop_token_ids=self.task.stop_token_ids, seed=0))
-    completions = [self.tokenizer.decode(r, skip_special_tokens=True)
-                   for r in rb.response_ids]
+    completions = self._decode(rb)
     scores, _ = self.task.score(completions, examples, 1)
     return {"eval_accuracy": float((scores >= 1.0).mean()),
             "eval_reward": float(scores.mean()),
