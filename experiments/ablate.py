@@ -4,9 +4,13 @@
       --grid="rollout_quant=none,int8;correction=tis,acr;uaq_scale=1.0,1.5" \
       --seeds=0,1 --steps=20 --out_dir=runs/ablate
 
-or with a checked-in config (a JSON list of {"name": ..., field: value}):
+or with a checked-in config: a JSON list of {"name": ..., field: value} runs,
+or {"base": {field: value}, "seeds": [...], "runs": [...]} where "base" holds the
+settings every run shares (typed flags still override it) and "seeds" is the
+default for --seeds:
 
-  python experiments/ablate.py --configs=experiments/configs/qurl_cpu.json
+  python experiments/ablate.py --configs=experiments/configs/qurl_cpu.json \
+      --out_dir=runs/qurl_cpu
 
 Every run gets its own directory `<out_dir>/<name>_s<seed>` and is resumed if
 it already finished some steps (so a killed ablation continues). The table
@@ -74,6 +78,29 @@ def grid_runs(grid: str) -> list[dict]:
     run["name"] = "_".join(f"{k}={v}" for k, v in combo)
     runs.append(run)
   return runs
+
+
+def load_config_file(path: str) -> tuple[dict, list[dict], list | None]:
+  """Reads a --configs file: (shared settings, runs, seeds or None)."""
+  with open(path) as f:
+    data = json.load(f)
+  if isinstance(data, list):
+    data = {"runs": data}
+  if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+    raise ValueError(f"{path}: expected a list of runs or an object with a "
+                     f"'runs' list; got {type(data).__name__}")
+  fields = TrainConfig.__dataclass_fields__
+  shared = data.get("base", {})
+  for where, entry in [("base", shared)] + [
+      (f"runs[{i}]", r) for i, r in enumerate(data["runs"])]:
+    for key in entry:
+      if key not in fields and not (key == "name" and where != "base"):
+        raise ValueError(f"{path}: {where} has {key!r}, which is not a "
+                         f"TrainConfig field")
+  for i, r in enumerate(data["runs"]):
+    if not r.get("name"):
+      raise ValueError(f"{path}: runs[{i}] has no 'name'")
+  return shared, data["runs"], data.get("seeds")
 
 
 def summarize(run_dir: str) -> dict:
@@ -145,17 +172,28 @@ def main(argv):
   del argv
   from rljax.train.driver import run_experiment
   runs = grid_runs(_GRID.value)
+  shared, seeds = {}, _SEEDS.value
   if _CONFIGS.value:
-    with open(_CONFIGS.value) as f:
-      runs += json.load(f)
+    shared, listed, file_seeds = load_config_file(_CONFIGS.value)
+    runs += listed
+    if file_seeds is not None and not flags.FLAGS["seeds"].present:
+      seeds = [str(s) for s in file_seeds]
   if not runs:
     raise app.UsageError("give --grid and/or --configs")
-  base = train_flags.config_from_flags()
+  # Typed flags beat the file's shared settings, which beat script defaults.
+  typed = {name for name in TrainConfig.__dataclass_fields__
+           if name in flags.FLAGS and flags.FLAGS[name].present}
+  base = dataclasses.replace(
+      train_flags.config_from_flags(),
+      **{k: v for k, v in shared.items() if k not in typed})
   os.makedirs(_OUT_DIR.value, exist_ok=True)
+  with open(os.path.join(_OUT_DIR.value, "ablation.json"), "w") as f:
+    json.dump({"base": dataclasses.asdict(base), "runs": runs,
+               "seeds": seeds}, f, indent=1)
   results = []
   for run in runs:
     overrides = {k: v for k, v in run.items() if k != "name"}
-    for seed in _SEEDS.value:
+    for seed in seeds:
       run_dir = os.path.join(_OUT_DIR.value, f"{run['name']}_s{seed}")
       cfg = dataclasses.replace(base, seed=int(seed), run_dir=run_dir,
                                 resume=True, **overrides)

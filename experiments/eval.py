@@ -34,6 +34,12 @@ _QUANT = flags.DEFINE_enum("quant", "none", ["none", "bf16", "int8", "fp8"],
                            "Weights the engine runs.")
 _BATCH = flags.DEFINE_integer("max_batch", 64, "Sequences per decode program.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_VLLM_KV_GIB = flags.DEFINE_float(
+    "vllm_kv_gib", 4.0, "vLLM CPU KV cache (GiB): room for --vllm_max_seqs "
+    "sequences of prompt + --max_new_tokens.")
+_VLLM_MAX_SEQS = flags.DEFINE_integer(
+    "vllm_max_seqs", 256, "Sequences vLLM decodes together (and requests in "
+    "flight); more fills the CPU's matmuls better.")
 _OUT_DIR = flags.DEFINE_string("out_dir", "runs/eval", "Where results go.")
 
 
@@ -45,9 +51,14 @@ def make_engine(model):
                       max_prompt_len=1024, max_batch=_BATCH.value,
                       pad_id=int(pad), show_progress=True)
   from rljax.rollout import vllm_sidecar
+  config = vllm_sidecar.VLLMSidecarConfig(
+      max_model_len=2048 + _MAX_NEW.value, cpu_kvcache_gib=_VLLM_KV_GIB.value,
+      max_concurrent_requests=_VLLM_MAX_SEQS.value,
+      extra_args=("--max-num-seqs", str(_VLLM_MAX_SEQS.value)),
+      show_progress=True)
   return vllm_sidecar.engine_for_model(
       model.config, model.params, os.path.join(_OUT_DIR.value, "vllm_start"),
-      quant=_QUANT.value, tokenizer=model.tokenizer)
+      quant=_QUANT.value, tokenizer=model.tokenizer, config=config)
 
 
 def main(argv):
@@ -82,12 +93,13 @@ def main(argv):
   with open(os.path.join(_OUT_DIR.value, "summary.json"), "w") as f:
     json.dump({"meta": meta, "results": results}, f, indent=1)
   n = _SAMPLES.value
-  print(f"\n| dataset | examples | avg@{n} | pass@{_K.value} | mean tokens | "
-        "truncated | gen s | tok/s |")
-  print("|---|---|---|---|---|---|---|---|")
+  print(f"\n| dataset | examples | avg@{n} | avg@{n} (last number) | "
+        f"pass@{_K.value} | mean tokens | truncated | gen s | tok/s |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for name, s in results.items():
     pk = s[f"pass@{_K.value}"]
     print(f"| {name} | {s['examples']} | {s[f'avg@{n}']:.4f} | "
+          f"{s[f'avg@{n}_last_number']:.4f} | "
           f"{'–' if pk is None else f'{pk:.4f}'} | "
           f"{s['mean_response_tokens']:.1f} | {s['truncated_fraction']:.3f} | "
           f"{s['generation_s']:.1f} | {s['tokens_per_s']:.1f} |")

@@ -108,6 +108,13 @@ def evaluate_dataset(model: models.Model, engine, examples: Sequence,
       rewards_lib.correctness_reward("", completions[b], examples[b // n].answer,
                                      dict(examples[b // n].metadata)).score
       for b in range(len(completions))], np.float32).reshape(len(examples), n)
+  # Small models often give a right number in no answer format; the lenient
+  # score (last number of the completion) shows how much the format costs.
+  lenient_fn = rewards_lib.Correctness(last_number_fallback=True)
+  lenient = np.array([
+      lenient_fn("", completions[b], examples[b // n].answer,
+                 dict(examples[b // n].metadata)).score
+      for b in range(len(completions))], np.float32).reshape(len(examples), n)
   records = []
   for i, e in enumerate(examples):
     for j in range(n):
@@ -115,12 +122,14 @@ def evaluate_dataset(model: models.Model, engine, examples: Sequence,
       records.append({"uid": e.uid, "sample": j, "answer": e.answer,
                       "completion": completions[b],
                       "correct": bool(correct[i, j] >= 1.0),
+                      "correct_last_number": bool(lenient[i, j] >= 1.0),
                       "finish_reason": rb.finish_reason[b],
                       "response_tokens": len(rb.response_ids[b])})
   hits = (correct >= 1.0).sum(axis=1)
   summary = {
       "examples": len(examples), "samples_per_example": n,
       f"avg@{n}": float(correct.mean()),
+      f"avg@{n}_last_number": float(lenient.mean()),
       f"pass@{k}": float(np.mean([rewards_lib.pass_at_k(n, int(c), k)
                                   for c in hits])) if k <= n else None,
       "mean_response_tokens": float(np.mean(rb.response_lengths)),

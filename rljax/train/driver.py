@@ -33,9 +33,13 @@ def run_experiment(cfg: TrainConfig, plot: bool = True,
             f"{before['eval_accuracy']:.3f}", flush=True)
     rows = trainer.run()
     after = {}
-    if cfg.eval_size:
+    if rows and "eval_accuracy" in rows[-1]:
+      # --eval_every already evaluated the last step: do not pay for it twice.
+      after = {k: v for k, v in rows[-1].items() if k.startswith("eval_")}
+    elif cfg.eval_size:
       after = trainer.evaluate()
       trainer.writer.write(trainer.step_num, after)
+    if after:
       print(f"[rljax] held-out accuracy after training: "
             f"{after['eval_accuracy']:.3f}", flush=True)
     summary = {

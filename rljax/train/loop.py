@@ -149,6 +149,7 @@ class Trainer:
         self.spec, opt_args, critic_args)
     self.state = update_lib.init_train_state(params, self.optimizer,
                                              critic_params, critic_opt)
+    self.engine_restarts = 0
     self.engine = self._make_engine()
     self.diagnostics = quant.SyncDiagnostics() if self.quantized else None
     self.checkpointer = RunCheckpointer(
@@ -232,7 +233,8 @@ class Trainer:
     # The JAX sampler runs the tree as given; a vLLM engine keeps the format
     # it was started with (bf16 or INT8 compressed-tensors).
     mode = "none" if self.cfg.engine == "jax" else None
-    stats = self.engine.update_weights(rparams, mode)
+    stats = self._recovering(
+        "weight sync", lambda: self.engine.update_weights(rparams, mode))
     out = dict(diag)
     out["time_sync"] = time.perf_counter() - t0 + diag.pop("time_quantize", 0.0)
     out["sync_bytes"] = float(stats.bytes)
@@ -253,8 +255,29 @@ class Trainer:
   def _generate(self, step: int, round_: int, examples: list) -> tuple:
     t0 = time.perf_counter()
     prompts = [self.task.prompt_ids(e) for e in examples]
-    rb = self.engine.generate(prompts, self._sampling(step, round_))
+    sampling = self._sampling(step, round_)
+    rb = self._recovering(
+        "rollout", lambda: self.engine.generate(prompts, sampling))
     return rb, examples, time.perf_counter() - t0
+
+  def _recovering(self, what: str, call):
+    """Runs an engine call; if a vLLM sidecar died or hung, restarts it (it
+    reloads the weights of its last sync) and tries once more. A second
+    failure ends the run with the sidecar's own message."""
+    if self.cfg.engine == "jax":
+      return call()
+    from rljax.rollout.vllm_sidecar import SidecarError
+    try:
+      return call()
+    except SidecarError as first:
+      self.engine_restarts += 1
+      print(f"[rljax] {what}: vLLM sidecar failed ({str(first)[:300]}); "
+            f"restarting it (restart #{self.engine_restarts})", flush=True)
+      if hasattr(self.engine, "restart_dead"):
+        self.engine.restart_dead()
+      else:
+        self.engine.restart()
+      return call()
 
   # -- one step ---------------------------------------------------------------
 
@@ -438,6 +461,8 @@ class Trainer:
         rewards[valid].mean() if valid.any() else rewards.mean())
     metrics["reward_all_mean"] = float(rewards.mean())
     metrics["accuracy"] = float((rewards >= 1.0).mean())
+    if cfg.engine != "jax":
+      metrics["engine_restarts"] = float(self.engine_restarts)
     metrics["time_step"] = time.perf_counter() - t_step
     if cfg.eval_every and step % cfg.eval_every == 0:
       metrics.update(self.evaluate())

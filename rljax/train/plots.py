@@ -70,6 +70,8 @@ def plot_runs(run_dirs: Sequence[str], out_path: str,
                            squeeze=False)
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, (title, keys, log) in zip(axes.flat, drawn):
+    if title == "seconds per phase" and len(runs) > 2:
+      keys = [k for k in keys if k[0] in ("time_rollout", "time_update")]
     for i, (rows, label) in enumerate(zip(runs, labels)):
       for key, style in keys:
         pts = [(r["step"], r[key]) for r in rows
@@ -80,7 +82,10 @@ def plot_runs(run_dirs: Sequence[str], out_path: str,
         if log:
           ys = [max(y, 1e-12) for y in ys]
         name = label if len(keys) == 1 else f"{label}: {key}"
-        ax.plot(xs, moving_average(ys, smooth), style,
+        # Evaluations are a few sparse points: a moving average would blend
+        # them into values that were never measured.
+        window = 1 if key.startswith("eval_") else smooth
+        ax.plot(xs, moving_average(ys, window), style,
                 color=colors[i % len(colors)], label=name, markersize=3)
     ax.set_title(title)
     ax.set_xlabel("step")

@@ -44,16 +44,20 @@ def test_avg_and_pass_at_k_are_counted_per_problem():
   model = models.Model(config=None, params=None, tokenizer=tok)
   examples = data_lib.generate_arithmetic(2, "easy", seed=0)
   a0, a1 = examples[0].answer, examples[1].answer
-  # Problem 0: 1 of 2 samples right; problem 1: 0 of 2.
-  texts = [f"\\boxed{{{a0}}}", "\\boxed{-999}", "\\boxed{-999}", "no answer"]
+  # Problem 0: 1 of 2 samples right; problem 1: 0 of 2 in a strict format,
+  # but its second sample ends on the right number without one.
+  texts = [f"\\boxed{{{a0}}}", "\\boxed{-999}", "\\boxed{-999}",
+           f"so it is {a1}"]
   summary, records = evaluation.evaluate_dataset(
       model, ScriptedEngine(tok, texts), examples,
       SamplingConfig(n=2, temperature=1.0, max_new_tokens=8), k=2)
   assert summary["avg@2"] == pytest.approx(0.25)
   assert summary["pass@2"] == pytest.approx(0.5)
   assert [r["correct"] for r in records] == [True, False, False, False]
+  assert [r["correct_last_number"] for r in records] == [
+      True, False, False, True]
+  assert summary["avg@2_last_number"] == pytest.approx(0.5)
   assert {r["uid"] for r in records} == {examples[0].uid, examples[1].uid}
-  del a1
 
 
 def test_jax_sampler_greedy_eval_runs_end_to_end():
