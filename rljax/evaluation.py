@@ -104,17 +104,15 @@ def evaluate_dataset(model: models.Model, engine, examples: Sequence,
   gen_s = time.perf_counter() - t0
   completions = [tok.decode(r, skip_special_tokens=True) for r in rb.response_ids]
   n = rb.n
-  correct = np.array([
-      rewards_lib.correctness_reward("", completions[b], examples[b // n].answer,
-                                     dict(examples[b // n].metadata)).score
-      for b in range(len(completions))], np.float32).reshape(len(examples), n)
+  def scores(verifier) -> np.ndarray:
+    return np.array([
+        verifier("", completions[b], examples[b // n].answer,
+                 dict(examples[b // n].metadata)).score
+        for b in range(len(completions))], np.float32).reshape(len(examples), n)
+  correct = scores(rewards_lib.correctness_reward)
   # Small models often give a right number in no answer format; the lenient
   # score (last number of the completion) shows how much the format costs.
-  lenient_fn = rewards_lib.Correctness(last_number_fallback=True)
-  lenient = np.array([
-      lenient_fn("", completions[b], examples[b // n].answer,
-                 dict(examples[b // n].metadata)).score
-      for b in range(len(completions))], np.float32).reshape(len(examples), n)
+  lenient = scores(rewards_lib.Correctness(last_number_fallback=True))
   records = []
   for i, e in enumerate(examples):
     for j in range(n):

@@ -1110,6 +1110,11 @@ class VLLMSidecarPool:
                              "bytes": nbytes}
     return SyncStats(seconds=end - start, bytes=nbytes)
 
+  def restart(self) -> None:
+    """`VLLMSidecar.restart` for the pool: relaunches the members that are
+    not healthy, each reloading the weights of the last sync."""
+    self.restart_dead()
+
   def restart_dead(self) -> list[VLLMSidecar]:
     """Restarts every sidecar that is not healthy; returns them."""
     dead = [s for s in self.sidecars if not s.is_alive()]

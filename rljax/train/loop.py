@@ -273,10 +273,7 @@ class Trainer:
       self.engine_restarts += 1
       print(f"[rljax] {what}: vLLM sidecar failed ({str(first)[:300]}); "
             f"restarting it (restart #{self.engine_restarts})", flush=True)
-      if hasattr(self.engine, "restart_dead"):
-        self.engine.restart_dead()
-      else:
-        self.engine.restart()
+      self.engine.restart()
       return call()
 
   # -- one step ---------------------------------------------------------------

@@ -423,3 +423,24 @@ def _running_in_group(pgid: int) -> bool:
     if fields[0] != "Z" and int(fields[2]) == pgid:
       return True
   return False
+
+
+def test_pool_restart_relaunches_only_unhealthy_members():
+  """The trainer recovers any engine with `restart()`; on a pool that must
+  relaunch the dead members and leave healthy ones serving."""
+  from rljax.rollout.vllm_sidecar import VLLMSidecarPool
+
+  class Member:
+    def __init__(self, alive):
+      self.alive, self.restarts = alive, 0
+
+    def is_alive(self):
+      return self.alive
+
+    def restart(self):
+      self.restarts += 1
+
+  pool = object.__new__(VLLMSidecarPool)  # no real servers behind it
+  pool.sidecars = [Member(True), Member(False), Member(True)]
+  pool.restart()
+  assert [m.restarts for m in pool.sidecars] == [0, 1, 0]
