@@ -9,6 +9,7 @@ needs that permutation undone.
 from __future__ import annotations
 
 import os
+import struct
 from typing import Any
 
 import jax.numpy as jnp
@@ -41,11 +42,77 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                  "output.weight": "lm_head.weight"}
 
 
-def _reader(path: str):
+class _TruncatedError(ValueError):
+  """Tensor data past the end of the file: (bytes needed, tensor names)."""
+
+  def __init__(self, needed: int, names: list[str], total: int):
+    super().__init__(needed, names, total)
+    self.needed, self.names, self.total = needed, names, total
+
+
+def _check_tensor_extents(ends: list[tuple[int, str]], size: int) -> None:
+  short = [name for end, name in ends if end > size]
+  if short:
+    raise _TruncatedError(max(end for end, _ in ends), short, len(ends))
+
+
+def _checked_reader_class():
   import gguf  # pylint: disable=g-import-not-at-top
+
+  class CheckedReader(gguf.GGUFReader):
+    """Checks that every tensor lies inside the file before gguf slices its
+    data (gguf's memory map slices past the end without a word and then
+    fails in a reshape)."""
+
+    def _build_tensors(self, start_offs, fields):
+      ends = []
+      for field in fields:
+        _, name_data, _, dims, raw_dtype, offset_tensor = field.parts
+        block, type_size = gguf.GGML_QUANT_SIZES[
+            gguf.GGMLQuantizationType(raw_dtype[0])]
+        n_bytes = int(np.prod(dims)) * type_size // block
+        ends.append((int(start_offs + offset_tensor[0]) + n_bytes,
+                     bytes(name_data).decode("utf-8", "replace")))
+      _check_tensor_extents(ends, len(self.data))
+      super()._build_tensors(start_offs, fields)
+
+  return CheckedReader
+
+
+def _reader(path: str):
+  """A GGUFReader whose every tensor lies inside the file.
+
+  A cut or corrupt file is a ValueError naming the path, its size and, when
+  tensor data is missing, how many bytes the tensors need.
+  """
   if not os.path.isfile(path):
     raise FileNotFoundError(f"no GGUF file at {path!r}")
-  return gguf.GGUFReader(path)
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    magic = f.read(4)
+  if magic != b"GGUF":
+    raise ValueError(f"{path!r} is not a GGUF file: it starts with "
+                     f"{magic!r}, expected b'GGUF' ({size} bytes)")
+  try:
+    reader = _checked_reader_class()(path)
+    # Again on the result, should a gguf version build tensors elsewhere.
+    _check_tensor_extents(
+        [(t.data_offset + t.n_bytes, t.name) for t in reader.tensors], size)
+  except _TruncatedError as e:
+    shown = ", ".join(repr(n) for n in e.names[:4])
+    more = f" and {len(e.names) - 4} more" if len(e.names) > 4 else ""
+    raise ValueError(
+        f"GGUF file {path!r} is truncated: expected at least {e.needed} "
+        f"bytes (where its last tensor ends), found {size}; {len(e.names)} "
+        f"of {e.total} tensors extend past the end ({shown}{more})"
+    ) from None
+  except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
+          struct.error) as e:
+    raise ValueError(
+        f"GGUF file {path!r} ({size} bytes) is truncated or corrupt: its "
+        f"header/metadata cannot be parsed ({type(e).__name__}: {e})"
+    ) from None
+  return reader
 
 
 def read_metadata(reader) -> dict[str, Any]:
@@ -186,4 +253,5 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32
     metadata[vocab_key] = int(embd.shape[-1])
   config = config_from_gguf_metadata(metadata, names)
   state_dict = gguf_to_hf_state_dict(reader, config)
-  return config, hf_io.from_hf_state_dict(config, state_dict, dtype)
+  return config, hf_io.from_hf_state_dict(config, state_dict, dtype,
+                                          source=os.fspath(path))

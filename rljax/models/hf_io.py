@@ -131,19 +131,46 @@ def _shape_of(state_dict: Mapping[str, Any], name: str) -> tuple[int, ...]:
   return tuple(np.shape(state_dict[name]))
 
 
+def count_non_finite(array: Any) -> tuple[int, int]:
+  """(NaN count, +-inf count) of a float array; (0, 0) for integer codes."""
+  a = np.asarray(array)
+  if a.dtype.kind not in "fc" and "float" not in a.dtype.name:
+    return 0, 0
+  a = a.astype(np.float32, copy=False) if a.dtype.kind != "f" else a
+  nan = int(np.count_nonzero(np.isnan(a)))
+  inf = int(np.count_nonzero(np.isinf(a)))
+  return nan, inf
+
+
+def _non_finite_error(bad: list[tuple[str, int, int, int]],
+                      source: str | None) -> ValueError:
+  where = f"checkpoint {source!r}" if source else "checkpoint"
+  shown = "; ".join(f"{name!r}: {nan} NaN, {inf} inf of {size} values"
+                    for name, nan, inf, size in bad[:6])
+  more = f"; and {len(bad) - 6} more tensors" if len(bad) > 6 else ""
+  return ValueError(f"{where} has non-finite weights in {len(bad)} tensor(s) "
+                    f"({shown}{more}); expected finite values (the file is "
+                    "corrupt, or was saved from a diverged run)")
+
+
 def from_hf_state_dict(config: ModelConfig,
                        state_dict: Mapping[str, Any],
-                       dtype=None) -> dict[str, Any]:
+                       dtype=None, *, source: str | None = None,
+                       check_finite: bool = True) -> dict[str, Any]:
   """HF state dict (numpy/torch-free arrays, [out, in]) -> rljax params.
 
   Strict: raises KeyError naming missing or unexpected tensors and ValueError
-  naming a tensor whose shape differs from the config's. A tied checkpoint may
-  carry an `lm_head.weight` equal to the embedding (it is dropped).
+  naming a tensor whose shape differs from the config's, or (check_finite)
+  every tensor holding NaN/inf with its counts: a bad weight is caught at
+  load, not as a NaN loss at step 1. A tied checkpoint may carry an
+  `lm_head.weight` equal to the embedding (it is dropped).
 
   Args:
     config: the architecture the tensors must match.
     state_dict: name -> array.
     dtype: params dtype; default the embedding's dtype.
+    source: the file or dir the tensors come from, for error messages.
+    check_finite: refuse NaN/inf values.
   """
   expected = expected_hf_shapes(config)
   present = {k for k in state_dict
@@ -166,23 +193,36 @@ def from_hf_state_dict(config: ModelConfig,
     if got != shape:
       raise ValueError(f"tensor {name!r} has shape {got}; expected {shape} "
                        f"for {config.arch} config")
+  bad: list[tuple[str, int, int, int]] = []
+
+  def read(name: str) -> np.ndarray:
+    # Each tensor is read once (lazily from disk) and checked as it is read.
+    array = np.asarray(state_dict[name])
+    if check_finite:
+      nan, inf = count_non_finite(array)
+      if nan or inf:
+        bad.append((name, nan, inf, int(array.size)))
+    return array
+
+  embed = read(_EMBED)
   if dtype is None:
-    dtype = np.asarray(state_dict[_EMBED]).dtype
+    dtype = embed.dtype
   as_param = lambda x: jnp.asarray(np.asarray(x), dtype=dtype)
 
   layers: dict[str, dict[str, jax.Array]] = {}
   for proj, kind in _layer_leaves(config):
-    per_layer = [np.asarray(state_dict[
-        f"model.layers.{i}.{_LAYER_NAMES[(proj, kind)]}"])
+    per_layer = [read(f"model.layers.{i}.{_LAYER_NAMES[(proj, kind)]}")
                  for i in range(config.num_layers)]
     if kind == "kernel":
       per_layer = [w.T for w in per_layer]
     layers.setdefault(proj, {})[kind] = as_param(np.stack(per_layer))
-  params = {"embed": {"embedding": as_param(state_dict[_EMBED])},
+  params = {"embed": {"embedding": as_param(embed)},
             "layers": layers,
-            "final_norm": {"scale": as_param(state_dict[_FINAL_NORM])}}
+            "final_norm": {"scale": as_param(read(_FINAL_NORM))}}
   if not config.tie_word_embeddings:
-    params["lm_head"] = {"kernel": as_param(np.asarray(state_dict[_LM_HEAD]).T)}
+    params["lm_head"] = {"kernel": as_param(read(_LM_HEAD).T)}
+  if bad:
+    raise _non_finite_error(bad, source)
   return params
 
 
@@ -248,7 +288,8 @@ def load_hf(path: str | os.PathLike, dtype=jnp.float32
   if not os.path.isdir(path):
     raise FileNotFoundError(f"not a directory: {path!r}")
   config = ModelConfig.from_hf(path)
-  return config, from_hf_state_dict(config, load_hf_state_dict(path), dtype)
+  return config, from_hf_state_dict(config, load_hf_state_dict(path), dtype,
+                                    source=path)
 
 
 def _shards(tensors: dict[str, np.ndarray], max_shard_bytes: int

@@ -32,6 +32,7 @@ from rljax import models
 from rljax import quant
 from rljax.core import advantages as adv_lib
 from rljax.core import kl as kl_lib
+from rljax.models import tokenizer as tokenizer_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train import update as update_lib
@@ -57,7 +58,10 @@ def load_policy(cfg: TrainConfig, seed: int) -> models.Model:
     params = models.init_params(config, jax.random.PRNGKey(seed))
     return models.Model(config=config, params=params,
                         tokenizer=_tiny_tokenizer())
-  return models.load_pretrained(cfg.model)
+  model = models.load_pretrained(cfg.model)
+  # Without this, a dir with no tokenizer fails later inside ChatTemplate.
+  tokenizer_lib.require_tokenizer(model.tokenizer, cfg.model)
+  return model
 
 
 _TINY_TOKENIZER = None

@@ -1,4 +1,6 @@
 """GGUF loading on small files written with gguf.GGUFWriter."""
+import os
+
 import gguf
 import jax
 import numpy as np
@@ -136,3 +138,68 @@ def test_missing_tensor_is_named(tmp_path, random_params):
 def test_missing_file():
   with pytest.raises(FileNotFoundError):
     models.load_pretrained("/nonexistent/model.gguf")
+
+
+class TestDamagedFiles:
+  """A cut or corrupted GGUF file is a ValueError naming the file and what is
+  wrong, not a reshape/IndexError from inside gguf."""
+
+  @pytest.fixture
+  def gguf_bytes(self, tmp_path, random_params):
+    config = models.tiny_config()
+    sd = models.to_hf_state_dict(config, random_params(config))
+    path = write_gguf(tmp_path / "whole.gguf", config, sd)
+    return path.read_bytes()
+
+  @pytest.mark.parametrize("fraction", [0.5, 0.9, 0.999])
+  def test_file_cut_in_tensor_data_names_expected_bytes(
+      self, tmp_path, gguf_bytes, fraction):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(gguf_bytes[:int(len(gguf_bytes) * fraction)])
+    with pytest.raises(ValueError) as info:
+      models.load_gguf(path)
+    message = str(info.value)
+    assert str(path) in message and "truncated" in message
+    assert f"expected at least {len(gguf_bytes)} bytes" in message
+    assert f"found {path.stat().st_size}" in message
+
+  @pytest.mark.parametrize("size", [10, 100, 600])
+  def test_file_cut_in_metadata_names_the_file(self, tmp_path, gguf_bytes,
+                                               size):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(gguf_bytes[:size])
+    with pytest.raises(ValueError, match="truncated or corrupt") as info:
+      models.load_gguf(path)
+    assert str(path) in str(info.value) and f"({size} bytes)" in str(
+        info.value)
+
+  def test_shipped_smollm2_file_cut_in_half(self, tmp_path):
+    source = models.default_gguf_path()
+    path = tmp_path / "half.gguf"
+    with open(source, "rb") as f:
+      path.write_bytes(f.read(os.path.getsize(source) // 2))
+    with pytest.raises(ValueError, match=r"is truncated: expected at least "
+                       f"{os.path.getsize(source)} bytes"):
+      models.load_pretrained(str(path))
+
+  def test_not_a_gguf_file(self, tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"PK\x03\x04 a zip file")
+    with pytest.raises(ValueError, match=r"not a GGUF file: it starts with "
+                       r"b'PK\\x03\\x04'"):
+      models.load_gguf(path)
+
+  @pytest.mark.parametrize("bad", [np.nan, np.inf])
+  def test_non_finite_weight_is_named_at_load(self, tmp_path, random_params,
+                                              bad):
+    config = models.tiny_config()
+    sd = models.to_hf_state_dict(config, random_params(config))
+    sd["model.layers.1.mlp.up_proj.weight"][3, :2] = bad
+    path = write_gguf(tmp_path / "m.gguf", config, sd)
+    kind = "NaN" if np.isnan(bad) else "inf"
+    counts = "2 NaN, 0 inf" if kind == "NaN" else "0 NaN, 2 inf"
+    with pytest.raises(ValueError) as info:
+      models.load_gguf(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert f"'model.layers.1.mlp.up_proj.weight': {counts}" in message

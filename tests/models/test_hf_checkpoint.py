@@ -184,3 +184,34 @@ def test_load_pretrained_dir_without_tokenizer(tmp_path, random_params):
   jax.tree.map(np.testing.assert_array_equal, params, model.params)
   bf16 = models.load_pretrained(tmp_path, dtype=jnp.bfloat16)
   assert models.compute_dtype(bf16.params) == jnp.bfloat16
+
+
+def test_non_finite_weights_are_named_at_load(tmp_path, random_params):
+  params = random_params(LLAMA)
+  sd = {k: np.array(v) for k, v in models.to_hf_state_dict(LLAMA,
+                                                           params).items()}
+  sd["model.layers.0.self_attn.k_proj.weight"][0, 0] = np.nan
+  sd["model.norm.weight"][:3] = np.inf
+  params = models.from_hf_state_dict(LLAMA, sd, check_finite=False)
+  models.save_hf(LLAMA, params, tmp_path, dtype="bfloat16")
+  with pytest.raises(ValueError) as info:
+    models.load_hf(tmp_path)
+  message = str(info.value)
+  assert str(tmp_path) in message and "2 tensor(s)" in message
+  assert "'model.layers.0.self_attn.k_proj.weight': 1 NaN, 0 inf" in message
+  assert "'model.norm.weight': 0 NaN, 3 inf of 32 values" in message
+
+
+def test_training_from_a_dir_without_tokenizer_names_the_files(
+    tmp_path, random_params):
+  from rljax.train import loop  # pylint: disable=g-import-not-at-top
+  from rljax.train.config import apply_preset  # pylint: disable=g-import-not-at-top
+  models.save_hf(QWEN2, random_params(QWEN2), tmp_path, dtype="float32")
+  cfg = apply_preset("grpo", model=str(tmp_path), run_dir=str(tmp_path / "r"))
+  with pytest.raises(FileNotFoundError) as info:
+    loop.load_policy(cfg, seed=0)
+  message = str(info.value)
+  assert str(tmp_path) in message and "has no tokenizer" in message
+  assert "tokenizer.json" in message and "tokenizer_config.json" in message
+  with pytest.raises(FileNotFoundError, match="has no tokenizer"):
+    models.load_tokenizer(tmp_path)
