@@ -53,21 +53,33 @@ class VLLMClient:
 
   Thread-safe: every call opens its own connection, so a thread pool can keep
   many requests in flight (the server batches them).
+
+  With `api_key`, every request carries `Authorization: Bearer <api_key>`
+  (vLLM's `--api-key` / `VLLM_API_KEY`; rljax's sidecar also requires it on
+  the dev routes, see third_party/vllm_ext/rljax_vllm_auth.py).
   """
 
-  def __init__(self, base_url: str, timeout_s: float = 1800.0):
+  def __init__(self, base_url: str, timeout_s: float = 1800.0,
+               api_key: str | None = None):
     if not base_url.startswith(("http://", "https://")):
       raise ValueError(f"base_url={base_url!r}; expected http://host:port")
     self.base_url = base_url.rstrip("/")
     self.timeout_s = float(timeout_s)
+    self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+  def __repr__(self) -> str:  # never shows the key
+    return (f"VLLMClient({self.base_url!r}, "
+            f"authenticated={bool(self._headers)})")
 
   def _call(self, method: str, path: str, body: Any = None,
             timeout_s: float | None = None) -> Any:
     url = self.base_url + path
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method=method,
-        headers={"Content-Type": "application/json"} if data else {})
+    headers = dict(self._headers)
+    if data:
+      headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers=headers)
     timeout = self.timeout_s if timeout_s is None else timeout_s
     try:
       with urllib.request.urlopen(request, timeout=timeout) as response:

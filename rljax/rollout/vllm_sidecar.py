@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -90,34 +91,81 @@ EXTENSION_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
         __file__)))), "third_party", "vllm_ext")
 EXTENSION_CLASS = "rljax_vllm_ext.RljaxWorkerExtension"
+# Bearer-token check on every route of a launched server (vLLM 0.32's
+# --api-key leaves the dev routes open): third_party/vllm_ext/rljax_vllm_auth.py
+AUTH_MIDDLEWARE = "rljax_vllm_auth.BearerTokenMiddleware"
 
-# A tiny parent of the server, leader of its process group: if the trainer
-# dies without close() (SIGKILL, OOM), it stops the server and its engine
-# processes and deletes the sync dirs, so no orphan engine keeps a core busy
-# and no weights linger in tmpfs. It exits with the server's exit code.
+# A tiny parent of the server, leader of its process group (= session). Three
+# ways an engine could outlive its trainer, and what stops it:
+#   * the trainer dies without close() (SIGKILL, OOM): the guard polls its
+#     parent pid and stops the group (polling, not PR_SET_PDEATHSIG: that
+#     signal fires when the *thread* that forked the guard exits, and the
+#     trainer may restart a sidecar from a worker thread);
+#   * the guard dies (SIGKILL, e.g. a test or an OOM killer picking it): the
+#     server has PR_SET_PDEATHSIG=SIGTERM (set in the forked child, which is
+#     single-threaded, so the thread caveat does not apply) and shuts down
+#     with its engine processes; the trainer's close()/restart() also signals
+#     whatever is left in the group, whether or not its leader still runs;
+#   * the server crashes: the guard stops the rest of the group (engine core,
+#     workers) and exits with the server's exit code.
+# Members that ignore SIGTERM for `grace` seconds get SIGKILL. Sync dirs are
+# deleted only when the trainer is gone (a live trainer's restart() re-reads
+# the last one).
 _GUARD_SOURCE = r"""
-import glob, os, shutil, signal, subprocess, sys, time
+import ctypes, glob, os, shutil, signal, subprocess, sys, time
 trainer, sync_glob, command = int(sys.argv[1]), sys.argv[2], sys.argv[4:]
+guard, group, grace = os.getpid(), os.getpgrp(), 30.0
 # Survive the SIGTERM sent to the whole group; the server (whose exec resets
 # this handler) stops, and the loop below then exits.
 signal.signal(signal.SIGTERM, lambda *_: None)
 signal.signal(signal.SIGINT, lambda *_: None)
-server = subprocess.Popen(command)
+
+def die_with_guard():
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PDEATHSIG
+  except (OSError, AttributeError):
+    pass
+  if os.getppid() != guard:  # the guard died before prctl
+    os.kill(os.getpid(), signal.SIGTERM)
+
+def members():
+  found = []
+  for entry in os.listdir("/proc"):
+    if entry.isdigit() and int(entry) != guard:
+      try:
+        with open("/proc/%s/stat" % entry) as f:
+          fields = f.read().rsplit(")", 1)[1].split()
+      except OSError:
+        continue
+      if fields[0] != "Z" and int(fields[2]) == group:
+        found.append(int(entry))
+  return found
+
+def stop_group():
+  os.killpg(group, signal.SIGTERM)
+  deadline = time.monotonic() + grace
+  while members() and time.monotonic() < deadline:
+    server.poll()
+    time.sleep(0.2)
+  for pid in members():
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except OSError:
+      pass
+  server.poll()
+
+server = subprocess.Popen(command, preexec_fn=die_with_guard)
 while server.poll() is None:
   if os.getppid() != trainer:
     print("[rljax guard] trainer process", trainer, "is gone: stopping the "
           "vLLM server", flush=True)
-    os.killpg(os.getpgrp(), signal.SIGTERM)
-    try:
-      server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-      pass
+    stop_group()
     for path in glob.glob(sync_glob):
       shutil.rmtree(path, ignore_errors=True)
-    os.killpg(os.getpgrp(), signal.SIGKILL)
-  time.sleep(1.0)
+    sys.exit(1)
+  time.sleep(0.5)
 # Engine-core / worker processes that outlive a crashed server go too.
-os.killpg(os.getpgrp(), signal.SIGTERM)
+stop_group()
 sys.exit(server.returncode if server.returncode >= 0 else
          128 - server.returncode)
 """
@@ -165,7 +213,14 @@ class VLLMSidecarConfig:
     extra_args: more `vllm serve` flags, e.g. ("--max-num-seqs", "128").
     env: extra environment variables of the server, e.g.
       (("CUDA_VISIBLE_DEVICES", "1"),).
-    log_dir: where server logs go; default a temp dir.
+    log_dir: where server logs go (created owner-only; each sidecar gets its
+      own file): the trainer passes one inside the run directory; default a
+      fresh owner-only temp dir per sidecar.
+    api_key: bearer token of the server. Launched sidecars: None makes a
+      random per-sidecar key (given to the server in its environment, never
+      on its command line); every route but /health then needs it. Attached
+      sidecars: the key the server was started with (default: the
+      VLLM_API_KEY environment variable, if set).
     sync_root: where weight syncs are written; default /dev/shm (tmpfs). Must
       be readable by the server (the same host, or a shared filesystem).
     shard_bytes: safetensors shard size of a weight sync.
@@ -210,6 +265,7 @@ class VLLMSidecarConfig:
   worker_extension: bool = True
   verify_after_sync: bool = True
   chunked_prefill: bool | None = None
+  api_key: str | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
     if not isinstance(self.host, str) or not self.host:
@@ -245,6 +301,10 @@ class VLLMSidecarConfig:
       raise TypeError(f"VLLMSidecarConfig.env={self.env!r}; expected "
                       "(name, value) string pairs")
     object.__setattr__(self, "env", env)
+    if self.api_key is not None and (not isinstance(self.api_key, str) or
+                                     not self.api_key.strip()):
+      raise ValueError("VLLMSidecarConfig.api_key: expected None (a random "
+                       "per-run key) or a non-empty string")
 
 
 def vllm_version() -> str | None:
@@ -369,29 +429,71 @@ def _is_hf_state_dict(params: Any) -> bool:
       isinstance(k, str) and hasattr(v, "shape") for k, v in params.items())
 
 
+def group_members(pgid: int) -> list[int] | None:
+  """Live (non-zombie) processes in process group pgid; None without /proc.
+
+  A pid is not reused while a process group with that id has members
+  (POSIX), so signalling a group found non-empty here cannot hit a stranger.
+  """
+  if not os.path.isdir("/proc"):
+    return None
+  found = []
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    if fields[0] != "Z" and int(fields[2]) == pgid:
+      found.append(int(entry))
+  return found
+
+
 def _kill_process_group(proc: subprocess.Popen | None,
                         grace_s: float = 20.0) -> None:
-  """SIGTERM to the server's session (API server, engine core, workers), then
-  SIGKILL after grace_s."""
-  if proc is None or proc.poll() is not None:
+  """SIGTERM to the server's process group (guard, API server, engine core,
+  workers), SIGKILL to what is left after grace_s; then reaps the guard.
+
+  The group is signalled even when its leader (the guard) has exited: a
+  guard killed by SIGKILL leaves the server and its engine in the group.
+  """
+  if proc is None:
     return
-  try:
-    os.killpg(proc.pid, signal.SIGTERM)
-  except (ProcessLookupError, PermissionError):
-    return
+  members = group_members(proc.pid)
+  if members is None:  # no /proc: only the leader's liveness is known
+    alive = proc.poll() is None
+  else:
+    alive = bool(members)
+  if alive:
+    try:
+      os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+      pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+      proc.poll()  # reap the guard, or it stays a member (a zombie)
+      left = group_members(proc.pid)
+      if (not left) if left is not None else proc.poll() is not None:
+        break
+      time.sleep(0.1)
+    else:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
   try:
     proc.wait(timeout=grace_s)
   except subprocess.TimeoutExpired:
-    try:
-      os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-      pass
-    proc.wait(timeout=grace_s)
+    pass
 
 
-def _shutdown(proc: subprocess.Popen | None,
+def _shutdown(procs: list[subprocess.Popen],
               sync_dirs: weight_sync.SyncDirs) -> None:
-  _kill_process_group(proc)
+  """Stops every server a sidecar ever launched (restarts included)."""
+  for proc in procs:
+    _kill_process_group(proc)
   sync_dirs.cleanup()
 
 
@@ -438,7 +540,17 @@ class VLLMSidecar:
                                            prefix="rljax-vllm-sync")
     self.last_sync_timing: dict[str, float] = {}
     self.startup_seconds: float | None = None
-    self._finalizer = weakref.finalize(self, _shutdown, None, self._sync_dirs)
+    # Every server this sidecar launched (a restart adds one): close(), the
+    # garbage collector or interpreter exit stop them all.
+    self._launched: list[subprocess.Popen] = []
+    self._finalizer = weakref.finalize(self, _shutdown, self._launched,
+                                       self._sync_dirs)
+    self._log_dir: str | None = None
+    if url is None:
+      self._api_key = self.config.api_key or secrets.token_urlsafe(32)
+    else:
+      self._api_key = (self.config.api_key or
+                       os.environ.get("VLLM_API_KEY") or None)
     if url is None:
       if model_dir is None:
         raise ValueError("VLLMSidecar: pass model_dir (to launch a server) or "
@@ -454,7 +566,8 @@ class VLLMSidecar:
     else:
       self._attached = True
       self._url = url.rstrip("/")
-      self._client = VLLMClient(self._url, self.config.request_timeout_s)
+      self._client = VLLMClient(self._url, self.config.request_timeout_s,
+                                api_key=self._api_key)
       self.model_dir = (os.path.abspath(os.fspath(model_dir))
                         if model_dir is not None else None)
       start = time.perf_counter()
@@ -525,7 +638,9 @@ class VLLMSidecar:
            "--logprobs-mode", "processed_logprobs",
            # The checkpoint's generation_config.json must not change sampling.
            "--generation-config", "vllm",
-           "--disable-uvicorn-access-log"]
+           "--disable-uvicorn-access-log",
+           # Every route but /health needs the per-run key (VLLM_API_KEY).
+           "--middleware", AUTH_MIDDLEWARE]
     if cfg.enforce_eager:
       cmd.append("--enforce-eager")
     if cfg.worker_extension:
@@ -548,32 +663,50 @@ class VLLMSidecar:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.config.cpu_kvcache_gib:g}")
-    if self.config.worker_extension:
-      if not os.path.isdir(os.path.join(EXTENSION_DIR, "rljax_vllm_ext")):
-        raise FileNotFoundError(
-            f"VLLMSidecar: the worker extension is not at {EXTENSION_DIR!r} "
-            "(it ships in the rljax repository, third_party/vllm_ext); use a "
-            "source checkout or pass VLLMSidecarConfig(worker_extension=False)")
-      env["PYTHONPATH"] = os.pathsep.join(
-          p for p in (EXTENSION_DIR, env.get("PYTHONPATH")) if p)
+    if not os.path.isfile(os.path.join(EXTENSION_DIR, "rljax_vllm_auth.py")):
+      raise FileNotFoundError(
+          f"VLLMSidecar: rljax's server modules are not in {EXTENSION_DIR!r} "
+          "(they ship in the rljax repository, third_party/vllm_ext); use a "
+          "source checkout")
+    if self.config.worker_extension and not os.path.isdir(
+        os.path.join(EXTENSION_DIR, "rljax_vllm_ext")):
+      raise FileNotFoundError(
+          f"VLLMSidecar: the worker extension is not at {EXTENSION_DIR!r} "
+          "(it ships in the rljax repository, third_party/vllm_ext); use a "
+          "source checkout or pass VLLMSidecarConfig(worker_extension=False)")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (EXTENSION_DIR, env.get("PYTHONPATH")) if p)
     env.update(dict(self.config.env))
+    # After config.env: the key must be the one the client sends. vLLM
+    # checks it on /v1/*, rljax_vllm_auth on every other route.
+    env["VLLM_API_KEY"] = self._api_key
     return env
 
   def _launch(self) -> None:
     cfg = self.config
-    log_dir = cfg.log_dir or os.path.join(tempfile.gettempdir(),
-                                          "rljax-vllm-logs")
-    os.makedirs(log_dir, exist_ok=True)
+    if self._log_dir is None:
+      if cfg.log_dir is None:
+        # Not a fixed shared dir under /tmp: a fresh owner-only one.
+        self._log_dir = tempfile.mkdtemp(prefix="rljax-vllm-logs-")
+      else:
+        self._log_dir = os.path.abspath(cfg.log_dir)
+        os.makedirs(self._log_dir, mode=0o700, exist_ok=True)
+    log_dir = self._log_dir
     env = self._environment()
     start = time.perf_counter()
     attempts = 3 if cfg.port == 0 else 1
     for attempt in range(attempts):
       port = cfg.port or _free_port(cfg.host)
       self._url = f"http://{cfg.host}:{port}"
-      self._client = VLLMClient(self._url, cfg.request_timeout_s)
+      self._client = VLLMClient(self._url, cfg.request_timeout_s,
+                                api_key=self._api_key)
       if self._log_path is None:
-        self._log_path = os.path.join(
-            log_dir, f"vllm-sidecar-{os.getpid()}-{port}.log")
+        # One file per sidecar, kept across its restarts; mkstemp: unique
+        # even for sidecars sharing a log_dir, and owner-only.
+        fd, self._log_path = tempfile.mkstemp(
+            prefix=f"vllm-sidecar-{os.getpid()}-{port}-", suffix=".log",
+            dir=log_dir)
+        os.close(fd)
       self._launches += 1
       command = self._command(port)
       guarded = guarded_command(command, os.getpid(),
@@ -588,9 +721,7 @@ class VLLMSidecar:
             guarded, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, cwd=log_dir, env=env,
             start_new_session=True)
-      self._finalizer.detach()
-      self._finalizer = weakref.finalize(self, _shutdown, self._proc,
-                                         self._sync_dirs)
+      self._launched.append(self._proc)
       try:
         self._wait_healthy(time.perf_counter() + cfg.startup_timeout_s)
         self._handshake()

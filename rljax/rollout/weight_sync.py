@@ -321,14 +321,17 @@ class SyncDirs:
 
   def new(self, nbytes: int) -> str:
     """Creates an empty directory with room for nbytes (checked up front)."""
-    os.makedirs(self.root, exist_ok=True)
+    os.makedirs(self.root, mode=0o700, exist_ok=True)
     free = shutil.disk_usage(self.root).free
     if free < nbytes * 1.05 + (16 << 20):
       raise OSError(
           f"weight sync needs {nbytes / 2**20:.0f} MiB in {self.root!r} but "
           f"only {free / 2**20:.0f} MiB are free; pass a larger sync_root")
-    path = os.path.join(self.root, f"{self.prefix}-{next(self._step):06d}")
-    os.makedirs(path)
+    # mkdtemp: owner-only (0700) and a random suffix (created with O_EXCL
+    # semantics, so no other local user can pre-create or read it in the
+    # shared /dev/shm); still matched by glob_pattern.
+    path = tempfile.mkdtemp(prefix=f"{self.prefix}-{next(self._step):06d}-",
+                            dir=self.root)
     self._pending.append(path)
     return path
 

@@ -187,7 +187,9 @@ class Trainer:
         tokenizer=self.tokenizer, urls=cfg.vllm_urls,
         config=vllm_sidecar.VLLMSidecarConfig(
             max_model_len=batch_lib.bucket(cfg.max_prompt_tokens)
-            + cfg.max_new_tokens))
+            + cfg.max_new_tokens,
+            # Server logs belong to the run, not to a shared temp dir.
+            log_dir=os.path.join(cfg.run_dir, "vllm_logs")))
 
   def _logprobs(self, params, tokens, attention_mask):
     return _sequence_logprobs(self.model_config, params, tokens,
