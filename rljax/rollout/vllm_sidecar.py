@@ -216,6 +216,17 @@ class VLLMSidecarConfig:
     log_dir: where server logs go (created owner-only; each sidecar gets its
       own file): the trainer passes one inside the run directory; default a
       fresh owner-only temp dir per sidecar.
+    fresh_prefix_cache: reset vLLM's prefix cache before every generate call
+      (one cheap request), so that a repeated call computes its prompts the
+      same way as the first one did instead of reusing cached blocks, whose
+      different batch shapes move bf16 logits on some CPUs (see
+      "Reproducibility" in the class docstring). The trainer loses nothing:
+      the cache is reset after every weight sync anyway.
+    batch_invariant: run the server with `VLLM_BATCH_INVARIANT=1`: logits
+      independent of batch size and composition, hence seeded samples
+      reproducible whatever else the server runs. vLLM 0.32 implements it on
+      NVIDIA (sm80+), AMD Instinct and Intel XPU GPUs only; refused on the
+      CPU build.
     api_key: bearer token of the server. Launched sidecars: None makes a
       random per-sidecar key (given to the server in its environment, never
       on its command line); every route but /health then needs it. Attached
@@ -265,6 +276,8 @@ class VLLMSidecarConfig:
   worker_extension: bool = True
   verify_after_sync: bool = True
   chunked_prefill: bool | None = None
+  fresh_prefix_cache: bool = True
+  batch_invariant: bool = False
   api_key: str | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
@@ -503,6 +516,25 @@ class VLLMSidecar:
   Construct with an HF checkpoint dir to launch a server (bf16, or an INT8 /
   FP8 compressed-tensors export); `VLLMSidecar.attach(url, ...)` uses a running
   one. Thread-safe: generation and weight syncs are serialized.
+
+  Reproducibility (vLLM 0.32). Every prompt's request carries its own seed
+  (derived from `SamplingConfig.seed` and the prompt's global index), and
+  vLLM draws a request's sampling noise from that seed alone: on the CPU
+  backend, one 64-bit seed per decoding step from the request's generator
+  feeds a per-(seed, token) Gumbel-max kernel; on GPUs, the request's
+  generator fills its own row of exponential noise. The noise is therefore
+  independent of the batch. The logits are not: vLLM only promises
+  batch-invariant numerics with `VLLM_BATCH_INVARIANT=1`, on GPUs
+  (`batch_invariant=True`), and a server batches concurrent requests as they
+  arrive. On CPUs whose matmul kernels depend on the batch (Intel AMX: vLLM
+  routes small bf16 projections to a kernel that switches from AVX-512 to
+  AMX tiles above 4 rows, larger ones to oneDNN), the same seeded request can
+  sample other tokens when it shares the engine with other requests or hits
+  cached prefix blocks. What holds everywhere: a seeded request that runs
+  alone on the engine (one prompt, n=1, nothing else in flight) reproduces
+  its tokens; `fresh_prefix_cache` (default) makes repeated calls start from
+  the same cache state. On AVX-512 machines without AMX, batched seeded
+  rollouts have been seen to reproduce too, but nothing guarantees it.
   """
 
   def __init__(self, model_dir: str | os.PathLike | None = None,
@@ -676,6 +708,14 @@ class VLLMSidecar:
           "source checkout or pass VLLMSidecarConfig(worker_extension=False)")
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (EXTENSION_DIR, env.get("PYTHONPATH")) if p)
+    if self.config.batch_invariant:
+      if is_cpu_build():
+        raise ValueError(
+            "VLLMSidecarConfig.batch_invariant=True, but the installed vLLM "
+            f"({vllm_version()}) is its CPU build: vLLM's batch-invariant "
+            "mode needs an NVIDIA (sm80+), AMD Instinct or Intel XPU GPU; "
+            "expected batch_invariant=False on CPU")
+      env["VLLM_BATCH_INVARIANT"] = "1"
     env.update(dict(self.config.env))
     # After config.env: the key must be the one the client sends. vLLM
     # checks it on /v1/*, rljax_vllm_auth on every other route.
@@ -951,6 +991,13 @@ class VLLMSidecar:
                 for i, p in enumerate(prompts)]
       action = (f"generating {len(prompts)} prompts x n={sampling.n}, "
                 f"max_new_tokens={sampling.max_new_tokens}")
+      if self.config.fresh_prefix_cache:
+        try:
+          # False (nothing reset) while another client's requests hold
+          # blocks: harmless, this call just may reuse their cache.
+          self._client.reset_prefix_cache(timeout_s=60)
+        except VLLMRequestError as e:
+          raise self._failure(action, _explain(e)) from None
       workers = min(len(bodies), self.config.max_concurrent_requests)
       results: list[Any] = [None] * len(bodies)
       pool = concurrent.futures.ThreadPoolExecutor(

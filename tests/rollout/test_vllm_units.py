@@ -739,3 +739,28 @@ class TestBearerTokenMiddleware:
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     with pytest.raises(RuntimeError, match="VLLM_API_KEY is not set"):
       _auth_middleware()(None)
+
+
+class TestBatchInvariantOption:
+
+  def _env(self, **config):
+    sidecar = object.__new__(VLLMSidecar)
+    sidecar.config = VLLMSidecarConfig(**config)
+    sidecar._api_key = "k"  # pylint: disable=protected-access
+    return sidecar._environment()  # pylint: disable=protected-access
+
+  def test_sets_vllm_batch_invariant_on_gpu_builds(self, monkeypatch):
+    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: False)
+    assert self._env(batch_invariant=True)["VLLM_BATCH_INVARIANT"] == "1"
+    assert "VLLM_BATCH_INVARIANT" not in self._env() or os.environ.get(
+        "VLLM_BATCH_INVARIANT")
+
+  def test_refused_on_the_cpu_build(self, monkeypatch):
+    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: True)
+    with pytest.raises(ValueError, match=r"batch_invariant=True.*CPU build"):
+      self._env(batch_invariant=True)
+
+  def test_server_key_is_in_the_environment_not_overridable(self):
+    env = self._env(env=(("VLLM_API_KEY", "other"),))
+    assert env["VLLM_API_KEY"] == "k"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == vllm_sidecar.EXTENSION_DIR
