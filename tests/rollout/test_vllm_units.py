@@ -412,6 +412,34 @@ class TestGuard:
       time.sleep(0.2)
     assert not _running_in_group(guard_pid)
 
+  def test_the_server_dies_with_its_guard(self, tmp_path):
+    # The guard killed by SIGKILL (it cannot clean up): the server gets
+    # SIGTERM from the kernel (PR_SET_PDEATHSIG) instead of running on.
+    argv = vllm_sidecar.guarded_command(
+        [sys.executable, "-c", "import time; time.sleep(300)"], os.getpid(),
+        str(tmp_path / "none-*"))
+    guard = subprocess.Popen(argv, start_new_session=True)
+    try:
+      deadline = time.monotonic() + 60
+      server = None
+      while server is None and time.monotonic() < deadline:
+        try:
+          with open(f"/proc/{guard.pid}/task/{guard.pid}/children") as f:
+            server = int(f.read().split()[0])
+        except (OSError, IndexError):
+          time.sleep(0.05)
+      time.sleep(0.5)  # past the child's prctl
+      guard.kill()
+      guard.wait(timeout=30)
+      while time.monotonic() < deadline and _process_start(server):
+        time.sleep(0.1)
+      assert _process_start(server) is None, "the server outlived its guard"
+    finally:
+      try:
+        os.killpg(guard.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+
 
 def _running_in_group(pgid: int) -> bool:
   """True if a live (non-zombie) process has process group pgid."""
