@@ -5,9 +5,12 @@ OpenAI-compatible HTTP server:
 
   * launch: `python -m <vLLM api server> --model DIR` in its own process
     group under a small guard process (which stops the server and deletes
-    its weight dirs if the trainer dies without `close()`), bound to
-    127.0.0.1 on a free port, log to a file, health-checked; or attach to a
-    server that is already running (`VLLMSidecar.attach(url)`);
+    its weight dirs if the trainer dies without `close()`; the server dies
+    with the guard), bound to 127.0.0.1 on a free port, every route but
+    /health behind a random per-sidecar API key, logging to a file of its
+    own, health-checked; or attach to a server that is already running
+    (`VLLMSidecar.attach(url)`). `close()`, and interpreter exit, stop every
+    server a sidecar launched, restarts included;
   * generate: one `/v1/completions` request per prompt (token ids in, `n`
     samples, a per-prompt seed), sent concurrently so that vLLM batches them;
     token ids and per-token log-probs of the distribution actually sampled
