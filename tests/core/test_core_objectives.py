@@ -253,8 +253,14 @@ class PolicyLossTest(chex.TestCase):
     _, metrics = self.variant(
         lambda lp: objectives.policy_loss(lp, prox, behav, jnp.ones((1,)), mask, config))(prox)
     rho_valid = np.array([0.5, 3.0, 1.0])
-    kl = np.mean(np.log([0.4, 0.1, 0.9]) - np.log([0.2, 0.3, 0.9]))
-    self.assertAlmostEqual(float(metrics["behav_prox_kl"]), kl, places=5)
+    # KL(π_behav‖π_prox) by k3 = ρ − log ρ − 1 ≥ 0 (the plotted curve); its
+    # k1 mean is negative here (−0.135) and is kept under its own name.
+    k3 = np.mean(rho_valid - np.log(rho_valid) - 1.0)
+    self.assertAlmostEqual(float(metrics["behav_prox_kl"]), k3, places=5)
+    self.assertGreater(float(metrics["behav_prox_kl"]), 0.0)
+    k1 = np.mean(np.log([0.4, 0.1, 0.9]) - np.log([0.2, 0.3, 0.9]))
+    self.assertLess(k1, 0.0)
+    self.assertAlmostEqual(float(metrics["behav_prox_log_ratio_mean"]), k1, places=5)
     self.assertAlmostEqual(float(metrics["max_prox_behav_ratio"]), rho_valid.max(), places=4)
     self.assertAlmostEqual(float(metrics["tis_truncated_fraction"]), 1 / 3, places=6)
     self.assertAlmostEqual(float(metrics["mis_masked_fraction"]), 1 / 3, places=6)
