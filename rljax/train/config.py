@@ -48,7 +48,8 @@ class TrainConfig:
   algorithm: str = "grpo"
   advantage: str = "grpo"
   surrogate: str = "ppo"
-  correction: str = "acr"
+  correction: str = "acr"                  # + seq_tis | seq_mis | geo_rs
+  veto_threshold: float | None = None       # reject sequences with a ρ_t below it
   eps_low: float = 0.2
   eps_high: float = 0.2
   dual_clip: float | None = None
@@ -167,7 +168,8 @@ class TrainConfig:
         surrogate=self.surrogate, correction=self.correction,
         eps_low=self.eps_low, eps_high=self.eps_high,
         dual_clip=self.dual_clip, tis_cap=self.tis_cap,
-        aggregation=self.aggregation, norm_const=norm_const)
+        aggregation=self.aggregation, norm_const=norm_const,
+        veto_threshold=self.veto_threshold)
 
   @property
   def rollout_batch(self) -> int:
