@@ -193,7 +193,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Schulman et al. 2017 + Ouyang et al. 2022: critic, GAE, value clipping,
     # KL to the reference as a per-token reward penalty.
     "ppo": dict(advantage="gae", surrogate="ppo", gamma=1.0, gae_lambda=0.95,
-                critic_lambda=0.95, kl_in_reward_coef=1e-3, value_clip=0.2,
+                critic_lambda=0.95, kl_in_reward_coef=1e-3, kl_estimator="k1",
+                value_clip=0.2,
                 aggregation="token-mean"),
     # Shao et al. 2024 (DeepSeekMath): group z-score, KL loss with k3.
     "grpo": dict(advantage="grpo", surrogate="ppo", kl_coef=1e-3,
@@ -205,7 +206,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "rloo": dict(advantage="rloo", surrogate="ppo", aggregation="token-mean"),
     # Hu 2025: global batch whitening, KL in the reward.
     "reinforce_pp": dict(advantage="reinforce_pp", surrogate="ppo",
-                         kl_in_reward_coef=1e-3, aggregation="token-mean"),
+                         kl_in_reward_coef=1e-3, kl_estimator="k1",
+                         aggregation="token-mean"),
     # Yu et al. 2025 (DAPO): clip-higher, token-mean, dynamic sampling,
     # overlong shaping, no KL.
     "dapo": dict(advantage="grpo", surrogate="ppo", eps_low=0.2, eps_high=0.28,

@@ -32,6 +32,7 @@ from rljax import models
 from rljax import quant
 from rljax.core import advantages as adv_lib
 from rljax.core import kl as kl_lib
+from rljax.core import shaping
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train import update as update_lib
@@ -333,7 +334,8 @@ class Trainer:
                      response_len=cfg.max_new_tokens)
     mask = packed["response_mask"] * valid[:, None]
     if cfg.overlong_filter:
-      mask = mask * (~packed["truncated"])[:, None]
+      mask = np.asarray(shaping.overlong_filter_mask(
+          jnp.asarray(packed["truncated"]), jnp.asarray(mask) > 0), np.float32)
     shaped = batch_lib.shaped_rewards(cfg, rewards, packed["response_lengths"])
     tokens = jnp.asarray(packed["tokens"])
     attn = jnp.asarray(packed["attention_mask"])
@@ -357,10 +359,12 @@ class Trainer:
       if cfg.kl_in_reward_coef > 0:
         # Outcome estimators: the summed per-token KL penalty joins the reward
         # before the baseline (REINFORCE++, Hu 2025).
-        pen = kl_lib.k1(out["prox_logp"], out["ref_logp"])
-        pen_seq = np.asarray(jnp.sum(pen * mask, axis=1))
+        penalized = kl_lib.kl_penalized_rewards(
+            jnp.zeros(np.shape(mask), jnp.float32), out["prox_logp"],
+            out["ref_logp"], jnp.asarray(mask) > 0, cfg.kl_in_reward_coef,
+            cfg.kl_estimator)  # −β·k_t on valid tokens
         seq_adv = batch_lib.sequence_advantages(
-            cfg, shaped - cfg.kl_in_reward_coef * pen_seq, valid)
+            cfg, shaped + np.asarray(penalized.sum(axis=1)), valid)
         out["advantages"] = jnp.asarray(seq_adv[:, None] * mask, jnp.float32)
     jax.block_until_ready(out["prox_logp"])
     metrics["time_logprobs"] = time.perf_counter() - t0
@@ -390,15 +394,15 @@ class Trainer:
     token_rewards[np.arange(len(ends)), ends] = np.where(has_tokens, shaped, 0.0)
     token_rewards = jnp.asarray(token_rewards)
     if cfg.kl_in_reward_coef > 0:
-      token_rewards = token_rewards - cfg.kl_in_reward_coef * kl_lib.k1(
-          out["prox_logp"], out["ref_logp"]) * mask_j
+      token_rewards = kl_lib.kl_penalized_rewards(
+          token_rewards, out["prox_logp"], out["ref_logp"], mask_j > 0,
+          cfg.kl_in_reward_coef, cfg.kl_estimator)
     actor_lam = cfg.gae_lambda
     if cfg.vapo_alpha > 0:
       actor_lam = adv_lib.vapo_lambda(
           jnp.asarray(packed["response_lengths"]), cfg.vapo_alpha)
-    adv, _ = adv_lib.gae(token_rewards, values, mask_j, cfg.gamma, actor_lam)
-    _, returns = adv_lib.gae(token_rewards, values, mask_j, cfg.gamma,
-                             cfg.critic_lambda)
+    adv, returns = adv_lib.vcppo_gae(token_rewards, values, mask_j > 0,
+                                     cfg.gamma, actor_lam, cfg.critic_lambda)
     return {"advantages": adv * mask_j, "old_values": values,
             "returns": returns}
 
