@@ -106,6 +106,8 @@ class TrainConfig:
   checkpoint_every: int = 10
   keep_checkpoints: int = 2
   resume: bool = False
+  # Comma-separated fields a resume may change (see train/rundir.py).
+  allow_config_change: str = ""
   eval_every: int = 0
   export_hf: bool = True
   tensorboard: bool = True

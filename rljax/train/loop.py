@@ -36,7 +36,7 @@ from rljax.core import shaping
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train import update as update_lib
-from rljax.train.checkpoint import RunCheckpointer
+from rljax.train import rundir as rundir_lib
 from rljax.train.config import TrainConfig
 from rljax.train.metrics import MetricsWriter, nonfinite_keys
 from rljax.train.tasks import Task, build_task
@@ -102,6 +102,58 @@ def _sequence_values(config, critic_params, tokens, attention_mask):
                               attention_mask)[:, :-1]
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return update_lib.all_finite(tree)
+
+
+def _require_finite(tree, what: str) -> None:
+  """Raises NonFiniteError if any float leaf of `tree` is NaN or inf: such
+  weights must never reach an engine or a checkpoint."""
+  if not bool(_all_finite(tree)):
+    raise NonFiniteError(f"{what} hold NaN or inf values; not written")
+
+
+def _ragged(rows, dtype) -> tuple[np.ndarray, np.ndarray]:
+  lengths = np.array([len(r) for r in rows], np.int64)
+  flat = (np.concatenate([np.asarray(r, dtype) for r in rows]) if rows
+          else np.zeros((0,), dtype))
+  return flat.astype(dtype), lengths
+
+
+def _unragged(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+  return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+
+def _rollout_to_arrays(rb: RolloutBatch, extra: dict,
+                       prefix: str) -> dict[str, np.ndarray]:
+  """A generated rollout as flat arrays (no pickles) for a checkpoint."""
+  out = {}
+  for name, rows, dtype in (("prompt_ids", rb.prompt_ids, np.int64),
+                            ("response_ids", rb.response_ids, np.int64),
+                            ("behav_logp", rb.behav_logp, np.float32)):
+    out[prefix + name], out[prefix + name + "_len"] = _ragged(rows, dtype)
+  out[prefix + "finish_reason"] = np.array(rb.finish_reason, dtype=np.str_)
+  out[prefix + "n"] = np.array(rb.n, np.int64)
+  out[prefix + "extra_keys"] = np.array(sorted(extra), dtype=np.str_)
+  out[prefix + "extra_values"] = np.array([extra[k] for k in sorted(extra)],
+                                          np.float64)
+  return out
+
+
+def _rollout_from_arrays(aux: dict, prefix: str) -> tuple[RolloutBatch, dict]:
+  get = lambda name: _unragged(aux[prefix + name], aux[prefix + name + "_len"])
+  rb = RolloutBatch(
+      prompt_ids=[r.tolist() for r in get("prompt_ids")],
+      response_ids=[r.tolist() for r in get("response_ids")],
+      behav_logp=[r.astype(np.float32) for r in get("behav_logp")],
+      finish_reason=[str(f) for f in aux[prefix + "finish_reason"]],
+      n=int(aux[prefix + "n"]))
+  extra = {str(k): float(v) for k, v in zip(aux[prefix + "extra_keys"],
+                                             aux[prefix + "extra_values"])}
+  return rb, extra
+
+
 class Trainer:
   """Owns the model, the engine, the optimiser and the run directory."""
 
@@ -109,9 +161,16 @@ class Trainer:
                task: Task | None = None, show_progress: bool = True):
     self.cfg = cfg
     self.show_progress = show_progress
-    os.makedirs(cfg.run_dir, exist_ok=True)
-    with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
-      json.dump(dataclasses.asdict(cfg), f, indent=1)
+    # Lock, checkpoint and config checks come before anything loads or is
+    # written (config.json only once they pass).
+    self.run_dir = rundir_lib.RunDir(cfg)
+    try:
+      self._init(cfg, model, task)
+    except BaseException:
+      self.run_dir.close()
+      raise
+
+  def _init(self, cfg: TrainConfig, model, task) -> None:
     model = model or load_policy(cfg, cfg.seed)
     self.model_config = model.config
     self.tokenizer = model.tokenizer
@@ -153,21 +212,17 @@ class Trainer:
     self.engine_restarts = 0
     self.engine = self._make_engine()
     self.diagnostics = quant.SyncDiagnostics() if self.quantized else None
-    self.checkpointer = RunCheckpointer(
-        os.path.join(cfg.run_dir, "checkpoints"), cfg.checkpoint_every,
-        cfg.keep_checkpoints)
+    self.checkpointer = self.run_dir.checkpointer
     self.step_num = 0
-    resume_step = None
-    if cfg.resume:
-      resume_step = self._restore()
-    elif self.checkpointer.latest_step() is not None:
-      raise FileExistsError(
-          f"run_dir={cfg.run_dir!r} already holds checkpoints up to step "
-          f"{self.checkpointer.latest_step()}; pass --resume to continue that "
-          "run, or choose another --run_dir")
-    self.writer = MetricsWriter(cfg.run_dir, cfg.tensorboard, resume_step)
     self._executor = None
     self._pending: list[concurrent.futures.Future] = []
+    # The data position before each pending rollout took its prompts: a
+    # checkpoint stores the oldest, so a resume draws those prompts again.
+    self._pending_data_states: list[dict] = []
+    resume_step = None
+    if self.run_dir.resume_step is not None:
+      resume_step = self._restore(self.run_dir.resume_step)
+    self.writer = MetricsWriter(cfg.run_dir, cfg.tensorboard, resume_step)
 
   # -- rollout engine ---------------------------------------------------------
 
@@ -225,7 +280,7 @@ class Trainer:
       rparams = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     else:
       rparams = jax.tree.map(jnp.copy, params)
-    jax.block_until_ready(rparams)
+    _require_finite(rparams, f"the rollout weights after step {self.step_num}")
     diag["time_quantize"] = time.perf_counter() - t0
     return rparams, diag
 
@@ -289,6 +344,7 @@ class Trainer:
     for round_ in range(1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)):
       if round_ == 0 and self._pending:
         rb, examples, t_gen, extra = self._pending.pop(0).result()
+        self._pending_data_states.pop(0)
         timing.update(extra)
       else:
         rb, examples, t_gen = self._generate(
@@ -442,12 +498,16 @@ class Trainer:
         self.state, m = self.update_step(self.state, mb)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
         bad = nonfinite_keys({k: m[k] for k in ("loss", "grad_norm") if k in m})
-        if bad:
+        if bad or m.get("applied", 1.0) < 1.0:
+          # Finite loss and gradients can still give non-finite params or
+          # optimizer moments; the update step's guard kept the old ones.
+          what = (f"{', '.join(bad)} is not finite "
+                  f"({', '.join(f'{k}={m[k]}' for k in bad)})" if bad else
+                  "the updated parameters or optimizer state are not finite")
           where = self._dump_debug(step, mb, m, bad)
           raise NonFiniteError(
-              f"step {step}: {', '.join(bad)} is not finite "
-              f"({', '.join(f'{k}={m[k]}' for k in bad)}); the update was not "
-              f"applied; batch and metrics saved to {where}")
+              f"step {step}: {what}; the update was not applied; batch and "
+              f"metrics saved to {where}")
         upd.append(m)
     metrics["time_update"] = time.perf_counter() - t0
     for k in upd[0]:
@@ -481,6 +541,7 @@ class Trainer:
     """
     if self._executor is None:
       self._executor = concurrent.futures.ThreadPoolExecutor(1)
+    self._pending_data_states.append(self.task.state_dict())
     examples = self.task.next_train_batch(self.cfg.prompts_per_step)
     rparams, diag = self.rollout_params()
     version = self.step_num
@@ -512,17 +573,27 @@ class Trainer:
             "time_eval": time.perf_counter() - t0}
 
   def _meta(self, step: int, row: dict) -> dict:
+    # In pipelined mode the prompts of the in-flight rollouts are already
+    # drawn; the position before them is the one a resume must start from.
+    data_state = (self._pending_data_states[0] if self._pending_data_states
+                  else self.task.state_dict())
     return {"step": step, "seed": self.cfg.seed, "uaq_scale": self.uaq_scale,
-            "data_state": self.task.state_dict(), "last_metrics": row,
+            "data_state": data_state, "last_metrics": row,
+            "pending_rollouts": len(self._pending),
             "config": dataclasses.asdict(self.cfg)}
 
   def _save(self, step: int, row: dict) -> None:
-    self.checkpointer.save(step, self.state, self._meta(step, row))
+    _require_finite(self.state, f"the train state of step {step}")
+    # The in-flight rollouts were generated by weights this checkpoint does
+    # not hold (θ of earlier steps): save them, so that a resumed run trains
+    # on exactly what the uninterrupted one did.
+    aux = {}
+    for i, fut in enumerate(self._pending):
+      rb, _, _, extra = fut.result()
+      aux.update(_rollout_to_arrays(rb, extra, prefix=f"pending{i}_"))
+    self.checkpointer.save(step, self.state, self._meta(step, row), aux)
 
-  def _restore(self) -> int | None:
-    step = self.checkpointer.latest_step()
-    if step is None:
-      return None
+  def _restore(self, step: int) -> int:
     self.state, meta = self.checkpointer.restore(step, self.state)
     if float(meta.get("uaq_scale", 1.0)) != self.uaq_scale:
       raise ValueError(
@@ -530,13 +601,27 @@ class Trainer:
           f"{meta['uaq_scale']}, this run has uaq_scale={self.uaq_scale}")
     self.task.load_state_dict(meta["data_state"])
     self.step_num = int(meta["step"])
+    n_pending = int(meta.get("pending_rollouts", 0))
+    if n_pending and self.cfg.pipelined:
+      aux = self.checkpointer.read_aux(step)
+      for i in range(n_pending):
+        self._pending_data_states.append(self.task.state_dict())
+        examples = self.task.next_train_batch(self.cfg.prompts_per_step)
+        rb, extra = _rollout_from_arrays(aux, prefix=f"pending{i}_")
+        fut = concurrent.futures.Future()
+        fut.set_result((rb, examples, 0.0, extra))
+        self._pending.append(fut)
     return self.step_num
 
   def run(self) -> list[dict[str, float]]:
     cfg = self.cfg
     rows = []
     if cfg.pipelined:
-      for k in range(cfg.max_staleness):
+      if self._pending:
+        # Restored in-flight rollouts: the engine needs weights for any
+        # dynamic-sampling refill before the next scheduled push.
+        self.sync()
+      for k in range(len(self._pending), cfg.max_staleness):
         self._schedule_rollout(self.step_num + 1 + k)
     else:
       self.sync()
@@ -567,9 +652,10 @@ class Trainer:
       self._executor.shutdown(wait=True)
       self._executor = None
     self._pending = []
+    self._pending_data_states = []
     self.writer.close()
-    self.checkpointer.close()
     if self.engine is not None:
       self.engine.close()
       self.engine = None
     self.task.close()
+    self.run_dir.close()  # last: the directory stays locked until all is done

@@ -101,8 +101,38 @@ def _learning_rate(opt_state) -> jax.Array:
     return jnp.asarray(jnp.nan)  # an optimizer not built by make_optimizer
 
 
-def _keep_if(ok: jax.Array, new, old):
-  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+def all_finite(tree) -> jax.Array:
+  """True iff every floating-point leaf of `tree` is free of NaN and inf
+  (integer leaves, such as Adam's step count, cannot be non-finite)."""
+  checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
+
+
+def guarded_update(optimizer: optax.GradientTransformation, grads, opt_state,
+                   params, loss: jax.Array):
+  """One optimizer step that is applied only if everything it produces is
+  finite; otherwise the old (params, opt_state) come back unchanged.
+
+  Checking the loss and gradients is not enough: finite gradients can still
+  make non-finite parameters or moments (Adam with b2 = 1 divides 0 by 0 at
+  its bias correction; an inf learning rate; an overflowing second moment).
+  So the check covers the inputs (loss, gradients) and the results (the
+  updated parameters and the whole optimizer state). `optax.apply_if_finite`
+  checks only its input updates and changes the optimizer-state tree (so
+  checkpoints and `current_learning_rate` would change), so it is not used.
+
+  Returns:
+    (params, opt_state, applied): the new or the old values, and the bool
+    scalar `applied`.
+  """
+  updates, new_opt_state = optimizer.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  applied = (jnp.isfinite(loss) & all_finite(grads) & all_finite(new_params)
+             & all_finite(new_opt_state))
+  keep = lambda n, o: jnp.where(applied, n, o)
+  return (jax.tree.map(keep, new_params, params),
+          jax.tree.map(keep, new_opt_state, opt_state), applied)
 
 
 def _split_micro(batch: Batch, n: int) -> Batch:
@@ -238,13 +268,10 @@ def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
       pg = jax.checkpoint(pg)
     loss, grads, metrics = _accumulate(pg, state.params, micro, denoms)
     grad_norm = optax.global_norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    # A NaN/inf loss or gradient must not reach the params: keep the old
-    # state and report it (the trainer stops with a debug dump).
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    params, opt_state = _keep_if(finite, (params, opt_state),
-                                 (state.params, state.opt_state))
+    # Nothing non-finite may reach the params or the optimizer state: keep
+    # the old state and report it (the trainer stops with a debug dump).
+    params, opt_state, finite = guarded_update(
+        optimizer, grads, state.opt_state, state.params, loss)
     metrics.update(loss=loss, grad_norm=grad_norm,
                    applied=finite.astype(jnp.float32),
                    learning_rate=_learning_rate(opt_state))
@@ -255,14 +282,18 @@ def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
       vf = lambda p, mb, d: value_loss_sum(spec, p, mb, d)
       v_loss, v_grads, v_metrics = _accumulate(
           vf, state.critic_params, micro, {"mask": tokens})
-      v_updates, c_opt = critic_optimizer.update(
-          v_grads, state.critic_opt_state, state.critic_params)
-      c_params = optax.apply_updates(state.critic_params, v_updates)
-      c_ok = finite & jnp.isfinite(v_loss)
-      c_params, c_opt = _keep_if(c_ok, (c_params, c_opt),
-                                 (state.critic_params, state.critic_opt_state))
-      new_state = new_state.replace(critic_params=c_params,
-                                    critic_opt_state=c_opt)
+      c_params, c_opt, c_ok = guarded_update(
+          critic_optimizer, v_grads, state.critic_opt_state,
+          state.critic_params, v_loss)
+      # Actor and critic move together or not at all.
+      both = finite & c_ok
+      keep = lambda n, o: jnp.where(both, n, o)
+      new_state = new_state.replace(
+          params=jax.tree.map(keep, params, state.params),
+          opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+          critic_params=jax.tree.map(keep, c_params, state.critic_params),
+          critic_opt_state=jax.tree.map(keep, c_opt, state.critic_opt_state))
+      metrics["applied"] = both.astype(jnp.float32)
       metrics.update(value_loss=v_loss, critic_grad_norm=optax.global_norm(v_grads))
     return new_state, metrics
 
