@@ -60,6 +60,10 @@ class UpdateSpec:
   uses_critic: bool = False
   value_clip: float = 0.2
   value_coef: float = 0.5
+  # LoRA (rljax.models.lora.LoraTransform): state.params holds only the
+  # trainable tree; the model runs param_transform(frozen, params, rng), with
+  # the frozen base passed to the step, never differentiated nor optimised.
+  param_transform: Callable[..., Any] | None = None
 
 
 def make_optimizer(learning_rate: float, steps: int, warmup_steps: int = 0,
@@ -185,13 +189,17 @@ def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
   if spec.uses_critic and critic_optimizer is None:
     raise ValueError("uses_critic=True needs a critic_optimizer")
 
-  def update_step(state: TrainState, batch: Batch):
+  def update_step(state: TrainState, batch: Batch, frozen=None):
     _, denom = agg_lib.aggregate(
         jnp.zeros_like(batch["loss_mask"]), batch["loss_mask"],
         spec.loss.aggregation, spec.loss.norm_const)
     denom = jnp.maximum(denom, 1e-8)
     micro = _split_micro(batch, spec.micro_batches)
     pg = lambda p, mb, d: policy_loss_sum(spec, p, mb, d)
+    if spec.param_transform is not None:  # LoRA: merge adapters into the base
+      rng = jax.random.fold_in(jax.random.PRNGKey(0), state.step)
+      pg = lambda p, mb, d: policy_loss_sum(
+          spec, spec.param_transform(frozen, p, rng), mb, d)
     if spec.remat:
       pg = jax.checkpoint(pg)
     loss, grads, metrics = _accumulate(pg, state.params, micro, denom)
