@@ -95,6 +95,12 @@ class TrainConfig:
   max_grad_norm: float = 1.0
   adam_b1: float = 0.9
   adam_b2: float = 0.999
+  # LoRA (rljax/models/lora.py); lora_rank 0 trains every weight.
+  lora_rank: int = 0
+  lora_alpha: float = 32.0
+  lora_dropout: float = 0.0
+  lora_targets: str = "all"                 # all | attn | mlp | q_proj,v_proj,...
+  lora_base_dtype: str = "float32"          # frozen base: float32|bfloat16|int8
   # Systems.
   pipelined: bool = False
   max_staleness: int = 1
@@ -131,6 +137,9 @@ class TrainConfig:
     _check_range("gamma", self.gamma, 0.0, 1.0)
     _check_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
     _check_range("critic_lambda", self.critic_lambda, 0.0, 1.0)
+    if self.lora_rank < 0:
+      raise ValueError(f"lora_rank={self.lora_rank!r}; expected >= 0 (0 = off)")
+    self.lora_config()  # validates the other lora_* fields
     batch = self.prompts_per_step * self.group_size
     if batch % self.minibatches:
       raise ValueError(
@@ -159,6 +168,15 @@ class TrainConfig:
           "or 'acr'")
 
     self.policy_loss_config()  # validates surrogate/correction/ε/C by name
+
+  def lora_config(self):
+    """The LoraConfig of the lora_* fields, or None when lora_rank == 0."""
+    if self.lora_rank == 0:
+      return None
+    from rljax.models.lora import LoraConfig  # pylint: disable=g-import-not-at-top
+    return LoraConfig(rank=self.lora_rank, alpha=self.lora_alpha,
+                      dropout=self.lora_dropout, targets=self.lora_targets,
+                      base_dtype=self.lora_base_dtype)
 
   def policy_loss_config(self):
     """The `rljax.core.objectives.PolicyLossConfig` of this run."""

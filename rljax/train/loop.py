@@ -33,6 +33,7 @@ from rljax import quant
 from rljax.core import advantages as adv_lib
 from rljax.core import kl as kl_lib
 from rljax.core import shaping
+from rljax.models import lora as lora_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train import update as update_lib
@@ -96,6 +97,11 @@ def _sequence_logprobs(config, params, tokens, attention_mask, temperature,
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
+def _merge_lora(transform, frozen, adapters):
+  return transform(frozen, adapters)
+
+
 def _sequence_values(config, critic_params, tokens, attention_mask):
   return models.value_forward(config, critic_params["backbone"],
                               critic_params["head"], tokens,
@@ -185,6 +191,17 @@ class Trainer:
     # A copy: the update step donates (and so deletes) the buffers of θ.
     self.ref_params = (jax.tree.map(jnp.copy, params) if cfg.uses_reference
                        else None)
+    # LoRA: θ = frozen base (after the UAQ fold) ⊕ adapters; only the
+    # adapters are trained, optimised and checkpointed (models/lora.py).
+    self.lora = cfg.lora_config()
+    self.frozen_params, param_transform = None, None
+    base_params = params
+    if self.lora is not None:
+      self.frozen_params = lora_lib.freeze_base(self.model_config, params,
+                                                self.lora)
+      params = lora_lib.init_adapters(self.model_config, self.lora,
+                                      jax.random.PRNGKey(cfg.seed + 2))
+      param_transform = lora_lib.LoraTransform(self.model_config, self.lora)
     self.loss_cfg = cfg.policy_loss_config()
     n_updates = cfg.ppo_epochs * cfg.minibatches
     opt_args = (cfg.learning_rate, cfg.steps * n_updates, cfg.warmup_steps,
@@ -195,7 +212,7 @@ class Trainer:
     if cfg.uses_critic:
       critic_args = (cfg.critic_learning_rate, cfg.steps * n_updates,
                      cfg.warmup_steps, cfg.lr_schedule, 0.0, cfg.max_grad_norm)
-      critic_params = models.init_critic(self.model_config, params,
+      critic_params = models.init_critic(self.model_config, base_params,
                                          jax.random.PRNGKey(cfg.seed + 1))
     self.spec = update_lib.UpdateSpec(
         model_config=self.model_config, loss=self.loss_cfg,
@@ -204,7 +221,7 @@ class Trainer:
         micro_batches=cfg.micro_batches, logprob_chunk=cfg.logprob_chunk,
         remat=cfg.remat, prox_is_current=(n_updates == 1),
         uses_critic=cfg.uses_critic, value_clip=cfg.value_clip,
-        value_coef=cfg.value_coef)
+        value_coef=cfg.value_coef, param_transform=param_transform)
     self.optimizer, critic_opt, self.update_step = _compiled_update(
         self.spec, opt_args, critic_args)
     self.state = update_lib.init_train_state(params, self.optimizer,
@@ -234,7 +251,7 @@ class Trainer:
       return self._new_jax_sampler()
     from rljax.rollout import vllm_sidecar
     return vllm_sidecar.engine_for_model(
-        self.model_config, self.state.params,
+        self.model_config, self.policy_params(),
         os.path.join(cfg.run_dir, "vllm_start"), quant=cfg.rollout_quant,
         tokenizer=self.tokenizer, urls=cfg.vllm_urls,
         config=vllm_sidecar.VLLMSidecarConfig(
@@ -264,11 +281,20 @@ class Trainer:
     pad = getattr(self.tokenizer, "pad_token_id", None)
     return int(pad) if pad is not None else 0
 
+  def policy_params(self):
+    """θ as the model runs it: the trained params, or with LoRA the adapters
+    merged into the frozen base (float32, fresh buffers)."""
+    if self.lora is None:
+      return self.state.params
+    return _merge_lora(self.spec.param_transform, self.frozen_params,
+                       self.state.params)
+
   def rollout_params(self):
     """What the rollout engine runs, Q(θ) or θ, in fresh buffers (the update
-    step donates θ's), and the quantization diagnostics of exactly that."""
+    step donates θ's), and the quantization diagnostics of exactly that.
+    With LoRA, θ is merged first and the merged kernels are quantized."""
     t0 = time.perf_counter()
-    params = self.state.params
+    params = self.policy_params()
     cfg = self.cfg
     diag = {}
     if self.quantized:
@@ -401,7 +427,7 @@ class Trainer:
     t0 = time.perf_counter()
     need_prox = (not self.spec.prox_is_current) or cfg.kl_in_reward_coef > 0
     if need_prox:
-      out["prox_logp"] = self._logprobs(self.state.params, tokens, attn)
+      out["prox_logp"] = self._logprobs(self.policy_params(), tokens, attn)
     else:
       out["prox_logp"] = out["behav_logp"]  # unused: prox is the current θ
     if cfg.uses_reference:
@@ -495,7 +521,7 @@ class Trainer:
     upd = []
     for epoch in range(cfg.ppo_epochs):
       for mb in self._minibatches(batch, step, epoch):
-        self.state, m = self.update_step(self.state, mb)
+        self.state, m = self.update_step(self.state, mb, self.frozen_params)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
         bad = nonfinite_keys({k: m[k] for k in ("loss", "grad_norm") if k in m})
         if bad or m.get("applied", 1.0) < 1.0:
@@ -560,7 +586,7 @@ class Trainer:
     t0 = time.perf_counter()
     if not hasattr(self, "_eval_engine"):
       self._eval_engine = self._new_jax_sampler()
-    self._eval_engine.update_weights(self.state.params, "none")
+    self._eval_engine.update_weights(self.policy_params(), "none")
     examples = self.task.eval_examples()
     prompts = [self.task.prompt_ids(e) for e in examples]
     rb = self._eval_engine.generate(prompts, SamplingConfig(
@@ -640,11 +666,22 @@ class Trainer:
     return rows
 
   def export_policy(self, out_dir: str) -> str:
-    params = self.state.params
+    params = self.policy_params()
     if self.uaq_scale != 1.0:
       params = quant.unfold_uaq(self.model_config, params, scale=self.uaq_scale)
     models.save_hf(self.model_config, params, out_dir, tokenizer=self.tokenizer)
     return out_dir
+
+  def export_adapter(self, out_dir: str) -> str:
+    """LoRA runs: the adapters alone, PEFT layout, for the *unfolded* base."""
+    if self.lora is None:
+      raise ValueError("export_adapter: this run has lora_rank=0 (no adapters)")
+    adapters = self.state.params
+    if self.uaq_scale != 1.0:  # A ← A·s^-k undoes UAQ (models/lora.py)
+      factors = lora_lib.uaq_kernel_factors(1.0 / self.uaq_scale)
+      adapters = lora_lib.fold_adapters(self.lora, adapters, factors)
+    return lora_lib.save_peft_adapter(self.model_config, self.lora, adapters,
+                                      out_dir, self.cfg.model)
 
   def close(self) -> None:
     """Stops the worker thread and the engine, flushes logs (idempotent)."""

@@ -65,6 +65,10 @@ class UpdateSpec:
   uses_critic: bool = False
   value_clip: float = 0.2
   value_coef: float = 0.5
+  # LoRA (rljax.models.lora.LoraTransform): state.params holds only the
+  # trainable tree; the model runs param_transform(frozen, params, rng), with
+  # the frozen base passed to the step, never differentiated nor optimised.
+  param_transform: Callable[..., Any] | None = None
 
 
 def make_optimizer(learning_rate: float, steps: int, warmup_steps: int = 0,
@@ -259,11 +263,16 @@ def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
   if spec.uses_critic and critic_optimizer is None:
     raise ValueError("uses_critic=True needs a critic_optimizer")
 
-  def update_step(state: TrainState, batch: Batch):
-    micro = _with_prox(spec, state.params,
+  def update_step(state: TrainState, batch: Batch, frozen=None):
+    if spec.param_transform is not None:  # LoRA: merge adapters into the base
+      rng = jax.random.fold_in(jax.random.PRNGKey(0), state.step)
+      merge = lambda p: spec.param_transform(frozen, p, rng)
+    else:
+      merge = lambda p: p
+    micro = _with_prox(spec, merge(state.params),
                        _split_micro(batch, spec.micro_batches))
     denoms = _denominators(spec, micro)
-    pg = lambda p, mb, d: policy_loss_sum(spec, p, mb, d)
+    pg = lambda p, mb, d: policy_loss_sum(spec, merge(p), mb, d)
     if spec.remat:
       pg = jax.checkpoint(pg)
     loss, grads, metrics = _accumulate(pg, state.params, micro, denoms)
