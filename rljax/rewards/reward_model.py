@@ -15,7 +15,7 @@ with human feedback", eq. 1):
 r(x, y) is the critic's value head (`rljax.models.value`) read at the last
 real token of prompt + response: the same machinery as PPO's critic, so a
 trained reward model can also initialise one. The loss only sees score
-differences, so the head's bias gets no gradient and stays 0.
+differences, so the head's bias is frozen at 0.
 
 Files: preference pairs are JSONL rows `{"prompt": str, "chosen": str,
 "rejected": str}` (`load_preference_pairs`). `save_reward_model` writes an
@@ -241,7 +241,11 @@ def encode_pairs(tokenizer, pairs: Sequence[PreferencePair], max_len: int,
 
 # ------------------------------------------------------------------ training
 def _pair_metrics(config, params, tokens, mask):
-  r = sequence_rewards(config, params, tokens, mask)
+  # The loss only sees differences, so the bias's true gradient is 0; its
+  # float round-off would still be scaled up to full-size steps by Adam. The
+  # bias stays frozen (at 0), which the HF export (no bias) relies on.
+  head = dict(params["head"], bias=jax.lax.stop_gradient(params["head"]["bias"]))
+  r = sequence_rewards(config, dict(params, head=head), tokens, mask)
   r_c, r_r = jnp.split(r, 2)
   return bradley_terry_loss(r_c, r_r), {
       "accuracy": pair_accuracy(r_c, r_r), "margin": jnp.mean(r_c - r_r)}
@@ -303,7 +307,9 @@ def save_reward_model(out_dir: str | os.PathLike, config: models.ModelConfig,
   orbax/ holds the params tree as trained (float32); hf/ is a
   `LlamaForSequenceClassification`-style checkpoint: the backbone's
   `model.*` tensors, `score.weight` [1, D] (the head's kernel), `num_labels`
-  1 and the pad token that HF's last-non-pad-token pooling needs.
+  1 and the pad token that HF's last-non-pad-token pooling needs; it has
+  no bias (0 after `make_train_step`; recorded as head_bias in
+  reward_model.json).
   """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
@@ -361,9 +367,9 @@ def load_reward_model(path: str | os.PathLike, with_tokenizer: bool = True
     raise ValueError(f"{meta_path}: format={meta.get('format')!r}; expected "
                      f"{FORMAT!r}")
   config = models.ModelConfig.from_hf(meta["model_config"])
-  target = init_reward_model(
-      config, jax.eval_shape(lambda: models.init_params(
-          config, jax.random.PRNGKey(0))), jax.random.PRNGKey(0))
+  key = jax.random.PRNGKey(0)
+  target = jax.eval_shape(lambda: init_reward_model(
+      config, models.init_params(config, key), key))
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), target)
   params = ocp.StandardCheckpointer().restore(os.path.join(path, "orbax"),
