@@ -17,6 +17,7 @@ ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp",
                         "reinforce_pp_baseline", "reinforce", "gae")
 ROLLOUT_QUANT = ("none", "bf16", "int8", "int8_wo", "fp8")
 ENGINES = ("jax", "vllm")
+REWARDS = ("verifier", "reward_model", "vrcli", "judge")
 
 
 def _check_choice(field: str, value: Any, choices) -> None:
@@ -44,6 +45,17 @@ class TrainConfig:
   eval_size: int = 64                      # held-out prompts (never trained on)
   reward_workers: int = 1                  # verifier processes; 0 = in-process
   max_prompt_tokens: int = 128
+  # Reward (`rljax.train.tasks.build_reward`): the task's verifier, or a
+  # learned, likelihood or judge reward in its place.
+  reward: str = "verifier"                  # verifier|reward_model|vrcli|judge
+  reward_model_path: str = ""               # train_reward_model.py output dir
+  vrcli_reference: str = ""                 # frozen reference; "" = --model
+  vrcli_separator: str = "\n"               # between reasoning and gold y
+  judge_url: str = "http://127.0.0.1:8000"  # OpenAI-compatible server
+  judge_model: str = ""                     # "" = the server's first model
+  judge_rubrics: str = ""                   # rubric file; "" = correctness
+  judge_timeout_s: float = 30.0
+  judge_allow_remote: bool = False          # else loopback only
   # Algorithm.
   algorithm: str = "grpo"
   advantage: str = "grpo"
@@ -125,6 +137,15 @@ class TrainConfig:
     _check_choice("engine", self.engine, ENGINES)
     _check_choice("lr_schedule", self.lr_schedule, ("constant", "cosine"))
     _check_choice("kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+    _check_choice("reward", self.reward, REWARDS)
+    if self.reward == "reward_model" and not self.reward_model_path:
+      raise ValueError("reward='reward_model' needs reward_model_path (a "
+                       "directory written by experiments/train_reward_model.py)")
+    if self.reward == "judge":
+      _check_range("judge_timeout_s", self.judge_timeout_s, 0.0, math.inf,
+                   lo_open=True)
+      from rljax.rewards.judge import check_address  # only when judging
+      check_address(self.judge_url, self.judge_allow_remote)
     for name in ("prompts_per_step", "group_size", "max_new_tokens", "steps",
                  "ppo_epochs", "minibatches", "micro_batches",
                  "max_prompt_tokens", "max_staleness"):

@@ -593,7 +593,8 @@ class Trainer:
         n=1, greedy=True, max_new_tokens=self.cfg.max_new_tokens,
         stop_token_ids=self.task.stop_token_ids, seed=0))
     completions = self._decode(rb)
-    scores, _ = self.task.score(completions, examples, 1)
+    # The task's verifier even when --reward trains on another signal.
+    scores, _ = self.task.verify(completions, examples, 1)
     return {"eval_accuracy": float((scores >= 1.0).mean()),
             "eval_reward": float(scores.mean()),
             "time_eval": time.perf_counter() - t0}
