@@ -80,8 +80,9 @@ class TrainConfig:
   value_coef: float = 0.5
   dynamic_sampling: bool = False
   max_resample_rounds: int = 2
-  overlong_max_len: int = 0                 # DAPO soft overlong (L_max); 0 = off
-  overlong_cache_len: int = 0               # DAPO L_cache
+  overlong_shaping: bool = False            # DAPO soft overlong punishment
+  overlong_max_len: int = 0                 # its L_max; 0 = max_new_tokens
+  overlong_cache_len: int = 0               # its L_cache; 0 = L_max // 5
   overlong_filter: bool = False             # mask truncated responses
   # Rollout.
   engine: str = "jax"
@@ -182,6 +183,19 @@ class TrainConfig:
       raise ValueError(
           f"overlong_cache_len={self.overlong_cache_len} must be smaller than "
           f"overlong_max_len={self.overlong_max_len}")
+    if not self.overlong_shaping and (self.overlong_max_len
+                                      or self.overlong_cache_len):
+      # Sizes without the switch would silently train without the penalty.
+      raise ValueError(
+          f"overlong_max_len={self.overlong_max_len}, overlong_cache_len="
+          f"{self.overlong_cache_len} size DAPO's overlong punishment, but "
+          "overlong_shaping=False; set overlong_shaping=True (or leave both 0)")
+    if self.overlong_shaping:
+      l_max, l_cache = self.overlong_lengths()
+      if l_cache > l_max:
+        raise ValueError(
+            f"overlong_cache_len={l_cache} must be <= overlong_max_len={l_max} "
+            "(0 means max_new_tokens)")
     if self.surrogate in ("gspo", "gspo_token") and self.correction == "naive":
       raise ValueError(
           "surrogate='gspo' with correction='naive' would clip a sequence "
@@ -211,6 +225,17 @@ class TrainConfig:
         dual_clip=self.dual_clip, tis_cap=self.tis_cap,
         aggregation=self.aggregation, norm_const=norm_const,
         veto_threshold=self.veto_threshold)
+
+  def overlong_lengths(self) -> tuple[int, int] | None:
+    """(L_max, L_cache) of DAPO's soft overlong punishment, None when off.
+
+    By default L_max is the generation budget and L_cache a fifth of it, as
+    in DAPO (Yu et al. 2025: 16384 expected + 4096 cache = 20480 tokens).
+    """
+    if not self.overlong_shaping:
+      return None
+    l_max = self.overlong_max_len or self.max_new_tokens
+    return l_max, self.overlong_cache_len or max(1, l_max // 5)
 
   @property
   def rollout_batch(self) -> int:
@@ -253,7 +278,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # overlong shaping, no KL.
     "dapo": dict(advantage="grpo", surrogate="ppo", eps_low=0.2, eps_high=0.28,
                  aggregation="token-mean", dynamic_sampling=True, kl_coef=0.0,
-                 overlong_filter=False),
+                 overlong_shaping=True, overlong_filter=False),
     # MiniMax 2025 (CISPO): clipped, stop-gradient IS weight on A·logp.
     "cispo": dict(advantage="grpo", surrogate="cispo", eps_low=1.0,
                   eps_high=0.28, aggregation="token-mean"),
