@@ -81,6 +81,7 @@ class TrainConfig:
   dynamic_sampling: bool = False
   max_resample_rounds: int = 2
   overlong_shaping: bool = False            # DAPO soft overlong punishment
+  #                                           (also on when a size is set)
   overlong_max_len: int = 0                 # its L_max; 0 = max_new_tokens
   overlong_cache_len: int = 0               # its L_cache; 0 = L_max // 5
   overlong_filter: bool = False             # mask truncated responses
@@ -183,14 +184,7 @@ class TrainConfig:
       raise ValueError(
           f"overlong_cache_len={self.overlong_cache_len} must be smaller than "
           f"overlong_max_len={self.overlong_max_len}")
-    if not self.overlong_shaping and (self.overlong_max_len
-                                      or self.overlong_cache_len):
-      # Sizes without the switch would silently train without the penalty.
-      raise ValueError(
-          f"overlong_max_len={self.overlong_max_len}, overlong_cache_len="
-          f"{self.overlong_cache_len} size DAPO's overlong punishment, but "
-          "overlong_shaping=False; set overlong_shaping=True (or leave both 0)")
-    if self.overlong_shaping:
+    if self.overlong_lengths() is not None:
       l_max, l_cache = self.overlong_lengths()
       if l_cache > l_max:
         raise ValueError(
@@ -229,10 +223,13 @@ class TrainConfig:
   def overlong_lengths(self) -> tuple[int, int] | None:
     """(L_max, L_cache) of DAPO's soft overlong punishment, None when off.
 
-    By default L_max is the generation budget and L_cache a fifth of it, as
-    in DAPO (Yu et al. 2025: 16384 expected + 4096 cache = 20480 tokens).
+    On with `overlong_shaping` (the dapo preset) or when a size is set (the
+    older spelling: a size alone never goes silently unused). By default
+    L_max is the generation budget and L_cache a fifth of it, as in DAPO
+    (Yu et al. 2025: 16384 expected + 4096 cache = 20480 tokens).
     """
-    if not self.overlong_shaping:
+    if not (self.overlong_shaping or self.overlong_max_len
+            or self.overlong_cache_len):
       return None
     l_max = self.overlong_max_len or self.max_new_tokens
     return l_max, self.overlong_cache_len or max(1, l_max // 5)

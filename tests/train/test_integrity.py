@@ -107,9 +107,15 @@ def test_dapo_preset_has_soft_overlong_punishment():
       [1.0, 1.0])
 
 
-def test_sizes_without_the_switch_are_refused():
-  with pytest.raises(ValueError, match="overlong_shaping"):
-    apply_preset("grpo", overlong_max_len=100, overlong_cache_len=20)
+def test_a_size_alone_turns_shaping_on():
+  # Never silently unused: configs and run directories written before the
+  # switch existed set the sizes only.
+  assert apply_preset("grpo", overlong_max_len=100,
+                      overlong_cache_len=20).overlong_lengths() == (100, 20)
+  assert apply_preset("grpo", max_new_tokens=50,
+                      overlong_cache_len=5).overlong_lengths() == (50, 5)
+  with pytest.raises(ValueError, match="overlong_cache_len=64"):
+    apply_preset("dapo", max_new_tokens=32, overlong_cache_len=64)
 
 
 def test_dapo_trainer_penalizes_a_too_long_response(tmp_path):
