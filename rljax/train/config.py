@@ -17,6 +17,7 @@ ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp",
                         "reinforce_pp_baseline", "reinforce", "gae")
 ROLLOUT_QUANT = ("none", "bf16", "int8", "int8_wo", "fp8")
 ENGINES = ("jax", "vllm")
+REWARDS = ("verifier", "reward_model", "vrcli", "judge")
 
 
 def _check_choice(field: str, value: Any, choices) -> None:
@@ -44,11 +45,23 @@ class TrainConfig:
   eval_size: int = 64                      # held-out prompts (never trained on)
   reward_workers: int = 1                  # verifier processes; 0 = in-process
   max_prompt_tokens: int = 128
+  # Reward (`rljax.train.tasks.build_reward`): the task's verifier, or a
+  # learned, likelihood or judge reward in its place.
+  reward: str = "verifier"                  # verifier|reward_model|vrcli|judge
+  reward_model_path: str = ""               # train_reward_model.py output dir
+  vrcli_reference: str = ""                 # frozen reference; "" = --model
+  vrcli_separator: str = "\n"               # between reasoning and gold y
+  judge_url: str = "http://127.0.0.1:8000"  # OpenAI-compatible server
+  judge_model: str = ""                     # "" = the server's first model
+  judge_rubrics: str = ""                   # rubric file; "" = correctness
+  judge_timeout_s: float = 30.0
+  judge_allow_remote: bool = False          # else loopback only
   # Algorithm.
   algorithm: str = "grpo"
   advantage: str = "grpo"
   surrogate: str = "ppo"
-  correction: str = "acr"
+  correction: str = "acr"                  # + seq_tis | seq_mis | geo_rs
+  veto_threshold: float | None = None       # reject sequences with a ρ_t below it
   eps_low: float = 0.2
   eps_high: float = 0.2
   dual_clip: float | None = None
@@ -67,8 +80,10 @@ class TrainConfig:
   value_coef: float = 0.5
   dynamic_sampling: bool = False
   max_resample_rounds: int = 2
-  overlong_max_len: int = 0                 # DAPO soft overlong (L_max); 0 = off
-  overlong_cache_len: int = 0               # DAPO L_cache
+  overlong_shaping: bool = False            # DAPO soft overlong punishment
+  #                                           (also on when a size is set)
+  overlong_max_len: int = 0                 # its L_max; 0 = max_new_tokens
+  overlong_cache_len: int = 0               # its L_cache; 0 = L_max // 5
   overlong_filter: bool = False             # mask truncated responses
   # Rollout.
   engine: str = "jax"
@@ -94,6 +109,12 @@ class TrainConfig:
   max_grad_norm: float = 1.0
   adam_b1: float = 0.9
   adam_b2: float = 0.999
+  # LoRA (rljax/models/lora.py); lora_rank 0 trains every weight.
+  lora_rank: int = 0
+  lora_alpha: float = 32.0
+  lora_dropout: float = 0.0
+  lora_targets: str = "all"                 # all | attn | mlp | q_proj,v_proj,...
+  lora_base_dtype: str = "float32"          # frozen base: float32|bfloat16|int8
   # Systems.
   pipelined: bool = False
   max_staleness: int = 1
@@ -105,6 +126,8 @@ class TrainConfig:
   checkpoint_every: int = 10
   keep_checkpoints: int = 2
   resume: bool = False
+  # Comma-separated fields a resume may change (see train/rundir.py).
+  allow_config_change: str = ""
   eval_every: int = 0
   export_hf: bool = True
   tensorboard: bool = True
@@ -116,6 +139,15 @@ class TrainConfig:
     _check_choice("engine", self.engine, ENGINES)
     _check_choice("lr_schedule", self.lr_schedule, ("constant", "cosine"))
     _check_choice("kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+    _check_choice("reward", self.reward, REWARDS)
+    if self.reward == "reward_model" and not self.reward_model_path:
+      raise ValueError("reward='reward_model' needs reward_model_path (a "
+                       "directory written by experiments/train_reward_model.py)")
+    if self.reward == "judge":
+      _check_range("judge_timeout_s", self.judge_timeout_s, 0.0, math.inf,
+                   lo_open=True)
+      from rljax.rewards.judge import check_address  # only when judging
+      check_address(self.judge_url, self.judge_allow_remote)
     for name in ("prompts_per_step", "group_size", "max_new_tokens", "steps",
                  "ppo_epochs", "minibatches", "micro_batches",
                  "max_prompt_tokens", "max_staleness"):
@@ -128,6 +160,9 @@ class TrainConfig:
     _check_range("gamma", self.gamma, 0.0, 1.0)
     _check_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
     _check_range("critic_lambda", self.critic_lambda, 0.0, 1.0)
+    if self.lora_rank < 0:
+      raise ValueError(f"lora_rank={self.lora_rank!r}; expected >= 0 (0 = off)")
+    self.lora_config()  # validates the other lora_* fields
     batch = self.prompts_per_step * self.group_size
     if batch % self.minibatches:
       raise ValueError(
@@ -149,6 +184,12 @@ class TrainConfig:
       raise ValueError(
           f"overlong_cache_len={self.overlong_cache_len} must be smaller than "
           f"overlong_max_len={self.overlong_max_len}")
+    if self.overlong_lengths() is not None:
+      l_max, l_cache = self.overlong_lengths()
+      if l_cache > l_max:
+        raise ValueError(
+            f"overlong_cache_len={l_cache} must be <= overlong_max_len={l_max} "
+            "(0 means max_new_tokens)")
     if self.surrogate in ("gspo", "gspo_token") and self.correction == "naive":
       raise ValueError(
           "surrogate='gspo' with correction='naive' would clip a sequence "
@@ -156,6 +197,15 @@ class TrainConfig:
           "or 'acr'")
 
     self.policy_loss_config()  # validates surrogate/correction/ε/C by name
+
+  def lora_config(self):
+    """The LoraConfig of the lora_* fields, or None when lora_rank == 0."""
+    if self.lora_rank == 0:
+      return None
+    from rljax.models.lora import LoraConfig  # pylint: disable=g-import-not-at-top
+    return LoraConfig(rank=self.lora_rank, alpha=self.lora_alpha,
+                      dropout=self.lora_dropout, targets=self.lora_targets,
+                      base_dtype=self.lora_base_dtype)
 
   def policy_loss_config(self):
     """The `rljax.core.objectives.PolicyLossConfig` of this run."""
@@ -167,7 +217,22 @@ class TrainConfig:
         surrogate=self.surrogate, correction=self.correction,
         eps_low=self.eps_low, eps_high=self.eps_high,
         dual_clip=self.dual_clip, tis_cap=self.tis_cap,
-        aggregation=self.aggregation, norm_const=norm_const)
+        aggregation=self.aggregation, norm_const=norm_const,
+        veto_threshold=self.veto_threshold)
+
+  def overlong_lengths(self) -> tuple[int, int] | None:
+    """(L_max, L_cache) of DAPO's soft overlong punishment, None when off.
+
+    On with `overlong_shaping` (the dapo preset) or when a size is set (the
+    older spelling: a size alone never goes silently unused). By default
+    L_max is the generation budget and L_cache a fifth of it, as in DAPO
+    (Yu et al. 2025: 16384 expected + 4096 cache = 20480 tokens).
+    """
+    if not (self.overlong_shaping or self.overlong_max_len
+            or self.overlong_cache_len):
+      return None
+    l_max = self.overlong_max_len or self.max_new_tokens
+    return l_max, self.overlong_cache_len or max(1, l_max // 5)
 
   @property
   def rollout_batch(self) -> int:
@@ -191,7 +256,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Schulman et al. 2017 + Ouyang et al. 2022: critic, GAE, value clipping,
     # KL to the reference as a per-token reward penalty.
     "ppo": dict(advantage="gae", surrogate="ppo", gamma=1.0, gae_lambda=0.95,
-                critic_lambda=0.95, kl_in_reward_coef=1e-3, value_clip=0.2,
+                critic_lambda=0.95, kl_in_reward_coef=1e-3, kl_estimator="k1",
+                value_clip=0.2,
                 aggregation="token-mean"),
     # Shao et al. 2024 (DeepSeekMath): group z-score, KL loss with k3.
     "grpo": dict(advantage="grpo", surrogate="ppo", kl_coef=1e-3,
@@ -203,12 +269,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "rloo": dict(advantage="rloo", surrogate="ppo", aggregation="token-mean"),
     # Hu 2025: global batch whitening, KL in the reward.
     "reinforce_pp": dict(advantage="reinforce_pp", surrogate="ppo",
-                         kl_in_reward_coef=1e-3, aggregation="token-mean"),
+                         kl_in_reward_coef=1e-3, kl_estimator="k1",
+                         aggregation="token-mean"),
     # Yu et al. 2025 (DAPO): clip-higher, token-mean, dynamic sampling,
     # overlong shaping, no KL.
     "dapo": dict(advantage="grpo", surrogate="ppo", eps_low=0.2, eps_high=0.28,
                  aggregation="token-mean", dynamic_sampling=True, kl_coef=0.0,
-                 overlong_filter=False),
+                 overlong_shaping=True, overlong_filter=False),
     # MiniMax 2025 (CISPO): clipped, stop-gradient IS weight on A·logp.
     "cispo": dict(advantage="grpo", surrogate="cispo", eps_low=1.0,
                   eps_high=0.28, aggregation="token-mean"),
