@@ -32,7 +32,7 @@ train_flags.define_train_flags(
     judge_api="chat", judge_timeout_s=120.0, rollout_quant="none",
     kl_coef=0.0, prompts_per_step=4, group_size=4, max_new_tokens=32,
     temperature=0.7, learning_rate=1e-5, steps=5, eval_size=16,
-    checkpoint_every=0, export_hf=False, run_dir="runs/reward_judge")
+    export_hf=False, run_dir="runs/reward_judge")
 
 _SERVE = flags.DEFINE_bool(
     "serve_judge", True, "Start a vLLM sidecar serving --judge_checkpoint "

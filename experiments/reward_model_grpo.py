@@ -23,7 +23,7 @@ train_flags.define_train_flags(
     reward_model_path="runs/reward_model", rollout_quant="none",
     kl_coef=0.0, prompts_per_step=4, group_size=4, max_new_tokens=32,
     temperature=0.7, learning_rate=1e-5, steps=5, eval_size=16,
-    checkpoint_every=0, export_hf=False, run_dir="runs/reward_model_grpo")
+    export_hf=False, run_dir="runs/reward_model_grpo")
 
 
 def main(argv):

@@ -30,7 +30,7 @@ train_flags.define_train_flags(
     data_path=DATA, reward="vrcli", rollout_quant="none", kl_coef=0.0,
     prompts_per_step=4, group_size=4, max_new_tokens=32, temperature=0.7,
     max_prompt_tokens=256, learning_rate=1e-5, steps=5, eval_size=0,
-    checkpoint_every=0, export_hf=False, run_dir="runs/reward_vrcli")
+    export_hf=False, run_dir="runs/reward_vrcli")
 
 
 def main(argv):
