@@ -81,8 +81,10 @@ class TrainConfig:
   value_coef: float = 0.5
   dynamic_sampling: bool = False
   max_resample_rounds: int = 2
-  overlong_max_len: int = 0                 # DAPO soft overlong (L_max); 0 = off
-  overlong_cache_len: int = 0               # DAPO L_cache
+  overlong_shaping: bool = False            # DAPO soft overlong punishment
+  #                                           (also on when a size is set)
+  overlong_max_len: int = 0                 # its L_max; 0 = max_new_tokens
+  overlong_cache_len: int = 0               # its L_cache; 0 = L_max // 5
   overlong_filter: bool = False             # mask truncated responses
   # Rollout.
   engine: str = "jax"
@@ -183,6 +185,12 @@ class TrainConfig:
       raise ValueError(
           f"overlong_cache_len={self.overlong_cache_len} must be smaller than "
           f"overlong_max_len={self.overlong_max_len}")
+    if self.overlong_lengths() is not None:
+      l_max, l_cache = self.overlong_lengths()
+      if l_cache > l_max:
+        raise ValueError(
+            f"overlong_cache_len={l_cache} must be <= overlong_max_len={l_max} "
+            "(0 means max_new_tokens)")
     if self.surrogate in ("gspo", "gspo_token") and self.correction == "naive":
       raise ValueError(
           "surrogate='gspo' with correction='naive' would clip a sequence "
@@ -212,6 +220,20 @@ class TrainConfig:
         dual_clip=self.dual_clip, tis_cap=self.tis_cap,
         aggregation=self.aggregation, norm_const=norm_const,
         veto_threshold=self.veto_threshold)
+
+  def overlong_lengths(self) -> tuple[int, int] | None:
+    """(L_max, L_cache) of DAPO's soft overlong punishment, None when off.
+
+    On with `overlong_shaping` (the dapo preset) or when a size is set (the
+    older spelling: a size alone never goes silently unused). By default
+    L_max is the generation budget and L_cache a fifth of it, as in DAPO
+    (Yu et al. 2025: 16384 expected + 4096 cache = 20480 tokens).
+    """
+    if not (self.overlong_shaping or self.overlong_max_len
+            or self.overlong_cache_len):
+      return None
+    l_max = self.overlong_max_len or self.max_new_tokens
+    return l_max, self.overlong_cache_len or max(1, l_max // 5)
 
   @property
   def rollout_batch(self) -> int:
@@ -254,7 +276,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # overlong shaping, no KL.
     "dapo": dict(advantage="grpo", surrogate="ppo", eps_low=0.2, eps_high=0.28,
                  aggregation="token-mean", dynamic_sampling=True, kl_coef=0.0,
-                 overlong_filter=False),
+                 overlong_shaping=True, overlong_filter=False),
     # MiniMax 2025 (CISPO): clipped, stop-gradient IS weight on A·logp.
     "cispo": dict(advantage="grpo", surrogate="cispo", eps_low=1.0,
                   eps_high=0.28, aggregation="token-mean"),
