@@ -46,8 +46,10 @@ __all__ = [
     "PreferenceDataError", "PreferencePair", "RewardModel", "RewardModelReward",
     "bradley_terry_loss", "encode_pairs", "encode_texts", "evaluate_pairs",
     "init_reward_model", "last_token_index", "load_preference_pairs",
-    "load_reward_model", "make_train_step", "pair_accuracy",
-    "save_reward_model", "sequence_rewards", "write_preference_pairs",
+    "load_reward_model", "make_train_step", "pair_accuracy", "pair_scores",
+    "save_reward_model", "sequence_rewards", "split_pairs",
+    "synthetic_arithmetic_pairs", "train_reward_model",
+    "write_preference_pairs",
 ]
 
 FORMAT = "rljax-bradley-terry-reward-model"
@@ -267,26 +269,179 @@ def make_train_step(config: models.ModelConfig, optimizer):
   return step
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _eval_batch(config, params, tokens, mask):
-  return _pair_metrics(config, params, tokens, mask)
+def pair_scores(config: models.ModelConfig, params, tokenizer,
+                pairs: Sequence[PreferencePair], max_len: int, pad_id: int,
+                batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+  """(r_chosen [N], r_rejected [N]) float32 of every pair."""
+  r_c, r_r = np.zeros(len(pairs), np.float32), np.zeros(len(pairs), np.float32)
+  for sl in batched.chunks(len(pairs), batch_size):
+    tokens, mask = encode_pairs(tokenizer, pairs[sl], max_len, pad_id)
+    r = np.asarray(_score_batch(config, params, jnp.asarray(tokens),
+                                jnp.asarray(mask)))
+    r_c[sl], r_r[sl] = np.split(r, 2)
+  return r_c, r_r
 
 
 def evaluate_pairs(config: models.ModelConfig, params, tokenizer,
                    pairs: Sequence[PreferencePair], max_len: int, pad_id: int,
-                   batch_size: int = 32) -> dict[str, float]:
-  """Held-out {"loss", "accuracy", "margin"}, averaged over pairs."""
+                   batch_size: int = 32,
+                   kinds: Sequence[str] | None = None) -> dict[str, float]:
+  """Held-out {"loss", "accuracy", "margin"} over the pairs (the kernels on
+  `pair_scores`), plus "accuracy_<kind>" per distinct non-empty kind when
+  `kinds` (one per pair) is given."""
   if not pairs:
     raise ValueError("evaluate_pairs: no pairs")
-  totals = {"loss": 0.0, "accuracy": 0.0, "margin": 0.0}
-  for sl in batched.chunks(len(pairs), batch_size):
-    part = pairs[sl]
-    tokens, mask = encode_pairs(tokenizer, part, max_len, pad_id)
-    loss, aux = _eval_batch(config, params, jnp.asarray(tokens),
-                            jnp.asarray(mask))
-    for key, value in (("loss", loss), *aux.items()):
-      totals[key] += float(value) * len(part)
-  return {k: v / len(pairs) for k, v in totals.items()}
+  r_c, r_r = pair_scores(config, params, tokenizer, pairs, max_len, pad_id,
+                         batch_size)
+  r_c, r_r = jnp.asarray(r_c), jnp.asarray(r_r)
+  out = {"loss": float(bradley_terry_loss(r_c, r_r)),
+         "accuracy": float(pair_accuracy(r_c, r_r)),
+         "margin": float(jnp.mean(r_c - r_r))}
+  if kinds is not None:
+    if len(kinds) != len(pairs):
+      raise ValueError(f"evaluate_pairs: {len(kinds)} kinds for "
+                       f"{len(pairs)} pairs")
+    kinds = np.asarray(kinds)
+    for kind in sorted(set(kinds.tolist()) - {""}):
+      sel = jnp.asarray(kinds == kind)
+      out[f"accuracy_{kind}"] = float(pair_accuracy(r_c[sel], r_r[sel]))
+  return out
+
+
+def train_reward_model(config: models.ModelConfig, params: dict[str, Any],
+                       tokenizer, train_pairs: Sequence[PreferencePair],
+                       held_out: Sequence[PreferencePair], *, steps: int,
+                       batch_size: int, learning_rate: float, max_len: int,
+                       seed: int = 0, eval_every: int = 0,
+                       warmup_steps: int = 0, log=None,
+                       held_out_kinds: Sequence[str] | None = None
+                       ) -> tuple[dict[str, Any], list[dict[str, float]]]:
+  """Fits the Bradley–Terry loss with AdamW (warmup then cosine decay).
+
+  Batches are drawn without replacement from a reshuffled copy of
+  `train_pairs` each epoch. Held-out pairs are evaluated (`evaluate_pairs`)
+  at step 0, every `eval_every` steps (0 = never in between) and at the end,
+  with "eval_accuracy_<kind>" per `held_out_kinds` (one label per held-out
+  pair). `log(row)` is called after every step.
+
+  Returns:
+    (params, history): one row per step {"step", "loss", "accuracy",
+    "margin", "seconds"}, with "eval_loss", "eval_accuracy", "eval_margin"
+    on evaluated steps.
+  """
+  for name, value in (("steps", steps), ("batch_size", batch_size),
+                      ("max_len", max_len)):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"train_reward_model: {name}={value!r}; expected an "
+                       "int >= 1")
+  if not train_pairs:
+    raise ValueError("train_reward_model: no training pairs")
+  pad = getattr(tokenizer, "pad_token_id", None)
+  pad = int(pad) if pad is not None else 0
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, learning_rate, max(warmup_steps, 1), max(steps, warmup_steps + 1))
+  optimizer = optax.adamw(schedule)
+  opt_state = optimizer.init(params)
+  step_fn = make_train_step(config, optimizer)
+  rng = np.random.default_rng(seed)
+  order, cursor = rng.permutation(len(train_pairs)), 0
+  history = []
+
+  def evaluate(row):
+    if held_out:
+      ev = evaluate_pairs(config, params, tokenizer, held_out, max_len, pad,
+                          batch_size=max(batch_size, 8), kinds=held_out_kinds)
+      row.update({f"eval_{k}": v for k, v in ev.items()})
+
+  start = {"step": 0}
+  evaluate(start)
+  history.append(start)
+  if log is not None:
+    log(start)
+  for step in range(1, steps + 1):
+    t0 = time.perf_counter()
+    idx = []
+    while len(idx) < batch_size:
+      if cursor == len(order):
+        order, cursor = rng.permutation(len(train_pairs)), 0
+      take = min(batch_size - len(idx), len(order) - cursor)
+      idx.extend(order[cursor:cursor + take])
+      cursor += take
+    tokens, mask = encode_pairs(tokenizer, [train_pairs[i] for i in idx],
+                                max_len, pad)
+    params, opt_state, out = step_fn(params, opt_state, jnp.asarray(tokens),
+                                     jnp.asarray(mask))
+    row = {"step": step, **{k: float(v) for k, v in out.items()},
+           "seconds": time.perf_counter() - t0}
+    if step == steps or (eval_every and step % eval_every == 0):
+      evaluate(row)
+    history.append(row)
+    if log is not None:
+      log(row)
+  return params, history
+
+
+# ------------------------------------------------------------------ synthetic
+def synthetic_arithmetic_pairs(num_pairs: int, render, *, seed: int = 0,
+                               difficulty: str = "easy"
+                               ) -> list[tuple[PreferencePair, str]]:
+  """Preference pairs with a known rule, for a demo or a test.
+
+  Each pair is one generated arithmetic problem (`rljax.data`), rendered by
+  `render(question)` (the trainer's prompt template); the chosen response
+  states the correct answer in \\boxed{}; the rejected one either states a
+  wrong number (kind "wrong_answer") or gives no answer ("no_answer"),
+  alternately.
+
+  Returns:
+    [(pair, kind)] of `num_pairs` items.
+  """
+  from rljax import data as data_lib  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  examples = data_lib.generate_arithmetic(num_pairs, difficulty, seed=seed)
+  forms = ("The answer is \\boxed{{{}}}.", "{} = \\boxed{{{}}}",
+           "Let me compute: {} = {}. So the answer is \\boxed{{{}}}.")
+  hedges = ("I am not sure how to solve this.", "Let me think about it.",
+            "This is a math question.", "I don't know.")
+  out = []
+  for i, ex in enumerate(examples):
+    answer = int(ex.answer)
+    wrong = answer + int(rng.choice([-3, -2, -1, 1, 2, 3, 10]))
+    form = forms[i % len(forms)]
+    expr = ex.metadata.get("expression", ex.question)
+
+    def say(value, form=form, expr=expr):
+      if form.count("{}") == 1:
+        return form.format(value)
+      if form.count("{}") == 2:
+        return form.format(expr, value)
+      return form.format(expr, value, value)
+
+    chosen = say(answer)
+    if i % 2 == 0:
+      kind, rejected = "wrong_answer", say(wrong)
+    else:
+      kind, rejected = "no_answer", hedges[int(rng.integers(len(hedges)))]
+    out.append((PreferencePair(render(ex.question), chosen, rejected), kind))
+  return out
+
+
+def split_pairs(items: Sequence[Any], held_out_fraction: float, seed: int = 0,
+                key=None) -> tuple[list[Any], list[Any]]:
+  """(train, held_out): a random `held_out_fraction` of the items, grouped
+  by `key(item)` (default the pair's prompt) so that no prompt is on both
+  sides."""
+  if not 0.0 <= held_out_fraction < 1.0:
+    raise ValueError(f"held_out_fraction={held_out_fraction!r}; expected a "
+                     "value in [0, 1)")
+  key = key or (lambda item: (item[0] if isinstance(item, tuple)
+                              else item).prompt)
+  groups = sorted({key(item) for item in items})
+  rng = np.random.default_rng(seed)
+  rng.shuffle(groups)
+  held = set(groups[:int(round(held_out_fraction * len(groups)))])
+  train = [item for item in items if key(item) not in held]
+  return train, [item for item in items if key(item) in held]
 
 
 # ------------------------------------------------------------------ files

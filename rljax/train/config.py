@@ -54,6 +54,7 @@ class TrainConfig:
   judge_url: str = "http://127.0.0.1:8000"  # OpenAI-compatible server
   judge_model: str = ""                     # "" = the server's first model
   judge_rubrics: str = ""                   # rubric file; "" = correctness
+  judge_api: str = "completions"            # completions|chat (chat template)
   judge_timeout_s: float = 30.0
   judge_allow_remote: bool = False          # else loopback only
   # Algorithm.

@@ -184,6 +184,7 @@ def build_reward(cfg: TrainConfig, tokenizer):
                else judge.JudgeConfig.rubrics)
     return judge.JudgeReward(judge.JudgeConfig(
         url=cfg.judge_url, model=cfg.judge_model, rubrics=rubrics,
+        api=cfg.judge_api,
         timeout_s=cfg.judge_timeout_s, allow_remote=cfg.judge_allow_remote))
   raise ValueError(f"reward={cfg.reward!r}; expected one of "
                    "('verifier', 'reward_model', 'vrcli', 'judge')")

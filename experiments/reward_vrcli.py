@@ -1,0 +1,42 @@
+"""Example: GRPO on the VR-CLI likelihood-improvement reward (`--reward=vrcli`).
+
+Gurung & Lapata 2025: the policy writes reasoning a for a prompt x, and a
+frozen reference model (here the initial policy) rewards it by how much it
+makes the gold continuation y more likely: [1 − PPL(y | x, a) / PPL(y | x)]
+× 100 (`rljax.rewards.likelihood`). No verifier is needed, only gold text.
+
+The data is experiments/data/vrcli_word_problems.jsonl: 16 word problems,
+each with a gold one-sentence solution as y. It is read with the `math500`
+field map, which takes {"problem", "answer"} verbatim (any such file works;
+y is the "answer" text). Held-out accuracy is off (--eval_size=0): the math
+verifier cannot grade a sentence.
+
+  python experiments/reward_vrcli.py
+  python experiments/reward_vrcli.py --data_path=my_pairs.jsonl \
+      --vrcli_reference=/path/to/frozen_hf_dir
+"""
+import os
+
+from absl import app
+
+from rljax.train import flags as train_flags
+from rljax.train.driver import run_experiment
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                    "vrcli_word_problems.jsonl")
+
+train_flags.define_train_flags(
+    algorithm="grpo", model="smollm2-135m-instruct", task="math500",
+    data_path=DATA, reward="vrcli", rollout_quant="none", kl_coef=0.0,
+    prompts_per_step=4, group_size=4, max_new_tokens=32, temperature=0.7,
+    max_prompt_tokens=256, learning_rate=1e-5, steps=5, eval_size=0,
+    export_hf=False, run_dir="runs/reward_vrcli")
+
+
+def main(argv):
+  del argv
+  run_experiment(train_flags.config_from_flags())
+
+
+if __name__ == "__main__":
+  app.run(main)
