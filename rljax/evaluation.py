@@ -12,6 +12,8 @@ import os
 import time
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rljax import data as data_lib
@@ -56,39 +58,65 @@ def load_examples(spec: EvalSpec, seed: int = 0) -> list[data_lib.Example]:
   return rows[:spec.limit] if spec.limit else rows
 
 
-def load_policy(path: str) -> models.Model:
-  """HF dir, .gguf, default name, or an rljax run directory."""
+def is_run_dir(path: str) -> bool:
+  """True for an rljax training run directory (config.json + checkpoints)."""
   config_json = os.path.join(path, "config.json")
-  ckpt_dir = os.path.join(path, "checkpoints")
-  if os.path.isdir(ckpt_dir) and os.path.exists(config_json):
-    with open(config_json) as f:
-      run_cfg = json.load(f)
-    if "algorithm" in run_cfg:
-      return _load_run(path, run_cfg)
+  if not (os.path.isdir(os.path.join(path, "checkpoints"))
+          and os.path.exists(config_json)):
+    return False
+  with open(config_json) as f:
+    return "algorithm" in json.load(f)
+
+
+def load_policy(path: str) -> models.Model:
+  """HF dir, .gguf, default name, or an rljax run directory (read-only)."""
+  if os.path.isdir(path) and is_run_dir(path):
+    return restore_policy(path)
   return models.load_pretrained(path)
 
 
-def _load_run(run_dir: str, run_cfg: dict) -> models.Model:
+def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
+  """The policy of a training run at its latest (or `step`) checkpoint.
+
+  Reads `config.json` and the checkpoint, and nothing else: no Trainer is
+  built, so nothing in the run directory is written (no config.json
+  rewrite, no metrics row, no lock) and no rollout engine starts. The
+  params are returned in the model's own parametrisation: a run trained
+  with update-aware quantization (QuRL §4.3) stores θ folded with its scale
+  s, which is unfolded here with the scale the checkpoint records.
+  """
   from rljax import quant
+  from rljax.train import loop as loop_lib  # model loading; builds nothing
   from rljax.train.checkpoint import RunCheckpointer
-  from rljax.train.config import TrainConfig
-  from rljax.train.loop import Trainer
-  cfg = TrainConfig(**{**run_cfg, "resume": True, "tensorboard": False,
-                       "reward_workers": 0})
-  ckpt = RunCheckpointer(os.path.join(run_dir, "checkpoints"), 1, 100)
-  step = ckpt.latest_step()
-  ckpt.close()
-  if step is None:
-    raise FileNotFoundError(f"run directory {run_dir!r} has no checkpoint")
-  trainer = Trainer(cfg, show_progress=False)
-  params = trainer.state.params
-  if trainer.uaq_scale != 1.0:
-    params = quant.unfold_uaq(trainer.model_config, params,
-                              scale=trainer.uaq_scale)
-  model = models.Model(config=trainer.model_config, params=params,
-                       tokenizer=trainer.tokenizer)
-  trainer.close()
-  return model
+  from rljax.train.config import TrainConfig, field_names
+  with open(os.path.join(run_dir, "config.json")) as f:
+    saved = json.load(f)
+  # Fields of another rljax version are ignored: only the model matters here.
+  cfg = TrainConfig(**{k: v for k, v in saved.items() if k in field_names()})
+  ckpt = RunCheckpointer(os.path.join(run_dir, "checkpoints"), 1, 1_000_000)
+  try:
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"run directory {run_dir!r} has no checkpoint")
+    # No target: the saved tree comes back as saved, so this does not depend
+    # on the optimizer the run used.
+    state, meta = ckpt.restore(step, None)
+  finally:
+    ckpt.close()
+  skeleton = loop_lib.load_policy(cfg, cfg.seed)
+  saved_params = state["params"]
+  if jax.tree.structure(saved_params) != jax.tree.structure(skeleton.params):
+    raise ValueError(
+        f"{run_dir}: checkpoint {step} holds params of another structure "
+        f"than model={cfg.model!r} of its config.json")
+  params = jax.tree.map(lambda x, ref: jnp.asarray(x, ref.dtype),
+                        saved_params, skeleton.params)
+  quantized = cfg.rollout_quant in ("int8", "int8_wo", "fp8")
+  scale = float(meta.get("uaq_scale", cfg.uaq_scale if quantized else 1.0))
+  if scale != 1.0:
+    params = quant.unfold_uaq(skeleton.config, params, scale=scale)
+  return models.Model(config=skeleton.config, params=params,
+                      tokenizer=skeleton.tokenizer)
 
 
 def evaluate_dataset(model: models.Model, engine, examples: Sequence,
