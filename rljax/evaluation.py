@@ -22,27 +22,72 @@ from rljax import rewards as rewards_lib
 from rljax.rollout.base import SamplingConfig
 
 
+_LABEL_CHARS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSpec:
-  """One dataset to evaluate: a generated task level or a file."""
+  """One dataset to evaluate: a generated task level or a file.
+
+  `label` keys its result (the summary row and `<label>.jsonl` records);
+  unset, it is the dataset name.
+  """
   name: str
   path: str = ""          # file for datasets; level for generated tasks
   limit: int = 0          # 0 = all rows
+  label: str = ""
+
+  def __post_init__(self):
+    if not self.label:
+      object.__setattr__(self, "label", self.name)
 
 
 def parse_datasets(text: str) -> list[EvalSpec]:
-  """'gsm8k:path.jsonl,math500:path.jsonl:100,arithmetic:easy' -> specs."""
+  """'[LABEL=]NAME[:PATH_OR_LEVEL[:LIMIT]],...' -> specs with unique labels.
+
+  'gsm8k:path.jsonl,math500:path.jsonl:100,arithmetic:easy' gives labels
+  gsm8k, math500, arithmetic. Two specs of one name (two files read by one
+  loader) need explicit labels, 'a=math500:a.jsonl,b=math500:b.jsonl':
+  a duplicate label is refused, since its results would overwrite the
+  other's.
+  """
   specs = []
-  for item in [t for t in text.split(",") if t.strip()]:
-    parts = item.strip().split(":")
-    if len(parts) > 3:
-      raise ValueError(f"dataset {item!r}: expected NAME[:PATH_OR_LEVEL[:LIMIT]]")
+  for item in [t.strip() for t in text.split(",") if t.strip()]:
+    label = ""
+    head = item.split(":", 1)[0]
+    if "=" in head:
+      label, item = item.split("=", 1)
+      if not label or not set(label) <= _LABEL_CHARS:
+        raise ValueError(
+            f"dataset label {label!r}: expected letters, digits, '_', '.' "
+            "or '-' (it names the records file)")
+    parts = item.split(":")
+    if len(parts) > 3 or not parts[0]:
+      raise ValueError(
+          f"dataset {item!r}: expected [LABEL=]NAME[:PATH_OR_LEVEL[:LIMIT]]")
     name = parts[0]
     path = parts[1] if len(parts) > 1 else ""
-    limit = int(parts[2]) if len(parts) > 2 else 0
-    specs.append(EvalSpec(name, path, limit))
+    try:
+      limit = int(parts[2]) if len(parts) > 2 else 0
+    except ValueError:
+      raise ValueError(f"dataset {item!r}: LIMIT {parts[2]!r} is not an "
+                       "integer") from None
+    specs.append(EvalSpec(name, path, limit, label))
   if not specs:
     raise ValueError("no dataset given")
+  seen: dict[str, EvalSpec] = {}
+  dupes = []
+  for spec in specs:
+    if spec.label in seen:
+      dupes.append(f"{spec.label!r} ({seen[spec.label].path or '-'} and "
+                   f"{spec.path or '-'})")
+    seen.setdefault(spec.label, spec)
+  if dupes:
+    raise ValueError(
+        "duplicate dataset labels: " + ", ".join(dupes) + "; one result "
+        "would overwrite the other. Give each a label: "
+        "LABEL=NAME[:PATH[:LIMIT]], e.g. a=math500:a.jsonl,b=math500:b.jsonl")
   return specs
 
 
