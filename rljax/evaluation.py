@@ -138,9 +138,15 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
     saved = json.load(f)
   # Fields of another rljax version are ignored: only the model matters here.
   cfg = TrainConfig(**{k: v for k, v in saved.items() if k in field_names()})
-  ckpt = RunCheckpointer(os.path.join(run_dir, "checkpoints"), 1, 1_000_000)
+  # A reader, not the owner: it never cleans up a save a live run is making.
+  ckpt = RunCheckpointer(os.path.join(run_dir, "checkpoints"), 1, 1_000_000,
+                         owner=False)
   try:
-    step = ckpt.latest_step() if step is None else step
+    if step is None:
+      # The newest checkpoint whose files match their manifest.
+      step, damaged = ckpt.latest_verified_step()
+      for bad_step, reason in damaged:
+        print(f"[rljax] {run_dir}: skipping checkpoint {bad_step} ({reason})")
     if step is None:
       raise FileNotFoundError(f"run directory {run_dir!r} has no checkpoint")
     # No target: the saved tree comes back as saved, so this does not depend

@@ -114,17 +114,27 @@ def reinforce_pp(returns: Float[ArrayLike, "*s"], mask: Bool[ArrayLike, "*s"] | 
 
 
 def reinforce_pp_baseline(rewards: Float[ArrayLike, "N"], group_size: int,
-                          eps: float = 1e-6) -> Float[Array, "N"]:
+                          eps: float = 1e-6,
+                          valid: Bool[ArrayLike, "N"] | None = None) -> Float[Array, "N"]:
   """REINFORCE++ with group baseline: Â = whiten_batch(r_i − mean_g(r)).
 
   Hu 2025, REINFORCE++-baseline: subtract the per-prompt mean (removes the
   prompt difficulty), then whiten across the whole batch instead of per group
-  (avoids GRPO's small-group std).
+  (avoids GRPO's small-group std). `valid` [N] marks the samples that take
+  part: the batch mean and std are taken over them only, and the rest get 0.
+  Filler groups (dynamic sampling pads a batch with masked-out groups) have
+  centred reward 0; counted in the std they would shrink it and inflate every
+  advantage by √(N/N_valid).
   """
   group_size = v.check_group_size(rewards, group_size)
   eps = _check_eps(eps)
   centered = _centered(_grouped(rewards, group_size)).reshape(-1)
-  return _whiten(centered, jnp.ones(centered.shape, bool), eps)
+  if valid is None:
+    keep = jnp.ones(centered.shape, bool)
+  else:
+    v.check_same_shape(rewards=rewards, valid=valid)
+    keep = v.as_mask("valid", valid)
+  return _whiten(centered, keep, eps)
 
 
 def _check_lam(lam: Any, batch: int) -> jnp.ndarray:

@@ -13,6 +13,8 @@ GRPO (Shao et al. 2024, DeepSeekMath) puts k3 in the loss; PPO-RLHF
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
@@ -20,9 +22,11 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from rljax.core import _validation as v
 from rljax.core import aggregation
 
-# e^20 ≈ 4.9e8 is finite in f32 with room for sums over many tokens; beyond it
-# the estimate is meaningless anyway (the policies have no overlap).
-LOG_RATIO_CLAMP = 20.0
+# Above this log-ratio x = ref_logp − logp, k3 continues along its tangent:
+# e^30 ≈ 1.1e13 keeps the value, its gradient and the gradient's square
+# (global-norm clipping sums squares) finite in f32. Below, nothing can
+# overflow (e^x → 0) and k3 is exact.
+K3_MAX_LOG_RATIO = 30.0
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -50,12 +54,21 @@ def k3(logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"]) -> Float[
   """k3 = e^(ref−logp) − (ref−logp) − 1 (Schulman 2020; GRPO's KL term).
 
   Unbiased for KL(π‖π_ref) on samples of π, ≥ 0 and 0 iff logp = ref_logp.
-  The log-ratio is clamped to ±LOG_RATIO_CLAMP so extreme inputs stay finite,
-  computed as expm1(x) − x (exact near 0) and floored at 0 against rounding.
+  ∂k3/∂logp = 1 − π_ref/π, exact for every x = ref − logp ≤ K3_MAX_LOG_RATIO:
+  in particular where the policy drifted furthest from the reference
+  (x ≪ 0, gradient → 1), which a symmetric clamp of x would silence. Above
+  K3_MAX_LOG_RATIO (π_ref/π > e^30, where e^x would head for overflow) k3
+  continues along its tangent, so it stays finite, convex and increasing.
+  Computed as expm1(x) − x (exact near 0) and floored at 0 against rounding.
   """
   logp, ref_logp = _check_pair(logp, ref_logp)
-  x = jnp.clip(ref_logp - logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-  return jnp.maximum(jnp.expm1(x) - x, 0.0)
+  x = ref_logp - logp
+  k = K3_MAX_LOG_RATIO
+  exact = jnp.expm1(jnp.minimum(x, k)) - jnp.minimum(x, k)
+  # Double where: the tangent's derivative is a constant, so the untaken
+  # branch never sends NaN/inf into the gradient.
+  tangent = (math.expm1(k) - k) + math.expm1(k) * (x - k)
+  return jnp.maximum(jnp.where(x > k, tangent, exact), 0.0)
 
 
 def kl_estimate(logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"],

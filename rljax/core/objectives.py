@@ -5,6 +5,8 @@ Notation (per response token t of sequence i; design.md "The math"):
   prox_logp  log π_prox(o_t), full-precision θ_old recomputed by the trainer
   behav_logp log π_behav(o_t), the (quantized) rollout engine's log-prob
   R = exp(logp − prox_logp),   ρ = exp(prox_logp − behav_logp).
+R is differentiated: exact in value and gradient (see MAX_EXACT_LOG_RATIO);
+ρ is a stop-gradient weight, its log clamped at ±LOG_RATIO_CLAMP.
 
 Per-token objective J_t = w_t · surrogate_t (maximised; loss = −J), where the
 correction gives the constant weight w_t (stop-gradient) and the clip bounds
@@ -17,6 +19,8 @@ correction gives the constant weight w_t (stop-gradient) and the clip bounds
   mis              w = ρ where ρ ≤ C, else the token is dropped (masked importance
                    sampling): it leaves both the loss sum and the denominator,
                    as if it were padding.
+  seq_tis, seq_mis, geo_rs: sequence-level corrections, and a per-token veto
+                   (any correction); see `importance_weights`.
 
 Surrogates:
   reinforce   A·logp                                   (Williams 1992)
@@ -43,6 +47,7 @@ Definitions where a combination is not in the papers:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
@@ -51,15 +56,28 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from rljax.core import _validation as v
 from rljax.core import aggregation
+from rljax.core import kl
 
 SURROGATES = ("reinforce", "ppo", "cispo", "gspo", "gspo_token")
-CORRECTIONS = ("naive", "ignore_behavior", "decoupled", "tis", "acr", "mis")
+CORRECTIONS = ("naive", "ignore_behavior", "decoupled", "tis", "acr", "mis",
+               "seq_tis", "seq_mis", "geo_rs")
+# Corrections whose keep-mask depends on ρ (tokens or sequences are rejected).
+REJECTING_CORRECTIONS = ("mis", "seq_mis", "geo_rs")
 _MIN_FORM_SURROGATES = ("ppo", "gspo", "gspo_token")
 
-# exp(±20) ≈ 4.9e8 / 2.1e-9: finite in f32 even after summing many tokens. A
-# log-ratio beyond it means the two policies share no support at that token;
-# its gradient through R is zero there (it would be clipped anyway).
+# The behaviour weight ρ is a stop-gradient constant: clamping its log at ±20
+# (e^20 ≈ 4.9e8) changes no gradient and keeps every sum finite in f32.
 LOG_RATIO_CLAMP = 20.0
+# The differentiated ratios R and s_i are exact, value and gradient, up to
+# log-ratio MAX_EXACT_LOG_RATIO (e^30 ≈ 1.1e13: its square, which global-norm
+# clipping sums, stays far from f32 overflow) and continue along the tangent
+# above it. Clamping them instead would zero ∂R/∂θ past the clamp: PPO's
+# gradient for A < 0 tokens with a huge R is not clipped (QuRL §4.2: "the
+# large ratios do not get clipped regardless"), and a clamp would silence
+# exactly those tokens, the ones the policy over-weights most. To bound them,
+# use dual_clip (Ye et al. 2020), which is a decision of the objective rather
+# than an accident of the arithmetic.
+MAX_EXACT_LOG_RATIO = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +92,11 @@ class PolicyLossConfig:
       is DAPO's clip-higher.
     dual_clip: c > 1 bounds the objective of A < 0 tokens below by c·A
       (dual-clip PPO); None disables. Only for ppo/gspo/gspo_token.
-    tis_cap: C >= 1 (inf allowed) for tis/acr/mis. C < 1 would down-weight
-      even on-policy tokens (ρ = 1).
+    tis_cap: C >= 1 (inf allowed) for tis/acr/mis and the sequence-level
+      corrections (see `importance_weights`). C < 1 would down-weight even
+      on-policy tokens (ρ = 1).
+    veto_threshold: τ in (0, 1], or None: reject every sequence holding a
+      token with ρ < τ, whatever the correction (see `importance_weights`).
     aggregation: one of aggregation.AGGREGATION_MODES.
     norm_const: divisor of "seq-mean-token-sum-norm" (None: padded length T).
   """
@@ -87,6 +108,7 @@ class PolicyLossConfig:
   tis_cap: float = 2.0
   aggregation: str = "token-mean"
   norm_const: float | None = None
+  veto_threshold: float | None = None
 
   def __post_init__(self):
     v.check_choice("surrogate", self.surrogate, SURROGATES)
@@ -106,6 +128,14 @@ class PolicyLossConfig:
             f"({', '.join(_MIN_FORM_SURROGATES)}); surrogate={self.surrogate!r} "
             f"has no min to bound. Set dual_clip=None.")
     set_("norm_const", aggregation.check_norm_const(self.norm_const))
+    if self.veto_threshold is not None:
+      set_("veto_threshold", v.check_real("veto_threshold", self.veto_threshold,
+                                          low=0.0, high=1.0, low_inclusive=False))
+
+  @property
+  def rejects(self) -> bool:
+    """Whether the keep-mask depends on ρ (not only on the mask)."""
+    return self.correction in REJECTING_CORRECTIONS or self.veto_threshold is not None
 
 
 class ImportanceWeights(NamedTuple):
@@ -113,7 +143,7 @@ class ImportanceWeights(NamedTuple):
 
   weight: [B, T] w_t (0 where not kept).
   upper_scale: [B, T] 1/r_t ≥ 1 multiplying the upper clip bound (acr), else 1.
-  keep: [B, T] bool, mask minus the tokens mis drops.
+  keep: [B, T] bool, mask minus the tokens (or sequences) the correction rejects.
   """
   weight: Array
   upper_scale: Array
@@ -121,7 +151,21 @@ class ImportanceWeights(NamedTuple):
 
 
 def _clamped_exp(log_ratio: jnp.ndarray) -> jnp.ndarray:
+  """exp of a clamped log-ratio: for stop-gradient weights (ρ) and metrics."""
   return jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def ratio_exp(log_ratio: ArrayLike) -> Array:
+  """exp(x) for a differentiated log-ratio: exact below MAX_EXACT_LOG_RATIO = K,
+  the tangent e^K·(1 + x − K) above it (finite, and ∂/∂x = e^K > 0 there).
+
+  Nothing is clamped below: e^x underflows to 0 gracefully, as its gradient.
+  """
+  x = v.as_float(log_ratio)
+  k = MAX_EXACT_LOG_RATIO
+  # Double where: the tangent branch has a constant derivative, so the
+  # untaken branch never sends NaN into the gradient.
+  return jnp.where(x > k, math.exp(k) * (1.0 + (x - k)), jnp.exp(jnp.minimum(x, k)))
 
 
 def _check_tokens(mask, **arrays) -> jnp.ndarray:
@@ -143,25 +187,56 @@ def importance_weights(
     mask: Bool[ArrayLike, "B T"],
     correction: str,
     cap: float = 2.0,
+    veto_threshold: float | None = None,
 ) -> ImportanceWeights:
   """Behaviour-correction weight, clip scale and keep-mask (QuRL Eq. 3-9).
 
-  ρ = exp(prox_logp − behav_logp) (log-ratio clamped to ±LOG_RATIO_CLAMP):
+  Token level, ρ_t = exp(prox_logp_t − behav_logp_t) (log clamped to
+  ±LOG_RATIO_CLAMP):
     naive, ignore_behavior  w = 1
     decoupled               w = ρ                          (QuRL Eq. 4)
     tis                     w = min(ρ, C)          (QuRL Eq. 5, FlashRL)
     acr                     w = min(ρ, C), upper_scale = 1/r = max(1, ρ/C)
                             (QuRL Eq. 9, adaptive clipping range)
     mis                     w = ρ, keep = mask ∧ (ρ ≤ C)
+
+  Sequence level, with log ρ(y_i) = Σ_t log ρ_t over the valid tokens of
+  sequence i (the product ratio, in log space so it cannot overflow) and
+  n_i = |y_i|; w and keep are the same on every token of i:
+    seq_tis   w = min(ρ(y_i), C) = exp(min(log ρ(y_i), log C))
+              truncated IS of the whole sequence (Yao et al. 2025, "Your
+              Efficient RL Framework Secretly Brings You Off-Policy RL
+              Training"; Liu et al. 2025, "When Speed Kills Stability:
+              Demystifying RL Collapse from the Training-Inference
+              Mismatch"; verl rollout correction, sequence-level IS).
+    seq_mis   w = ρ(y_i), keep = mask ∧ (1/C ≤ ρ(y_i) ≤ C)
+              sequence-level masked IS: the whole sequence is rejected
+              (leaves sum and denominator) when its ratio leaves [1/C, C]
+              (Liu et al. 2025; verl, sequence-level rejection sampling).
+    geo_rs    w = 1, keep = mask ∧ (1/C ≤ ρ̄_i ≤ C), ρ̄_i = exp(log ρ(y_i) / n_i)
+              geometric-mean rejection: the per-token average log-ratio is
+              length-independent, so C is a per-token tolerance (verl's
+              geometric rejection uses C ≈ 1.001-1.01); no reweighting.
+  upper_scale is 1 for every sequence-level correction.
+
+  Veto (any correction): with veto_threshold = τ, a sequence holding a valid
+  token with ρ_t < τ is rejected whole, keep_{i,·} = False (Liu et al. 2025;
+  verl's rollout_token_veto_threshold): one token the engine sampled that
+  the trainer finds nearly impossible means the two disagree on the whole
+  continuation after it.
   """
   valid = _check_tokens(mask, prox_logp=prox_logp, behav_logp=behav_logp)
   v.check_choice("correction", correction, CORRECTIONS)
   cap = v.check_real("cap", cap, low=1.0, allow_inf=True)
-  rho = _clamped_exp(_masked(prox_logp, valid) - _masked(behav_logp, valid))
-  rho = jax.lax.stop_gradient(rho)
+  if veto_threshold is not None:
+    veto_threshold = v.check_real("veto_threshold", veto_threshold, low=0.0,
+                                  high=1.0, low_inclusive=False)
+  log_rho = jax.lax.stop_gradient(_masked(prox_logp, valid) - _masked(behav_logp, valid))
+  rho = _clamped_exp(log_rho)
   ones = jnp.ones_like(rho)
   keep = valid
   upper_scale = ones
+  log_cap = math.log(cap)  # inf for an infinite cap
   if correction in ("naive", "ignore_behavior"):
     weight = ones
   elif correction == "decoupled":
@@ -171,11 +246,55 @@ def importance_weights(
   elif correction == "acr":
     weight = jnp.minimum(rho, cap)
     upper_scale = jnp.maximum(1.0, rho / cap)
-  else:  # mis
+  elif correction == "mis":
     weight = rho
     keep = valid & (rho <= cap)
+  else:  # sequence level: padding holds log ρ = 0, so sums run over valid tokens
+    log_seq = log_rho.sum(axis=-1, keepdims=True)
+    if correction == "seq_tis":
+      weight = _clamped_exp(jnp.minimum(log_seq, log_cap)) * ones
+    elif correction == "seq_mis":
+      weight = _clamped_exp(log_seq) * ones
+      keep = valid & (jnp.abs(log_seq) <= log_cap)
+    else:  # geo_rs
+      n = valid.sum(axis=-1, keepdims=True).astype(log_seq.dtype)
+      log_geo = log_seq / jnp.maximum(n, 1.0)
+      weight = ones
+      keep = valid & (jnp.abs(log_geo) <= log_cap)
+  if veto_threshold is not None:
+    vetoed = jnp.any(valid & (log_rho < math.log(veto_threshold)), axis=-1,
+                     keepdims=True)
+    keep = keep & ~vetoed
   weight = jnp.where(keep, weight, 0.0)
   return ImportanceWeights(weight=weight, upper_scale=upper_scale, keep=keep)
+
+
+def policy_loss_keep(
+    prox_logp: Float[ArrayLike, "B T"],
+    behav_logp: Float[ArrayLike, "B T"],
+    mask: Bool[ArrayLike, "B T"],
+    config: PolicyLossConfig,
+) -> Bool[Array, "B T"]:
+  """The keep-mask `policy_loss_per_token` aggregates over, from ρ and the
+  mask alone (no current log-probs needed): mask minus what the correction
+  (and the veto) reject."""
+  return importance_weights(prox_logp, behav_logp, mask, config.correction,
+                            config.tis_cap, config.veto_threshold).keep
+
+
+def policy_loss_denominator(
+    prox_logp: Float[ArrayLike, "B T"],
+    behav_logp: Float[ArrayLike, "B T"],
+    mask: Bool[ArrayLike, "B T"],
+    config: PolicyLossConfig,
+) -> Float[Array, ""]:
+  """The denominator `policy_loss_terms` returns, computed before any forward
+  pass: an update step splitting a minibatch into micro-batches sums it over
+  them first, then divides each micro-batch's sum by the total."""
+  keep = policy_loss_keep(prox_logp, behav_logp, mask, config)
+  _, denominator = aggregation.aggregate(jnp.zeros(keep.shape, jnp.float32), keep,
+                                         config.aggregation, config.norm_const)
+  return denominator
 
 
 def reinforce_objective(logp: Float[ArrayLike, "B T"],
@@ -198,6 +317,14 @@ def ppo_clip_objective(
   (Yu et al. 2025); u = upper_scale is QuRL's ACR factor 1/r (Eq. 9). With
   dual_clip = c > 1, tokens with A < 0 get max(that, c·A) (Ye et al. 2020),
   bounding the loss of a very large ratio.
+
+  A < 0 with R > 1+ε: min picks R·A, the unclipped branch, so the gradient
+  is A·R·∇logp however large R is (QuRL §4.2: for negative advantages "the
+  large ratios do not get clipped regardless"). `policy_loss` keeps that
+  gradient exact (R = `ratio_exp`, no clamp), because it is what PPO's
+  objective says, and it is the token the policy over-weights most. The
+  bound for such tokens is dual_clip, a choice of objective: with it, A < 0
+  tokens with R > c have objective c·A and no gradient.
   """
   ratio = v.as_float(ratio)
   adv = jax.lax.stop_gradient(v.as_float(advantages))
@@ -258,12 +385,11 @@ def gspo_objective(
   Zheng et al. 2025 (GSPO). Sequence form: s = s_i on every token of i, so all
   tokens move together (∇s_i = s_i·mean_t ∇logp_t). Token form (GSPO-token):
   s_{i,t} = sg(s_i)·exp(logp_t − sg(logp_t)), equal in value, with gradient
-  sg(s_i)·∇logp_t so per-token advantages are possible.
+  sg(s_i)·∇logp_t so per-token advantages are possible. s_i = `ratio_exp`
+  (log s_i): exact value and gradient wherever f32 can hold them.
   """
   valid = _check_tokens(mask, logp=logp, old_logp=old_logp, advantages=advantages)
-  log_s = jnp.clip(gspo_sequence_log_ratio(logp, old_logp, valid),
-                   -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-  s = jnp.exp(log_s)[:, None]
+  s = ratio_exp(gspo_sequence_log_ratio(logp, old_logp, valid))[:, None]
   if token_level:
     lp = _masked(logp, valid)
     s = jax.lax.stop_gradient(s) * jnp.exp(lp - jax.lax.stop_gradient(lp))
@@ -330,7 +456,8 @@ def policy_loss_per_token(
 
   The building block of `policy_loss_terms`; see the module docstring for the
   surrogates and corrections. ℓ_t is 0 where keep is False (padding, and the
-  tokens mis drops); aggregate it over `keep`, not over `mask`.
+  tokens a rejecting correction drops); aggregate it over `keep`, not over
+  `mask` (`policy_loss_keep` gives it from ρ alone).
 
   Metrics (stop-gradient f32 scalars; fractions over valid tokens, the clip
   ones over kept tokens):
@@ -340,11 +467,16 @@ def policy_loss_per_token(
       (either sign of A). clip_fraction is their sum. 0 for reinforce.
     dual_clip_fraction: A < 0 tokens bounded by c·A.
     ratio_mean: mean of the ratio inside the clip (R, R̂ or s_i).
-    behav_prox_kl: mean(behav_logp − prox_logp) = k1 estimate of
-      KL(π_behav‖π_prox) on behaviour samples (QuRL Fig. 3a).
+    behav_prox_kl: KL(π_behav‖π_prox) on behaviour samples (QuRL Fig. 3a),
+      estimated by the mean of k3 = ρ − log ρ − 1 (Schulman 2020): unbiased
+      like k1 and, unlike it, never negative, so a plotted curve cannot dip
+      below 0 from sampling noise.
+    behav_prox_log_ratio_mean: mean(behav_logp − prox_logp), the k1 estimate
+      of the same KL (unbiased, noisy, can be negative).
     max_prox_behav_ratio: max ρ (clamped at e^20; 0 if no valid token).
     tis_truncated_fraction: fraction with ρ > C (whatever the correction).
-    mis_masked_fraction: fraction dropped by mis (0 for other corrections).
+    mis_masked_fraction: fraction of valid tokens rejected (mis, seq_mis,
+      geo_rs, the veto; 0 otherwise).
     weight_mean: mean correction weight w over kept tokens.
     entropy: masked mean entropy, only when `logits` [B, T, V] is given.
   """
@@ -357,7 +489,8 @@ def policy_loss_per_token(
   prox = jax.lax.stop_gradient(_masked(prox_logp, valid))
   behav = jax.lax.stop_gradient(_masked(behav_logp, valid))
 
-  iw = importance_weights(prox, behav, valid, config.correction, config.tis_cap)
+  iw = importance_weights(prox, behav, valid, config.correction, config.tis_cap,
+                          config.veto_threshold)
   keep = iw.keep
   old = behav if config.correction == "naive" else prox
   high = (1.0 + config.eps_high) * iw.upper_scale
@@ -366,13 +499,13 @@ def policy_loss_per_token(
   surrogate = config.surrogate
   if surrogate == "reinforce":
     objective = reinforce_objective(lp, adv)
-    ratio = _clamped_exp(lp - old)
+    ratio = ratio_exp(lp - old)
   elif surrogate == "ppo":
-    ratio = _clamped_exp(lp - old)
+    ratio = ratio_exp(lp - old)
     objective = ppo_clip_objective(ratio, adv, config.eps_low, config.eps_high,
                                    config.dual_clip, iw.upper_scale)
   elif surrogate == "cispo":
-    ratio = _clamped_exp(lp - old)
+    ratio = ratio_exp(lp - old)
     objective = cispo_objective(lp, ratio, adv, config.eps_low, config.eps_high,
                                 iw.upper_scale)
   else:  # gspo, gspo_token
@@ -380,7 +513,7 @@ def policy_loss_per_token(
                                config.dual_clip, iw.upper_scale,
                                token_level=surrogate == "gspo_token")
     log_s = gspo_sequence_log_ratio(lp, old, keep)
-    ratio = jnp.broadcast_to(_clamped_exp(log_s)[:, None], shape)
+    ratio = jnp.broadcast_to(ratio_exp(log_s)[:, None], shape)
   per_token_loss = jnp.where(keep, -iw.weight * objective, 0.0)
 
   r = jax.lax.stop_gradient(ratio)
@@ -400,7 +533,8 @@ def policy_loss_per_token(
       "clip_fraction_high": _fraction(clipped_high, keep),
       "dual_clip_fraction": _fraction(dual, keep),
       "ratio_mean": aggregation.masked_mean(r, keep),
-      "behav_prox_kl": aggregation.masked_mean(behav - prox, valid),
+      "behav_prox_kl": aggregation.masked_mean(kl.k3(behav, prox), valid),
+      "behav_prox_log_ratio_mean": aggregation.masked_mean(behav - prox, valid),
       "max_prox_behav_ratio": jnp.max(jnp.where(valid, rho, 0.0), initial=0.0),
       "tis_truncated_fraction": _fraction(rho > config.tis_cap, valid),
       "mis_masked_fraction": _fraction(valid & ~keep, valid),

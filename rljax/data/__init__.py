@@ -19,12 +19,12 @@ from rljax.data.prompts import (
     filter_by_prompt_length,
     render_prompts,
 )
-from rljax.data.records import DataError, Example, FieldMap, LoadedDataset, LoadStats
+from rljax.data.records import Compose, DataError, Example, FieldMap, LoadedDataset, LoadStats
 from rljax.data.specs import DATASET_SPECS, load_dataset
 
 __all__ = [
     "ARITHMETIC_LEVELS", "ArithmeticConfig", "BOXED_INSTRUCTION", "BatchIterator", "BoxedTemplate",
-    "COUNTDOWN_LEVELS", "ChatTemplate", "CountdownConfig", "DATASET_SPECS", "DataError", "Example",
+    "COUNTDOWN_LEVELS", "Compose", "ChatTemplate", "CountdownConfig", "DATASET_SPECS", "DataError", "Example",
     "FieldMap", "LoadStats", "LoadedDataset", "R1ZeroTemplate", "count_prompt_tokens",
     "epoch_permutation", "filter_by_prompt_length", "from_records", "generate_arithmetic",
     "generate_countdown", "load_dataset", "load_file", "load_hf", "load_jsonl", "load_parquet",

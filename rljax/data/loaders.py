@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Iterable, Iterator, Literal, Mapping
 
-from rljax.data.records import DataError, Example, FieldMap, LoadedDataset, LoadStats, answer_text
+from rljax.data.records import Compose, DataError, Example, FieldMap, LoadedDataset, LoadStats, answer_text
 
 __all__ = ["from_records", "load_file", "load_hf", "load_jsonl", "load_parquet"]
 
@@ -37,15 +37,34 @@ def _first_present(row: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str,
     return None
 
 
+def _composed_question(row: Mapping[str, Any], compose: Compose, fields: str) -> tuple[str, str]:
+    """(label, text) of a question joined from several fields."""
+    parts = []
+    for name in compose.fields:
+        value = row.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str) or not value.strip():
+            problem = "missing" if value is None else "empty or not a string"
+            raise _RowError("missing_field", f"question part {name!r} of {compose} is {problem} (fields: {fields})")
+        parts.append(value.strip())
+    return str(compose), compose.sep.join(parts)
+
+
 def _row_to_example(row: Any, field_map: FieldMap, source: str, index: int) -> Example:
     if not isinstance(row, Mapping):
         raise _RowError("not_object", f"row is a JSON {type(row).__name__}, expected an object")
     fields = ", ".join(sorted(map(str, row))) or "none"
-    question = _first_present(row, field_map.candidates("question"))
-    if question is None:
-        raise _RowError("missing_field", f"no question field {'/'.join(field_map.candidates('question'))} (fields: {fields})")
-    if not isinstance(question[1], str) or not question[1].strip():
-        raise _RowError("missing_field", f"question field {question[0]!r} is empty or not a string")
+    if isinstance(field_map.question, Compose):
+        question = _composed_question(row, field_map.question, fields)
+        question_fields = set(field_map.question.fields)
+    else:
+        question = _first_present(row, field_map.candidates("question"))
+        if question is None:
+            raise _RowError("missing_field", f"no question field {'/'.join(field_map.candidates('question'))} (fields: {fields})")
+        if not isinstance(question[1], str) or not question[1].strip():
+            raise _RowError("missing_field", f"question field {question[0]!r} is empty or not a string")
+        question_fields = {question[0]}
     answer = _first_present(row, field_map.candidates("answer"))
     if answer is None:
         raise _RowError("missing_field", f"no answer field {'/'.join(field_map.candidates('answer'))} (fields: {fields})")
@@ -59,7 +78,7 @@ def _row_to_example(row: Any, field_map: FieldMap, source: str, index: int) -> E
     if text is None:
         raise _RowError("bad_answer", f"no answer could be read from field {answer[0]!r} (value {str(answer[1])[:80]!r})")
     # A field that needed an extractor (a worked solution) stays in metadata.
-    used = {question[0]} if field_map.answer_extractor is not None else {question[0], answer[0]}
+    used = question_fields if field_map.answer_extractor is not None else question_fields | {answer[0]}
     kept = field_map.extra_fields if field_map.extra_fields is not None else [k for k in row if k not in used]
     metadata = {k: row[k] for k in kept if k in row}
     metadata.update(verifier=field_map.verifier, source=source)

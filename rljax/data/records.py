@@ -5,7 +5,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Iterator, Mapping, Sequence, Union, overload
 
-__all__ = ["DataError", "Example", "FieldMap", "LoadStats", "LoadedDataset", "answer_text"]
+__all__ = ["Compose", "DataError", "Example", "FieldMap", "LoadStats", "LoadedDataset", "answer_text"]
 
 
 class DataError(ValueError):
@@ -31,6 +31,34 @@ class Example:
     uid: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Compose:
+    """A question written across several fields, joined in order.
+
+    ``Compose("Body", "Question")`` turns SVAMP's ``{"Body": "Jack had 8
+    pens.", "Question": "How many pens does he have now?"}`` into "Jack had 8
+    pens. How many pens does he have now?". Every field must be present and a
+    non-empty string (or a number); a row lacking one is a "missing_field"
+    error that names it.
+
+    Attributes:
+      fields: the field names, in reading order.
+      sep: put between the stripped field values.
+    """
+
+    fields: tuple[str, ...]
+    sep: str = " "
+
+    def __init__(self, *fields: str, sep: str = " "):
+        if not fields or not all(isinstance(f, str) and f for f in fields):
+            raise ValueError(f"Compose fields={fields!r}; expected one or more field names")
+        object.__setattr__(self, "fields", tuple(fields))
+        object.__setattr__(self, "sep", sep)
+
+    def __str__(self) -> str:
+        return "+".join(self.fields)
+
+
 FieldNames = Union[str, Sequence[str]]
 
 
@@ -39,7 +67,8 @@ class FieldMap:
     """How a file's rows map onto ``Example``.
 
     Attributes:
-      question: the question field, or candidates tried in order.
+      question: the question field, or candidates tried in order, or a
+        ``Compose`` of several fields joined into one question.
       answer: the answer field, or candidates tried in order.
       answer_extractor: applied to the answer field's value (e.g. the text
         after ``####``, the last ``\\boxed{}`` of a solution); returns None
@@ -48,7 +77,7 @@ class FieldMap:
       extra_fields: row fields copied into metadata; None copies all others.
     """
 
-    question: FieldNames
+    question: FieldNames | Compose
     answer: FieldNames
     answer_extractor: Callable[[Any], str | None] | None = None
     verifier: str = "math"
@@ -56,6 +85,8 @@ class FieldMap:
 
     def candidates(self, role: str) -> tuple[str, ...]:
         names = getattr(self, role)
+        if isinstance(names, Compose):
+            raise TypeError(f"FieldMap.{role} is {names!r}: a composition, not candidates")
         return (names,) if isinstance(names, str) else tuple(names)
 
 

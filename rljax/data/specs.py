@@ -2,7 +2,12 @@
 
     ds = load_dataset("gsm8k", "/data/gsm8k/test.jsonl")
 
-A new dataset is a ``FieldMap`` (see records.py) plus ``load_file``.
+A new dataset is a ``FieldMap`` (see records.py) plus ``load_file``; a
+question spread over several fields is a ``Compose``:
+
+    SVAMP = FieldMap(question=Compose("Body", "Question"), answer="Answer",
+                     answer_extractor=number_answer)
+    ds = load_file("/data/svamp/test.jsonl", SVAMP)
 """
 from __future__ import annotations
 
@@ -11,12 +16,12 @@ import re
 from typing import Any
 
 from rljax.data.loaders import OnError, load_file
-from rljax.data.records import FieldMap, LoadedDataset
-from rljax.rewards import extraction
+from rljax.data.records import Compose, FieldMap, LoadedDataset
+from rljax.rewards import equivalence, extraction
 
 __all__ = [
-    "AIME24", "AMC23", "DATASET_SPECS", "DEEPSCALER", "GSM8K", "MATH500", "MINERVA_MATH",
-    "OLYMPIADBENCH", "gsm8k_final_answer", "last_boxed_answer", "load_dataset",
+    "AIME24", "AMC23", "ASDIV", "DATASET_SPECS", "DEEPSCALER", "GSM8K", "MATH500", "MINERVA_MATH",
+    "OLYMPIADBENCH", "SVAMP", "gsm8k_final_answer", "last_boxed_answer", "load_dataset", "number_answer",
 ]
 
 _THOUSANDS = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
@@ -39,6 +44,22 @@ def last_boxed_answer(solution: Any) -> str | None:
     return extraction.extract_last_boxed(solution)
 
 
+def number_answer(value: Any) -> str | None:
+    """A numeric ground truth written with a unit or separators as the bare
+    number: ``"9 (apples)"`` -> "9", ``"1,200 dollars"`` -> "1200", ``3.0`` ->
+    "3". Text that is not a number with a unit (``"2/3"``, ``"x+1"``) is kept
+    as written, for the symbolic verifier; None when empty."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    parsed = equivalence.parse_plain_number(value)
+    if parsed is None:
+        return value.strip()
+    number = parsed[0]  # a Fraction with a power-of-ten denominator
+    return str(number.numerator) if number.denominator == 1 else str(float(number))
+
+
 GSM8K = FieldMap(question="question", answer="answer", answer_extractor=gsm8k_final_answer)
 MATH500 = FieldMap(question="problem", answer="answer")
 AIME24 = FieldMap(question=("problem", "question"), answer="answer")
@@ -47,6 +68,9 @@ MINERVA_MATH = FieldMap(question="problem", answer="solution", answer_extractor=
 # OlympiadBench exports differ: "problem"/"answer", or "question"/"final_answer" (a list).
 OLYMPIADBENCH = FieldMap(question=("problem", "question"), answer=("answer", "final_answer"))
 DEEPSCALER = FieldMap(question="problem", answer="answer")
+# Questions in two fields: the story ("Body") and the ask ("Question").
+SVAMP = FieldMap(question=Compose("Body", "Question"), answer="Answer", answer_extractor=number_answer)
+ASDIV = FieldMap(question=Compose("Body", "Question"), answer="Answer", answer_extractor=number_answer)
 
 DATASET_SPECS: dict[str, FieldMap] = {
     "gsm8k": GSM8K,
@@ -56,6 +80,8 @@ DATASET_SPECS: dict[str, FieldMap] = {
     "minerva_math": MINERVA_MATH,
     "olympiadbench": OLYMPIADBENCH,
     "deepscaler": DEEPSCALER,
+    "svamp": SVAMP,
+    "asdiv": ASDIV,
 }
 
 

@@ -1,4 +1,4 @@
-"""Architecture hyper-parameters of a Llama/Qwen2 decoder, and named presets.
+"""Architecture hyper-parameters of a Llama/Qwen2/Qwen3 decoder, and presets.
 
 `ModelConfig` is a frozen (hashable) dataclass so it can be a static argument of
 `jax.jit`. It reads and writes the HF `config.json` vocabulary
@@ -11,13 +11,14 @@ import json
 import os
 from typing import Any, Mapping
 
-ARCHS = ("llama", "qwen2")
+ARCHS = ("llama", "qwen2", "qwen3")
 
 # Rope scaling types that `rljax.models.layers.rope_inverse_frequencies`
 # implements exactly as HF transformers does.
 ROPE_SCALING_TYPES = ("linear", "llama3")
 
-_HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                     "qwen3": "Qwen3ForCausalLM"}
 
 
 def _as_token_ids(value: Any, name: str) -> int | tuple[int, ...] | None:
@@ -56,10 +57,12 @@ def _as_rope_scaling(value: Any) -> tuple[tuple[str, Any], ...] | None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Hyper-parameters of a Llama/Qwen2-family decoder.
+  """Hyper-parameters of a Llama/Qwen2/Qwen3-family decoder.
 
   Attributes:
-    arch: "llama" or "qwen2" (Qwen2 = Llama with q/k/v biases).
+    arch: "llama", "qwen2" (Qwen2 = Llama with q/k/v biases) or "qwen3"
+      (Qwen3 dense = Llama with a per-head RMSNorm on queries and keys, before
+      RoPE, and no q/k/v biases by default).
     vocab_size: V, rows of the embedding table.
     hidden_size: D, the residual width.
     intermediate_size: F, the SwiGLU width.
@@ -72,7 +75,8 @@ class ModelConfig:
       rope_scaling dict, with a "rope_type" of "linear" or "llama3".
     rms_norm_eps: epsilon inside RMSNorm.
     tie_word_embeddings: if True the LM head is the transposed embedding.
-    attention_bias: q/k/v projections have biases (forced True for Qwen2).
+    attention_bias: q/k/v projections have biases (forced True for Qwen2;
+      read from the checkpoint for Qwen3, whose released models have none).
     max_position_embeddings: context length the checkpoint was trained for.
     bos_token_id, eos_token_id, pad_token_id: special tokens (eos may be a
       tuple when a checkpoint lists several).
@@ -153,6 +157,12 @@ class ModelConfig:
   def has_qkv_bias(self) -> bool:
     return self.attention_bias
 
+  @property
+  def qk_norm(self) -> bool:
+    """RMSNorm over head_dim on each query and key head, before RoPE: what
+    distinguishes Qwen3 from Llama (no other supported arch has it)."""
+    return self.arch == "qwen3"
+
   def num_params(self) -> int:
     """Number of float parameters of `init_params(self, ...)`."""
     d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
@@ -160,10 +170,18 @@ class ModelConfig:
     per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * f
     if self.has_qkv_bias:
       per_layer += q + 2 * kv
-    n = self.vocab_size * d + self.num_layers * per_layer + d
-    if not self.tie_word_embeddings:
-      n += d * self.vocab_size
-    return n
+    if self.qk_norm:
+      per_layer += 2 * hd
+    return self.num_embedding_params() + self.num_layers * per_layer + d
+
+  def num_embedding_params(self) -> int:
+    """Parameters of the embedding and (when untied) the LM head: what model
+    cards subtract to report "non-embedding" parameters."""
+    n = self.vocab_size * self.hidden_size
+    return n if self.tie_word_embeddings else 2 * n
+
+  def num_non_embedding_params(self) -> int:
+    return self.num_params() - self.num_embedding_params()
 
   def replace(self, **overrides) -> "ModelConfig":
     return dataclasses.replace(self, **overrides)
@@ -221,8 +239,8 @@ class ModelConfig:
         head_dim=int(head_dim),
         rope_theta=float(rope_theta),
         rope_scaling=rope_scaling,
-        rms_norm_eps=float(c.get("rms_norm_eps", 1e-6 if arch == "qwen2" else
-                                 1e-5)),
+        rms_norm_eps=float(c.get("rms_norm_eps", 1e-5 if arch == "llama" else
+                                 1e-6)),
         tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
         attention_bias=bool(c.get("attention_bias", arch == "qwen2")),
         max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
@@ -261,6 +279,9 @@ class ModelConfig:
     if self.arch == "llama":
       out.update(attention_bias=self.attention_bias, mlp_bias=False,
                  pretraining_tp=1)
+    elif self.arch == "qwen3":
+      out.update(attention_bias=self.attention_bias, use_sliding_window=False,
+                 sliding_window=None, max_window_layers=self.num_layers)
     else:
       out.update(use_sliding_window=False, sliding_window=None,
                  max_window_layers=self.num_layers)
@@ -285,6 +306,15 @@ def _qwen2(**kw) -> ModelConfig:
   kw.setdefault("rope_theta", 1000000.0)
   return ModelConfig(arch="qwen2", head_dim=kw.pop("head_dim", 128),
                      rms_norm_eps=1e-6, attention_bias=True, **kw)
+
+
+def _qwen3(**kw) -> ModelConfig:
+  # Qwen3 dense (Qwen3 technical report, 2025): head_dim 128 at every size
+  # (not hidden / heads), θ = 1e6, 40,960-token context, no rope scaling.
+  return ModelConfig(arch="qwen3", vocab_size=151936, head_dim=128,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6,
+                     attention_bias=False, max_position_embeddings=40960,
+                     bos_token_id=151643, eos_token_id=151645, **kw)
 
 
 # Numbers from each checkpoint's HF config.json.
@@ -342,6 +372,22 @@ PRESETS: dict[str, ModelConfig] = {
         num_layers=28, num_heads=28, num_kv_heads=4, rope_theta=10000.0,
         tie_word_embeddings=False, max_position_embeddings=131072,
         bos_token_id=151646, eos_token_id=151643),
+    # Qwen3 post-trained (hybrid thinking) checkpoints; the -Base ones share
+    # the architecture. Model cards: 0.6B = 0.60B params (0.44B
+    # non-embedding), 1.7B = 1.72B (1.4B), 4B = 4.02B (3.6B), 8B = 8.19B
+    # (6.95B); tests/models/test_qwen3.py checks `num_params` against them.
+    "qwen3-0.6b": _qwen3(hidden_size=1024, intermediate_size=3072,
+                         num_layers=28, num_heads=16, num_kv_heads=8,
+                         tie_word_embeddings=True),
+    "qwen3-1.7b": _qwen3(hidden_size=2048, intermediate_size=6144,
+                         num_layers=28, num_heads=16, num_kv_heads=8,
+                         tie_word_embeddings=True),
+    "qwen3-4b": _qwen3(hidden_size=2560, intermediate_size=9728,
+                       num_layers=36, num_heads=32, num_kv_heads=8,
+                       tie_word_embeddings=True),
+    "qwen3-8b": _qwen3(hidden_size=4096, intermediate_size=12288,
+                       num_layers=36, num_heads=32, num_kv_heads=8,
+                       tie_word_embeddings=False),
     "llama-3.2-1b": ModelConfig(
         arch="llama", vocab_size=128256, hidden_size=2048,
         intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,

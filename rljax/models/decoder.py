@@ -1,4 +1,4 @@
-"""The Llama/Qwen2 decoder as pure functions over a params dict.
+"""The Llama/Qwen2/Qwen3 decoder as pure functions over a params dict.
 
 The params tree is the one fixed in docs/CONTRACTS.md: blocks stacked on a
 leading layer axis and run with `jax.lax.scan`, so compile time does not grow
@@ -59,6 +59,9 @@ def init_layers(config: ModelConfig, rng: PRNGKeyArray, dtype=jnp.float32):
   if config.has_qkv_bias:
     for name in ("q_proj", "k_proj", "v_proj"):
       out[name]["bias"] = jnp.zeros((n, shapes[name][1]), dtype)
+  if config.qk_norm:
+    for name in ("q_norm", "k_norm"):
+      out[name] = {"scale": jnp.ones((n, config.head_dim), dtype)}
   return out
 
 
@@ -98,6 +101,9 @@ def param_shapes(config: ModelConfig) -> dict[str, Any]:
     shapes["layers"][name] = {"kernel": (n, d_in, d_out)}
     if config.has_qkv_bias and name in ("q_proj", "k_proj", "v_proj"):
       shapes["layers"][name]["bias"] = (n, d_out)
+  if config.qk_norm:
+    for name in ("q_norm", "k_norm"):
+      shapes["layers"][name] = {"scale": (n, config.head_dim)}
   if not config.tie_word_embeddings:
     shapes["lm_head"] = {"kernel": (d, v)}
   return shapes
@@ -165,6 +171,10 @@ def _attention_block(config: ModelConfig, layer: Params, x, cos, sin, k_fn):
   q = layers.linear(h, layer["q_proj"]).reshape(b, t, config.num_heads, hd)
   k = layers.linear(h, layer["k_proj"]).reshape(b, t, config.num_kv_heads, hd)
   v = layers.linear(h, layer["v_proj"]).reshape(b, t, config.num_kv_heads, hd)
+  if config.qk_norm:
+    # Qwen3: RMSNorm over each head's hd values, before RoPE (HF Qwen3Attention).
+    q = layers.rms_norm(q, layer["q_norm"]["scale"], config.rms_norm_eps)
+    k = layers.rms_norm(k, layer["k_norm"]["scale"], config.rms_norm_eps)
   q = layers.apply_rope(q, cos, sin)
   k = layers.apply_rope(k, cos, sin)
   keys, values, mask, extra = k_fn(k, v)
@@ -267,7 +277,7 @@ def forward(config: ModelConfig, params: Params, tokens: Int[Array, "b t"],
             attention_mask: Int[Array, "b t"] | None = None,
             positions: Int[Array, "b t"] | None = None, *,
             remat: bool = False, return_hidden: bool = False):
-  """Next-token logits of a Llama/Qwen2 decoder.
+  """Next-token logits of a Llama/Qwen2/Qwen3 decoder.
 
   Returns float32 logits [B, T, V]; with `return_hidden`, the pair
   (logits, final hidden states [B, T, D]). See `final_hidden_states` for the

@@ -37,7 +37,10 @@ _LAYER_NAMES = {
     ("gate_proj", "kernel"): "mlp.gate_proj.weight",
     ("up_proj", "kernel"): "mlp.up_proj.weight",
     ("down_proj", "kernel"): "mlp.down_proj.weight",
+    ("q_norm", "scale"): "self_attn.q_norm.weight",  # Qwen3 only
+    ("k_norm", "scale"): "self_attn.k_norm.weight",  # Qwen3 only
 }
+_QK_NORMS = (("q_norm", "scale"), ("k_norm", "scale"))
 _EMBED = "model.embed_tokens.weight"
 _FINAL_NORM = "model.norm.weight"
 _LM_HEAD = "lm_head.weight"
@@ -50,7 +53,9 @@ _SAVE_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32,
 
 
 def _layer_leaves(config: ModelConfig) -> list[tuple[str, str]]:
-  leaves = [k for k in _LAYER_NAMES if k[1] != "bias"]
+  leaves = [k for k in _LAYER_NAMES if k[1] != "bias" and k not in _QK_NORMS]
+  if config.qk_norm:
+    leaves += list(_QK_NORMS)
   if config.has_qkv_bias:
     leaves += [(p, "bias") for p in ("q_proj", "k_proj", "v_proj")]
   return leaves
@@ -71,6 +76,8 @@ def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[name] = (d_out, d_in)
       elif kind == "bias":
         shapes[name] = (kernels[proj][1],)
+      elif (proj, kind) in _QK_NORMS:
+        shapes[name] = (config.head_dim,)
       else:
         shapes[name] = (d,)
   return shapes

@@ -98,8 +98,16 @@ def apply_rope(x: Float[Array, "b t h hd"], cos: Float[Array, "b t hd"],
 
 def linear(x: Float[Array, "... d_in"], p: Mapping[str, Any]
            ) -> Float[Array, "... d_out"]:
-  """x @ kernel (+ bias), the matmul through `qdot` so QTensor kernels work."""
+  """x @ kernel (+ bias), the matmul through `qdot` so QTensor kernels work.
+
+  Unmerged LoRA (`rljax.models.lora.attach`): with "lora_a" [in, r] and an
+  already (α/r)-scaled "lora_b" [r, out] the layer adds (x A) B, so a frozen
+  (even quantized) kernel runs next to its adapter without W + A B.
+  """
   y = qdot(x, p["kernel"])
+  if "lora_a" in p:
+    low = jnp.matmul(x, p["lora_a"].astype(x.dtype))
+    y = y + jnp.matmul(low, p["lora_b"].astype(x.dtype)).astype(y.dtype)
   if "bias" in p:
     y = y + p["bias"].astype(y.dtype)
   return y

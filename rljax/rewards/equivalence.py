@@ -13,8 +13,17 @@ Decisions (math-verify's rules where it has one):
 - Decimals equal fractions after rounding to 6 places (``0.3333333`` = 1/3,
   ``0.333`` != 1/3).
 - Numbers spelled in words ("twelve") are not numbers: never equal.
-- Units are ignored: ``10\\text{ cm}``, ``5 dollars``, ``90^\\circ`` equal the
-  bare number.
+- Units are ignored: ``10\\text{ cm}``, ``5 dollars``, ``90^\\circ``,
+  ``9 apples``, ``9 (apples)`` equal the bare number. A trailing word is a
+  unit only if it cannot change the value: ``2 pi``, ``5 x``, ``3 squared``,
+  ``20 percent`` and ``3 or more`` are not plain numbers (math-verify decides),
+  and ``3 million`` is 3,000,000.
+- Thousands separators are read as a person reads them: ``,``, an ASCII space,
+  NBSP (U+00A0), thin space (U+2009), narrow NBSP (U+202F) and LaTeX ``\\,``
+  all group digits, so ``3 600`` = ``3\u2009600`` = ``3,600.00`` = ``$3,600``
+  = 3600. Only well-formed groups count (1-3 leading digits, then groups of
+  exactly 3), one separator kind per number: ``1 2``, ``12 34`` and
+  ``1 2 3`` are lists, not numbers, and never equal ``12``/``1234``/``123``.
 """
 from __future__ import annotations
 
@@ -34,20 +43,59 @@ __all__ = [
 # Longer "answers" are not answers; bounding them also bounds parse time.
 MAX_ANSWER_CHARS = 1000
 
-_PLAIN_NUMBER = re.compile(r"^([+-]?)(\d{1,3}(?:,\d{3})+|\d+)?(?:\.(\d+))?$")
-_DOLLAR_PREFIX = re.compile(r"^(?:\\\$|\$)\s*")
-_UNIT_WORD_SUFFIX = re.compile(r"\s+(?:dollars?|cents?|units?)$", re.IGNORECASE)
+_PLAIN_NUMBER = re.compile(r"^([+-]?)(\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+)?(?:\.(\d+))?$")
+_CURRENCY_PREFIX = re.compile(r"^(?:\\\$|[$\u20ac\u00a3\u00a5])\s*")
+# Space-like digit-group separators (only between two digits): ASCII space,
+# NBSP, thin space, narrow NBSP, and LaTeX's \, and "\ " spacing commands.
+_SPACE_SEPARATOR = re.compile(r"(?<=\d)(?:[ \u00a0\u2009\u202f]|\\,|\\ )(?=\d)")
+# A trailing unit: words after a space ("9 apples", "3 600 dollars"), or any
+# words in parentheses ("9 (apples)"), optionally ending in a period.
+_UNIT_SUFFIX = re.compile(r"(?:\s+([A-Za-z][A-Za-z'/-]*(?:\s+[A-Za-z][A-Za-z'/-]*)*)|\s*\(\s*([A-Za-z][A-Za-z'/ -]*?)\s*\))\.?$")
+# Units written against the number ("10cm", "5kg", "9th").
+_ATTACHED_UNIT = re.compile(r"(?<=\d)(?:cm|mm|km|m|kg|mg|g|lbs?|oz|ml|hrs?|h|min|s|st|nd|rd|th)$")
+# Trailing words that change the value or make it an expression: never units.
+_NOT_UNITS = frozenset({
+    "pi", "e", "i", "sqrt", "inf", "infinity", "squared", "cubed", "percent",
+    "and", "or", "to", "than", "more", "less", "plus", "minus", "times",
+    "divided", "over", "by", "hundred", "hundreds", "thousands", "millions",
+    "billions", "dozen", "dozens", "half", "halves", "thirds", "quarter",
+    "quarters", "degrees", "radians", "not", "no", "none"})
+_MULTIPLIERS = {"thousand": 10**3, "million": 10**6, "billion": 10**9,
+                "trillion": 10**12}
+
+
+def _strip_unit(s: str) -> tuple[str, int] | None:
+    """(number part, multiplier) of ``s`` with a trailing unit removed; None
+    when the trailing words are not a unit (they may change the value)."""
+    match = _UNIT_SUFFIX.search(s)
+    if match is None:
+        return _ATTACHED_UNIT.sub("", s), 1
+    words = (match.group(1) or match.group(2)).lower().split()
+    multiplier = 1
+    if match.group(1) and words[0] in _MULTIPLIERS:
+        multiplier, words = _MULTIPLIERS[words[0]], words[1:]
+    if any(w in _NOT_UNITS or len(w) < 2 for w in words):
+        return None
+    return s[: match.start()].rstrip(), multiplier
 
 
 def parse_plain_number(text: str) -> tuple[Fraction, bool] | None:
     """(value, is_integer_literal) for a plain number, else None.
 
-    Accepts a sign, thousands separators, a decimal part, a leading ``$`` and a
-    trailing "dollars"; ``1,\\!000`` and the Unicode minus are normalised.
+    Accepts a sign, thousands separators (comma or space-like, see the module
+    docstring), a decimal part, a leading currency sign and a trailing unit
+    ("dollars", "(apples)", "million"); ``1,\\!000`` and the Unicode minus are
+    normalised.
     """
     s = text.strip().replace("\u2212", "-").replace("\\!", "").replace("{,}", ",")
-    s = _DOLLAR_PREFIX.sub("", s)
-    s = _UNIT_WORD_SUFFIX.sub("", s).strip()
+    if len(s) > 128:
+        return None
+    s = _CURRENCY_PREFIX.sub("", s)
+    stripped = _strip_unit(s)
+    if stripped is None:
+        return None
+    s, multiplier = stripped
+    s = _SPACE_SEPARATOR.sub(" ", s)
     if not s or len(s) > 64:
         return None
     match = _PLAIN_NUMBER.match(s)
@@ -56,9 +104,10 @@ def parse_plain_number(text: str) -> tuple[Fraction, bool] | None:
     sign, integer_part, fraction_part = match.groups()
     if integer_part is None and fraction_part is None:
         return None
-    value = Fraction(int((integer_part or "0").replace(",", "")))
+    value = Fraction(int(re.sub("[, ]", "", integer_part or "0")))
     if fraction_part:
         value += Fraction(int(fraction_part), 10 ** len(fraction_part))
+    value *= multiplier
     if sign == "-":
         value = -value
     return value, fraction_part is None

@@ -38,7 +38,10 @@ _ANSWER_PHRASE = re.compile(
 # A sentence ends at a period followed by white space or the end; "3.5." ends
 # after the second period, not inside the number.
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
-_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d)")
+# Digit groups join across commas and the typographic spaces (NBSP, thin,
+# narrow NBSP), which in running text are only ever thousands separators; not
+# across ASCII spaces, which in prose separate numbers ("rolls 5 120 times").
+_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:[\u00a0\u2009\u202f]\d{3})+|\d+)(?:\.\d+)?(?!\d)")
 _BRACE_TOKENS = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])|\\.|[{}]", re.DOTALL)
 # Longer "answers" are rejected before any further processing.
 MAX_EXTRACTED_CHARS = 10_000

@@ -37,7 +37,7 @@ def sequence_advantages(cfg: TrainConfig, rewards: np.ndarray,
   elif cfg.advantage == "reinforce_pp":
     a = adv_lib.reinforce_pp(r, jnp.asarray(valid))
   elif cfg.advantage == "reinforce_pp_baseline":
-    a = adv_lib.reinforce_pp_baseline(r, g)
+    a = adv_lib.reinforce_pp_baseline(r, g, valid=jnp.asarray(valid, bool))
   elif cfg.advantage == "reinforce":
     a = r
   else:

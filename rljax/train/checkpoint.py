@@ -1,48 +1,224 @@
-"""Checkpoints of a run with orbax: atomic, every N steps, resumable.
+"""Checkpoints of a run with orbax: atomic, checksummed, verified on restore.
 
 A checkpoint holds the train state (params, optimizer state, step; critic
 too for PPO), and a JSON side-car with everything else a resumed run needs to
 take exactly the next step an uninterrupted run would have taken: the data
 iterator position, the RNG seed, the UAQ scale the params are folded with, and
-the metrics so far. Orbax writes each step to a temporary directory and
-renames it when complete, so a run killed mid-save leaves the previous
-checkpoint intact and `latest_step` never points at a partial one.
+the metrics so far. Optional `aux` arrays (the pipelined trainer's in-flight
+rollouts) are written beside them.
+
+Orbax writes each step to a temporary directory and renames it when complete,
+but that does not protect against a damaged file afterwards (a full disk, a
+copy that was cut, a flipped bit), which orbax would restore silently or fail
+on deep inside its reader. So every checkpoint also gets a manifest, the
+sha256 and size of every file in it, written last and atomically
+(`MANIFEST`): a checkpoint without one never finished saving. Restoring
+verifies the manifest, and a damaged or unfinished newest checkpoint is set
+aside (moved, never deleted) in favour of the newest one that verifies.
+
+Rotation is done here rather than by orbax (`max_to_keep`), after the new
+checkpoint's manifest is on disk: orbax deletes the old step as soon as the
+new one is renamed into place, so a kill between that and the manifest could
+leave no verified checkpoint at all.
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
+import shutil
+import time
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+MANIFEST = "rljax_manifest.json"
+AUX_FILE = "rljax_aux.npz"
+DAMAGED_DIR = "checkpoints_set_aside"
+_CHUNK = 1 << 22
+
+
+class CheckpointError(RuntimeError):
+  """No checkpoint of a run directory passes verification."""
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(_CHUNK):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def _files_under(directory: str) -> list[str]:
+  """Relative paths of every regular file under `directory` but the manifest
+  (and its temporary), sorted."""
+  out = []
+  for root, _, files in os.walk(directory):
+    for name in files:
+      rel = os.path.relpath(os.path.join(root, name), directory)
+      if rel not in (MANIFEST, MANIFEST + ".tmp"):
+        out.append(rel)
+  return sorted(out)
+
+
+def _fsync_dir(directory: str) -> None:
+  fd = os.open(directory, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def write_manifest(step_dir: str) -> None:
+  """Writes `step_dir/MANIFEST`: sha256 and size of every file, atomically
+  (a temporary file, fsync, rename), so it is either absent or whole."""
+  files = {}
+  for rel in _files_under(step_dir):
+    path = os.path.join(step_dir, rel)
+    files[rel] = {"sha256": _sha256(path), "bytes": os.path.getsize(path)}
+  tmp = os.path.join(step_dir, MANIFEST + ".tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump({"format": 1, "files": files}, f, indent=0, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, os.path.join(step_dir, MANIFEST))
+  _fsync_dir(step_dir)
+
+
+def verify(step_dir: str) -> str | None:
+  """None if `step_dir` matches its manifest, else why not (one line)."""
+  path = os.path.join(step_dir, MANIFEST)
+  if not os.path.isfile(path):
+    return "no checksum manifest (its save never finished)"
+  try:
+    with open(path, encoding="utf-8") as f:
+      files = json.load(f)["files"]
+    expected = {rel: (int(e["bytes"]), str(e["sha256"]))
+                for rel, e in files.items()}
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    return f"its manifest is unreadable ({type(e).__name__})"
+  present = set(_files_under(step_dir))
+  missing = sorted(set(expected) - present)
+  if missing:
+    return f"{missing[0]} is missing"
+  extra = sorted(present - set(expected))
+  if extra:
+    return f"{extra[0]} is not in its manifest"
+  for rel, (size, digest) in sorted(expected.items()):
+    full = os.path.join(step_dir, rel)
+    if os.path.getsize(full) != size:
+      return f"{rel} has {os.path.getsize(full)} bytes, expected {size}"
+    if _sha256(full) != digest:
+      return f"{rel} fails its sha256 check"
+  return None
 
 
 class RunCheckpointer:
   """Saves and restores (state pytree, JSON metadata) pairs under `directory`."""
 
-  def __init__(self, directory: str, every: int, keep: int):
+  def __init__(self, directory: str, every: int, keep: int,
+               owner: bool = False):
+    """`owner`: this process holds the run directory's lock (`RunDir`), so
+    unfinished saves left by a killed process may be cleaned up; a reader
+    (evaluation) must not, as a live run may be writing one."""
     if every < 1:
       raise ValueError(f"checkpoint_every={every} must be >= 1")
+    if keep < 1:
+      # Keeping none would leave a run nothing to resume from.
+      raise ValueError(f"keep_checkpoints={keep} must be >= 1")
     self.directory = os.path.abspath(directory)
     self.every = every
+    self.keep = keep
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=False)
+        max_to_keep=None, create=True, enable_async_checkpointing=False,
+        cleanup_tmp_directories=owner)
     self._manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "meta"))
 
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
   def latest_step(self) -> int | None:
+    """The newest step on disk, verified or not."""
     return self._manager.latest_step()
 
   def should_save(self, step: int, last: bool = False) -> bool:
     return last or step % self.every == 0
 
-  def save(self, step: int, state: Any, meta: dict) -> None:
+  def save(self, step: int, state: Any, meta: dict,
+           aux: dict[str, np.ndarray] | None = None) -> None:
+    """Writes step `step`; its manifest last; then rotates old steps."""
     self._manager.save(
         step,
         args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                 meta=ocp.args.JsonSave(meta)),
         force=True)
     self._manager.wait_until_finished()
+    step_dir = self.step_dir(step)
+    if aux:
+      buf = io.BytesIO()
+      np.savez(buf, **aux)
+      with open(os.path.join(step_dir, AUX_FILE), "wb") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+    write_manifest(step_dir)
+    # Only now may older steps go; the newest `keep` (>= 1) stay.
+    for old in self.all_steps()[:-self.keep]:
+      self._manager.delete(old)
+
+  def latest_verified_step(self) -> tuple[int | None, list[tuple[int, str]]]:
+    """The newest step whose files match its manifest, and the newer steps
+    that do not, as (step, reason) pairs; (None, []) without checkpoints.
+
+    Raises:
+      CheckpointError: there are checkpoints but none verifies.
+    """
+    bad = []
+    for step in reversed(self.all_steps()):
+      reason = verify(self.step_dir(step))
+      if reason is None:
+        return step, bad
+      bad.append((step, reason))
+    if bad:
+      listed = "; ".join(f"step {s}: {r}" for s, r in bad)
+      raise CheckpointError(
+          f"no checkpoint in {self.directory} passes verification ({listed}). "
+          "Restore the directory from a copy, or move it aside to start the "
+          "run over")
+    return None, []
+
+  def set_aside(self, step: int) -> str:
+    """Moves step `step` (damaged or unfinished) to
+    `<run_dir>/checkpoints_set_aside/` so the step can be written again;
+    nothing is deleted. Returns where it went."""
+    root = os.path.join(os.path.dirname(self.directory), DAMAGED_DIR)
+    os.makedirs(root, exist_ok=True)
+    dest = os.path.join(root, f"{step}-{time.strftime('%Y%m%dT%H%M%S')}")
+    while os.path.exists(dest):
+      dest += "_"
+    shutil.move(self.step_dir(step), dest)
+    self._manager.reload()
+    return dest
+
+  def read_meta(self, step: int) -> dict:
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(restored.meta)
+
+  def read_aux(self, step: int) -> dict[str, np.ndarray]:
+    path = os.path.join(self.step_dir(step), AUX_FILE)
+    if not os.path.exists(path):
+      return {}
+    with np.load(path, allow_pickle=False) as f:
+      return {k: f[k] for k in f.files}
 
   def restore(self, step: int, target_state: Any) -> tuple[Any, dict]:
     """Restores into the structure, dtypes and shardings of `target_state`."""

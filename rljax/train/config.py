@@ -21,6 +21,7 @@ ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp",
                         "reinforce_pp_baseline", "reinforce", "gae")
 ROLLOUT_QUANT = ("none", "bf16", "int8", "int8_wo", "fp8")
 ENGINES = ("jax", "vllm")
+REWARDS = ("verifier", "reward_model", "vrcli", "judge")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +35,23 @@ class TrainConfig:
   eval_size: int = 64                      # held-out prompts (never trained on)
   reward_workers: int = 1                  # verifier processes; 0 = in-process
   max_prompt_tokens: int = 128
+  # Reward (`rljax.train.tasks.build_reward`): the task's verifier, or a
+  # learned, likelihood or judge reward in its place.
+  reward: str = "verifier"                  # verifier|reward_model|vrcli|judge
+  reward_model_path: str = ""               # train_reward_model.py output dir
+  vrcli_reference: str = ""                 # frozen reference; "" = --model
+  vrcli_separator: str = "\n"               # between reasoning and gold y
+  judge_url: str = "http://127.0.0.1:8000"  # OpenAI-compatible server
+  judge_model: str = ""                     # "" = the server's first model
+  judge_rubrics: str = ""                   # rubric file; "" = correctness
+  judge_timeout_s: float = 30.0
+  judge_allow_remote: bool = False          # else loopback only
   # Algorithm.
   algorithm: str = "grpo"
   advantage: str = "grpo"
   surrogate: str = "ppo"
-  correction: str = "acr"
+  correction: str = "acr"                  # + seq_tis | seq_mis | geo_rs
+  veto_threshold: float | None = None       # reject sequences with a ρ_t below it
   eps_low: float = 0.2
   eps_high: float = 0.2
   dual_clip: float | None = None
@@ -84,6 +97,12 @@ class TrainConfig:
   max_grad_norm: float = 1.0
   adam_b1: float = 0.9
   adam_b2: float = 0.999
+  # LoRA (rljax/models/lora.py); lora_rank 0 trains every weight.
+  lora_rank: int = 0
+  lora_alpha: float = 32.0
+  lora_dropout: float = 0.0
+  lora_targets: str = "all"                 # all | attn | mlp | q_proj,v_proj,...
+  lora_base_dtype: str = "float32"          # frozen base: float32|bfloat16|int8
   # Systems.
   pipelined: bool = False
   max_staleness: int = 1
@@ -95,12 +114,23 @@ class TrainConfig:
   checkpoint_every: int = 10
   keep_checkpoints: int = 2
   resume: bool = False
+  # Comma-separated fields a resume may change (see train/rundir.py).
+  allow_config_change: str = ""
   eval_every: int = 0
   export_hf: bool = True
   tensorboard: bool = True
 
   def __post_init__(self):
     check(self)  # every problem at once; see `validate`
+
+  def lora_config(self):
+    """The LoraConfig of the lora_* fields, or None when lora_rank == 0."""
+    if self.lora_rank == 0:
+      return None
+    from rljax.models.lora import LoraConfig  # pylint: disable=g-import-not-at-top
+    return LoraConfig(rank=self.lora_rank, alpha=self.lora_alpha,
+                      dropout=self.lora_dropout, targets=self.lora_targets,
+                      base_dtype=self.lora_base_dtype)
 
   def policy_loss_config(self):
     """The `rljax.core.objectives.PolicyLossConfig` of this run."""
@@ -112,7 +142,8 @@ class TrainConfig:
         surrogate=self.surrogate, correction=self.correction,
         eps_low=self.eps_low, eps_high=self.eps_high,
         dual_clip=self.dual_clip, tis_cap=self.tis_cap,
-        aggregation=self.aggregation, norm_const=norm_const)
+        aggregation=self.aggregation, norm_const=norm_const,
+        veto_threshold=self.veto_threshold)
 
   @property
   def rollout_batch(self) -> int:
@@ -136,7 +167,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Schulman et al. 2017 + Ouyang et al. 2022: critic, GAE, value clipping,
     # KL to the reference as a per-token reward penalty.
     "ppo": dict(advantage="gae", surrogate="ppo", gamma=1.0, gae_lambda=0.95,
-                critic_lambda=0.95, kl_in_reward_coef=1e-3, value_clip=0.2,
+                critic_lambda=0.95, kl_in_reward_coef=1e-3, kl_estimator="k1",
+                value_clip=0.2,
                 aggregation="token-mean"),
     # Shao et al. 2024 (DeepSeekMath): group z-score, KL loss with k3.
     "grpo": dict(advantage="grpo", surrogate="ppo", kl_coef=1e-3,
@@ -148,7 +180,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "rloo": dict(advantage="rloo", surrogate="ppo", aggregation="token-mean"),
     # Hu 2025: global batch whitening, KL in the reward.
     "reinforce_pp": dict(advantage="reinforce_pp", surrogate="ppo",
-                         kl_in_reward_coef=1e-3, aggregation="token-mean"),
+                         kl_in_reward_coef=1e-3, kl_estimator="k1",
+                         aggregation="token-mean"),
     # Yu et al. 2025 (DAPO): clip-higher, token-mean, dynamic sampling,
     # overlong shaping, no KL.
     "dapo": dict(advantage="grpo", surrogate="ppo", eps_low=0.2, eps_high=0.28,
@@ -372,6 +405,12 @@ FIELD_RULES: dict[str, Rule] = {
     "checkpoint_every": _POSITIVE_INT,
     "keep_checkpoints": _POSITIVE_INT,
     "eval_every": at_least(0, "0 = only before and after training"),
+    "reward": one_of(*REWARDS),
+    "judge_timeout_s": in_range(0.0, math.inf, lo_open=True),
+    "veto_threshold": optional(in_range(0.0, 1.0, lo_open=True)),
+    "lora_rank": at_least(0, "0 trains every weight"),
+    "lora_alpha": in_range(0.0, math.inf, lo_open=True),
+    "lora_dropout": in_range(0.0, 1.0, hi_open=True),
 }
 
 
@@ -430,6 +469,22 @@ def _cross_checks(cfg: TrainConfig) -> list[Problem]:
   if cfg.task in data_lib.DATASET_SPECS and not cfg.data_path:
     out.append(Problem("data_path", cfg.data_path,
                        f"the file of dataset task={cfg.task!r}"))
+  if cfg.reward == "reward_model" and not cfg.reward_model_path:
+    out.append(Problem("reward_model_path", cfg.reward_model_path,
+                       "the directory written by "
+                       "experiments/train_reward_model.py when "
+                       "reward='reward_model'"))
+  if cfg.reward == "judge":
+    from rljax.rewards.judge import check_address  # only when judging
+    try:
+      check_address(cfg.judge_url, cfg.judge_allow_remote)
+    except ValueError as e:
+      out.append(Problem("judge_url", cfg.judge_url, str(e)))
+  try:
+    cfg.lora_config()  # lora_targets / lora_base_dtype by name
+  except ValueError as e:
+    out.append(Problem("lora_*", (cfg.lora_targets, cfg.lora_base_dtype),
+                       str(e)))
   try:
     cfg.policy_loss_config()  # surrogate/correction/aggregation/ε/C by name
   except ValueError as e:

@@ -56,6 +56,9 @@ def run_experiment(cfg: TrainConfig, plot: bool = True,
     if cfg.export_hf:
       summary["hf_export"] = trainer.export_policy(
           os.path.join(cfg.run_dir, "hf"))
+      if trainer.lora is not None:  # the adapters alone, PEFT layout
+        summary["lora_adapter"] = trainer.export_adapter(
+            os.path.join(cfg.run_dir, "lora_adapter"))
   finally:
     trainer.close()
   if plot:

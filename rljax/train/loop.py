@@ -32,10 +32,12 @@ from rljax import models
 from rljax import quant
 from rljax.core import advantages as adv_lib
 from rljax.core import kl as kl_lib
+from rljax.core import shaping
+from rljax.models import lora as lora_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train import update as update_lib
-from rljax.train.checkpoint import RunCheckpointer
+from rljax.train import rundir as rundir_lib
 from rljax.train.config import TrainConfig
 from rljax.train.metrics import MetricsWriter, nonfinite_keys
 from rljax.train.tasks import Task, build_task
@@ -95,10 +97,67 @@ def _sequence_logprobs(config, params, tokens, attention_mask, temperature,
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=0)
+def _merge_lora(transform, frozen, adapters):
+  return transform(frozen, adapters)
+
+
 def _sequence_values(config, critic_params, tokens, attention_mask):
   return models.value_forward(config, critic_params["backbone"],
                               critic_params["head"], tokens,
                               attention_mask)[:, :-1]
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return update_lib.all_finite(tree)
+
+
+def _require_finite(tree, what: str) -> None:
+  """Raises NonFiniteError if any float leaf of `tree` is NaN or inf: such
+  weights must never reach an engine or a checkpoint."""
+  if not bool(_all_finite(tree)):
+    raise NonFiniteError(f"{what} hold NaN or inf values; not written")
+
+
+def _ragged(rows, dtype) -> tuple[np.ndarray, np.ndarray]:
+  lengths = np.array([len(r) for r in rows], np.int64)
+  flat = (np.concatenate([np.asarray(r, dtype) for r in rows]) if rows
+          else np.zeros((0,), dtype))
+  return flat.astype(dtype), lengths
+
+
+def _unragged(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+  return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+
+def _rollout_to_arrays(rb: RolloutBatch, extra: dict,
+                       prefix: str) -> dict[str, np.ndarray]:
+  """A generated rollout as flat arrays (no pickles) for a checkpoint."""
+  out = {}
+  for name, rows, dtype in (("prompt_ids", rb.prompt_ids, np.int64),
+                            ("response_ids", rb.response_ids, np.int64),
+                            ("behav_logp", rb.behav_logp, np.float32)):
+    out[prefix + name], out[prefix + name + "_len"] = _ragged(rows, dtype)
+  out[prefix + "finish_reason"] = np.array(rb.finish_reason, dtype=np.str_)
+  out[prefix + "n"] = np.array(rb.n, np.int64)
+  out[prefix + "extra_keys"] = np.array(sorted(extra), dtype=np.str_)
+  out[prefix + "extra_values"] = np.array([extra[k] for k in sorted(extra)],
+                                          np.float64)
+  return out
+
+
+def _rollout_from_arrays(aux: dict, prefix: str) -> tuple[RolloutBatch, dict]:
+  get = lambda name: _unragged(aux[prefix + name], aux[prefix + name + "_len"])
+  rb = RolloutBatch(
+      prompt_ids=[r.tolist() for r in get("prompt_ids")],
+      response_ids=[r.tolist() for r in get("response_ids")],
+      behav_logp=[r.astype(np.float32) for r in get("behav_logp")],
+      finish_reason=[str(f) for f in aux[prefix + "finish_reason"]],
+      n=int(aux[prefix + "n"]))
+  extra = {str(k): float(v) for k, v in zip(aux[prefix + "extra_keys"],
+                                             aux[prefix + "extra_values"])}
+  return rb, extra
 
 
 class Trainer:
@@ -108,9 +167,16 @@ class Trainer:
                task: Task | None = None, show_progress: bool = True):
     self.cfg = cfg
     self.show_progress = show_progress
-    os.makedirs(cfg.run_dir, exist_ok=True)
-    with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
-      json.dump(dataclasses.asdict(cfg), f, indent=1)
+    # Lock, checkpoint and config checks come before anything loads or is
+    # written (config.json only once they pass).
+    self.run_dir = rundir_lib.RunDir(cfg)
+    try:
+      self._init(cfg, model, task)
+    except BaseException:
+      self.run_dir.close()
+      raise
+
+  def _init(self, cfg: TrainConfig, model, task) -> None:
     model = model or load_policy(cfg, cfg.seed)
     self.model_config = model.config
     self.tokenizer = model.tokenizer
@@ -125,6 +191,17 @@ class Trainer:
     # A copy: the update step donates (and so deletes) the buffers of θ.
     self.ref_params = (jax.tree.map(jnp.copy, params) if cfg.uses_reference
                        else None)
+    # LoRA: θ = frozen base (after the UAQ fold) ⊕ adapters; only the
+    # adapters are trained, optimised and checkpointed (models/lora.py).
+    self.lora = cfg.lora_config()
+    self.frozen_params, param_transform = None, None
+    base_params = params
+    if self.lora is not None:
+      self.frozen_params = lora_lib.freeze_base(self.model_config, params,
+                                                self.lora)
+      params = lora_lib.init_adapters(self.model_config, self.lora,
+                                      jax.random.PRNGKey(cfg.seed + 2))
+      param_transform = lora_lib.LoraTransform(self.model_config, self.lora)
     self.loss_cfg = cfg.policy_loss_config()
     n_updates = cfg.ppo_epochs * cfg.minibatches
     opt_args = (cfg.learning_rate, cfg.steps * n_updates, cfg.warmup_steps,
@@ -135,7 +212,7 @@ class Trainer:
     if cfg.uses_critic:
       critic_args = (cfg.critic_learning_rate, cfg.steps * n_updates,
                      cfg.warmup_steps, cfg.lr_schedule, 0.0, cfg.max_grad_norm)
-      critic_params = models.init_critic(self.model_config, params,
+      critic_params = models.init_critic(self.model_config, base_params,
                                          jax.random.PRNGKey(cfg.seed + 1))
     self.spec = update_lib.UpdateSpec(
         model_config=self.model_config, loss=self.loss_cfg,
@@ -144,7 +221,7 @@ class Trainer:
         micro_batches=cfg.micro_batches, logprob_chunk=cfg.logprob_chunk,
         remat=cfg.remat, prox_is_current=(n_updates == 1),
         uses_critic=cfg.uses_critic, value_clip=cfg.value_clip,
-        value_coef=cfg.value_coef)
+        value_coef=cfg.value_coef, param_transform=param_transform)
     self.optimizer, critic_opt, self.update_step = _compiled_update(
         self.spec, opt_args, critic_args)
     self.state = update_lib.init_train_state(params, self.optimizer,
@@ -152,21 +229,17 @@ class Trainer:
     self.engine_restarts = 0
     self.engine = self._make_engine()
     self.diagnostics = quant.SyncDiagnostics() if self.quantized else None
-    self.checkpointer = RunCheckpointer(
-        os.path.join(cfg.run_dir, "checkpoints"), cfg.checkpoint_every,
-        cfg.keep_checkpoints)
+    self.checkpointer = self.run_dir.checkpointer
     self.step_num = 0
-    resume_step = None
-    if cfg.resume:
-      resume_step = self._restore()
-    elif self.checkpointer.latest_step() is not None:
-      raise FileExistsError(
-          f"run_dir={cfg.run_dir!r} already holds checkpoints up to step "
-          f"{self.checkpointer.latest_step()}; pass --resume to continue that "
-          "run, or choose another --run_dir")
-    self.writer = MetricsWriter(cfg.run_dir, cfg.tensorboard, resume_step)
     self._executor = None
     self._pending: list[concurrent.futures.Future] = []
+    # The data position before each pending rollout took its prompts: a
+    # checkpoint stores the oldest, so a resume draws those prompts again.
+    self._pending_data_states: list[dict] = []
+    resume_step = None
+    if self.run_dir.resume_step is not None:
+      resume_step = self._restore(self.run_dir.resume_step)
+    self.writer = MetricsWriter(cfg.run_dir, cfg.tensorboard, resume_step)
 
   # -- rollout engine ---------------------------------------------------------
 
@@ -178,7 +251,7 @@ class Trainer:
       return self._new_jax_sampler()
     from rljax.rollout import vllm_sidecar
     return vllm_sidecar.engine_for_model(
-        self.model_config, self.state.params,
+        self.model_config, self.policy_params(),
         os.path.join(cfg.run_dir, "vllm_start"), quant=cfg.rollout_quant,
         tokenizer=self.tokenizer, urls=cfg.vllm_urls,
         config=vllm_sidecar.VLLMSidecarConfig(
@@ -208,11 +281,20 @@ class Trainer:
     pad = getattr(self.tokenizer, "pad_token_id", None)
     return int(pad) if pad is not None else 0
 
+  def policy_params(self):
+    """θ as the model runs it: the trained params, or with LoRA the adapters
+    merged into the frozen base (float32, fresh buffers)."""
+    if self.lora is None:
+      return self.state.params
+    return _merge_lora(self.spec.param_transform, self.frozen_params,
+                       self.state.params)
+
   def rollout_params(self):
     """What the rollout engine runs, Q(θ) or θ, in fresh buffers (the update
-    step donates θ's), and the quantization diagnostics of exactly that."""
+    step donates θ's), and the quantization diagnostics of exactly that.
+    With LoRA, θ is merged first and the merged kernels are quantized."""
     t0 = time.perf_counter()
-    params = self.state.params
+    params = self.policy_params()
     cfg = self.cfg
     diag = {}
     if self.quantized:
@@ -224,7 +306,7 @@ class Trainer:
       rparams = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     else:
       rparams = jax.tree.map(jnp.copy, params)
-    jax.block_until_ready(rparams)
+    _require_finite(rparams, f"the rollout weights after step {self.step_num}")
     diag["time_quantize"] = time.perf_counter() - t0
     return rparams, diag
 
@@ -288,6 +370,7 @@ class Trainer:
     for round_ in range(1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)):
       if round_ == 0 and self._pending:
         rb, examples, t_gen, extra = self._pending.pop(0).result()
+        self._pending_data_states.pop(0)
         timing.update(extra)
       else:
         rb, examples, t_gen = self._generate(
@@ -333,7 +416,8 @@ class Trainer:
                      response_len=cfg.max_new_tokens)
     mask = packed["response_mask"] * valid[:, None]
     if cfg.overlong_filter:
-      mask = mask * (~packed["truncated"])[:, None]
+      mask = np.asarray(shaping.overlong_filter_mask(
+          jnp.asarray(packed["truncated"]), jnp.asarray(mask) > 0), np.float32)
     shaped = batch_lib.shaped_rewards(cfg, rewards, packed["response_lengths"])
     tokens = jnp.asarray(packed["tokens"])
     attn = jnp.asarray(packed["attention_mask"])
@@ -343,7 +427,7 @@ class Trainer:
     t0 = time.perf_counter()
     need_prox = (not self.spec.prox_is_current) or cfg.kl_in_reward_coef > 0
     if need_prox:
-      out["prox_logp"] = self._logprobs(self.state.params, tokens, attn)
+      out["prox_logp"] = self._logprobs(self.policy_params(), tokens, attn)
     else:
       out["prox_logp"] = out["behav_logp"]  # unused: prox is the current θ
     if cfg.uses_reference:
@@ -357,10 +441,12 @@ class Trainer:
       if cfg.kl_in_reward_coef > 0:
         # Outcome estimators: the summed per-token KL penalty joins the reward
         # before the baseline (REINFORCE++, Hu 2025).
-        pen = kl_lib.k1(out["prox_logp"], out["ref_logp"])
-        pen_seq = np.asarray(jnp.sum(pen * mask, axis=1))
+        penalized = kl_lib.kl_penalized_rewards(
+            jnp.zeros(np.shape(mask), jnp.float32), out["prox_logp"],
+            out["ref_logp"], jnp.asarray(mask) > 0, cfg.kl_in_reward_coef,
+            cfg.kl_estimator)  # −β·k_t on valid tokens
         seq_adv = batch_lib.sequence_advantages(
-            cfg, shaped - cfg.kl_in_reward_coef * pen_seq, valid)
+            cfg, shaped + np.asarray(penalized.sum(axis=1)), valid)
         out["advantages"] = jnp.asarray(seq_adv[:, None] * mask, jnp.float32)
     jax.block_until_ready(out["prox_logp"])
     metrics["time_logprobs"] = time.perf_counter() - t0
@@ -390,15 +476,15 @@ class Trainer:
     token_rewards[np.arange(len(ends)), ends] = np.where(has_tokens, shaped, 0.0)
     token_rewards = jnp.asarray(token_rewards)
     if cfg.kl_in_reward_coef > 0:
-      token_rewards = token_rewards - cfg.kl_in_reward_coef * kl_lib.k1(
-          out["prox_logp"], out["ref_logp"]) * mask_j
+      token_rewards = kl_lib.kl_penalized_rewards(
+          token_rewards, out["prox_logp"], out["ref_logp"], mask_j > 0,
+          cfg.kl_in_reward_coef, cfg.kl_estimator)
     actor_lam = cfg.gae_lambda
     if cfg.vapo_alpha > 0:
       actor_lam = adv_lib.vapo_lambda(
           jnp.asarray(packed["response_lengths"]), cfg.vapo_alpha)
-    adv, _ = adv_lib.gae(token_rewards, values, mask_j, cfg.gamma, actor_lam)
-    _, returns = adv_lib.gae(token_rewards, values, mask_j, cfg.gamma,
-                             cfg.critic_lambda)
+    adv, returns = adv_lib.vcppo_gae(token_rewards, values, mask_j > 0,
+                                     cfg.gamma, actor_lam, cfg.critic_lambda)
     return {"advantages": adv * mask_j, "old_values": values,
             "returns": returns}
 
@@ -435,15 +521,19 @@ class Trainer:
     upd = []
     for epoch in range(cfg.ppo_epochs):
       for mb in self._minibatches(batch, step, epoch):
-        self.state, m = self.update_step(self.state, mb)
+        self.state, m = self.update_step(self.state, mb, self.frozen_params)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
         bad = nonfinite_keys({k: m[k] for k in ("loss", "grad_norm") if k in m})
-        if bad:
+        if bad or m.get("applied", 1.0) < 1.0:
+          # Finite loss and gradients can still give non-finite params or
+          # optimizer moments; the update step's guard kept the old ones.
+          what = (f"{', '.join(bad)} is not finite "
+                  f"({', '.join(f'{k}={m[k]}' for k in bad)})" if bad else
+                  "the updated parameters or optimizer state are not finite")
           where = self._dump_debug(step, mb, m, bad)
           raise NonFiniteError(
-              f"step {step}: {', '.join(bad)} is not finite "
-              f"({', '.join(f'{k}={m[k]}' for k in bad)}); the update was not "
-              f"applied; batch and metrics saved to {where}")
+              f"step {step}: {what}; the update was not applied; batch and "
+              f"metrics saved to {where}")
         upd.append(m)
     metrics["time_update"] = time.perf_counter() - t0
     for k in upd[0]:
@@ -477,6 +567,7 @@ class Trainer:
     """
     if self._executor is None:
       self._executor = concurrent.futures.ThreadPoolExecutor(1)
+    self._pending_data_states.append(self.task.state_dict())
     examples = self.task.next_train_batch(self.cfg.prompts_per_step)
     rparams, diag = self.rollout_params()
     version = self.step_num
@@ -495,30 +586,41 @@ class Trainer:
     t0 = time.perf_counter()
     if not hasattr(self, "_eval_engine"):
       self._eval_engine = self._new_jax_sampler()
-    self._eval_engine.update_weights(self.state.params, "none")
+    self._eval_engine.update_weights(self.policy_params(), "none")
     examples = self.task.eval_examples()
     prompts = [self.task.prompt_ids(e) for e in examples]
     rb = self._eval_engine.generate(prompts, SamplingConfig(
         n=1, greedy=True, max_new_tokens=self.cfg.max_new_tokens,
         stop_token_ids=self.task.stop_token_ids, seed=0))
     completions = self._decode(rb)
-    scores, _ = self.task.score(completions, examples, 1)
+    # The task's verifier even when --reward trains on another signal.
+    scores, _ = self.task.verify(completions, examples, 1)
     return {"eval_accuracy": float((scores >= 1.0).mean()),
             "eval_reward": float(scores.mean()),
             "time_eval": time.perf_counter() - t0}
 
   def _meta(self, step: int, row: dict) -> dict:
+    # In pipelined mode the prompts of the in-flight rollouts are already
+    # drawn; the position before them is the one a resume must start from.
+    data_state = (self._pending_data_states[0] if self._pending_data_states
+                  else self.task.state_dict())
     return {"step": step, "seed": self.cfg.seed, "uaq_scale": self.uaq_scale,
-            "data_state": self.task.state_dict(), "last_metrics": row,
+            "data_state": data_state, "last_metrics": row,
+            "pending_rollouts": len(self._pending),
             "config": dataclasses.asdict(self.cfg)}
 
   def _save(self, step: int, row: dict) -> None:
-    self.checkpointer.save(step, self.state, self._meta(step, row))
+    _require_finite(self.state, f"the train state of step {step}")
+    # The in-flight rollouts were generated by weights this checkpoint does
+    # not hold (θ of earlier steps): save them, so that a resumed run trains
+    # on exactly what the uninterrupted one did.
+    aux = {}
+    for i, fut in enumerate(self._pending):
+      rb, _, _, extra = fut.result()
+      aux.update(_rollout_to_arrays(rb, extra, prefix=f"pending{i}_"))
+    self.checkpointer.save(step, self.state, self._meta(step, row), aux)
 
-  def _restore(self) -> int | None:
-    step = self.checkpointer.latest_step()
-    if step is None:
-      return None
+  def _restore(self, step: int) -> int:
     self.state, meta = self.checkpointer.restore(step, self.state)
     if float(meta.get("uaq_scale", 1.0)) != self.uaq_scale:
       raise ValueError(
@@ -526,13 +628,27 @@ class Trainer:
           f"{meta['uaq_scale']}, this run has uaq_scale={self.uaq_scale}")
     self.task.load_state_dict(meta["data_state"])
     self.step_num = int(meta["step"])
+    n_pending = int(meta.get("pending_rollouts", 0))
+    if n_pending and self.cfg.pipelined:
+      aux = self.checkpointer.read_aux(step)
+      for i in range(n_pending):
+        self._pending_data_states.append(self.task.state_dict())
+        examples = self.task.next_train_batch(self.cfg.prompts_per_step)
+        rb, extra = _rollout_from_arrays(aux, prefix=f"pending{i}_")
+        fut = concurrent.futures.Future()
+        fut.set_result((rb, examples, 0.0, extra))
+        self._pending.append(fut)
     return self.step_num
 
   def run(self) -> list[dict[str, float]]:
     cfg = self.cfg
     rows = []
     if cfg.pipelined:
-      for k in range(cfg.max_staleness):
+      if self._pending:
+        # Restored in-flight rollouts: the engine needs weights for any
+        # dynamic-sampling refill before the next scheduled push.
+        self.sync()
+      for k in range(len(self._pending), cfg.max_staleness):
         self._schedule_rollout(self.step_num + 1 + k)
     else:
       self.sync()
@@ -551,11 +667,22 @@ class Trainer:
     return rows
 
   def export_policy(self, out_dir: str) -> str:
-    params = self.state.params
+    params = self.policy_params()
     if self.uaq_scale != 1.0:
       params = quant.unfold_uaq(self.model_config, params, scale=self.uaq_scale)
     models.save_hf(self.model_config, params, out_dir, tokenizer=self.tokenizer)
     return out_dir
+
+  def export_adapter(self, out_dir: str) -> str:
+    """LoRA runs: the adapters alone, PEFT layout, for the *unfolded* base."""
+    if self.lora is None:
+      raise ValueError("export_adapter: this run has lora_rank=0 (no adapters)")
+    adapters = self.state.params
+    if self.uaq_scale != 1.0:  # A ← A·s^-k undoes UAQ (models/lora.py)
+      factors = lora_lib.uaq_kernel_factors(1.0 / self.uaq_scale)
+      adapters = lora_lib.fold_adapters(self.lora, adapters, factors)
+    return lora_lib.save_peft_adapter(self.model_config, self.lora, adapters,
+                                      out_dir, self.cfg.model)
 
   def close(self) -> None:
     """Stops the worker thread and the engine, flushes logs (idempotent)."""
@@ -563,9 +690,10 @@ class Trainer:
       self._executor.shutdown(wait=True)
       self._executor = None
     self._pending = []
+    self._pending_data_states = []
     self.writer.close()
-    self.checkpointer.close()
     if self.engine is not None:
       self.engine.close()
       self.engine = None
     self.task.close()
+    self.run_dir.close()  # last: the directory stays locked until all is done

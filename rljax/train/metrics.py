@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -39,7 +40,15 @@ class MetricsWriter:
     if resume_step is not None and os.path.exists(self.path):
       self._truncate_after(resume_step)
     elif resume_step is None and os.path.exists(self.path):
-      os.remove(self.path)
+      # A fresh start in a directory with an earlier run's log (one that
+      # never checkpointed): keep that log under another name, never delete.
+      stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+      kept = os.path.join(run_dir, f"metrics.{stamp}.jsonl")
+      while os.path.exists(kept):
+        kept = kept[:-len(".jsonl")] + "_.jsonl"
+      os.replace(self.path, kept)
+      print(f"[rljax] {self.path} held an earlier run's metrics; moved to "
+            f"{kept}", flush=True)
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:

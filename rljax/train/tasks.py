@@ -3,10 +3,14 @@ scored, and where the data iterator stands (saved in checkpoints).
 
 A `Task` joins `rljax.data` (examples, templates, the resumable iterator) and
 `rljax.rewards` (verifiers in a process pool with per-item timeouts) behind
-the few calls the loop makes.
+the few calls the loop makes. `--reward` swaps the training reward for a
+learned reward model, VR-CLI or an LLM judge (`build_reward`); held-out
+evaluation keeps the verifier (`Task.verify`), so runs with different rewards
+are compared on the same accuracy.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 import numpy as np
@@ -29,7 +33,8 @@ class Task:
                render: Callable[[str], str], batch_size: int, seed: int,
                max_prompt_tokens: int, reward_workers: int = 1,
                reward_timeout_s: float = 10.0,
-               last_number_fallback: bool = False):
+               last_number_fallback: bool = False,
+               reward: "rewards_lib.batched.BatchedReward | None" = None):
     if not train:
       raise ValueError("the task has no training examples")
     self.tokenizer = tokenizer
@@ -43,6 +48,9 @@ class Task:
         rewards_lib.Correctness(last_number_fallback=last_number_fallback),
         mode="process" if reward_workers > 0 else "serial",
         num_workers=max(reward_workers, 1), timeout_s=reward_timeout_s)
+    # The training reward: the verifier pool, or a batched reward that runs
+    # in this process (a model on the accelerator, a judge over HTTP).
+    self._reward = reward if reward is not None else self._pool
 
   def prompt_text(self, example: data_lib.Example) -> str:
     return self.render(example.question)
@@ -67,16 +75,26 @@ class Task:
   def score(self, completions: Sequence[str],
             examples: Sequence[data_lib.Example], n: int
             ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Rewards [len(completions)]; completion b answers examples[b // n].
+    """Training rewards [len(completions)]; completion b answers
+    examples[b // n].
 
     A verifier that crashes or times out scores 0 and is counted in the
     components `reward_errors` / `reward_timeouts`, never kills the run.
     """
+    return self._score(self._reward, completions, examples, n)
+
+  def verify(self, completions: Sequence[str],
+             examples: Sequence[data_lib.Example], n: int
+             ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Like `score`, always with the task's verifier (for evaluation)."""
+    return self._score(self._pool, completions, examples, n)
+
+  def _score(self, scorer, completions, examples, n):
     exs = [examples[b // n] for b in range(len(completions))]
     inputs = rewards_lib.make_inputs(
         [self.prompt_text(e) for e in exs], list(completions),
         [e.answer for e in exs], [dict(e.metadata) for e in exs])
-    result = self._pool.score(inputs)
+    result = scorer.score(inputs)
     comps = dict(result.components)
     status = np.asarray(result.status)
     comps["errors"] = (status == "error").astype(np.float32)
@@ -91,6 +109,8 @@ class Task:
 
   def close(self) -> None:
     self._pool.close()
+    if self._reward is not self._pool:
+      self._reward.close()
 
 
 def build_task(cfg: TrainConfig, tokenizer) -> Task:
@@ -123,4 +143,47 @@ def build_task(cfg: TrainConfig, tokenizer) -> Task:
     render = data_lib.ChatTemplate(tokenizer)
   return Task(train, held_out, tokenizer, render, cfg.prompts_per_step,
               cfg.seed, cfg.max_prompt_tokens, cfg.reward_workers,
-              last_number_fallback=generated)
+              last_number_fallback=generated,
+              reward=build_reward(cfg, tokenizer))
+
+
+def build_reward(cfg: TrainConfig, tokenizer):
+  """The batched training reward named by `cfg.reward`; None = verifier.
+
+  reward_model: a Bradley–Terry reward model dir (`reward_model_path`);
+  vrcli: VR-CLI with a frozen reference (`vrcli_reference`, default the
+  initial policy, `--model`), y = the example's answer; judge: an
+  OpenAI-compatible judge at `judge_url` with the rubrics of
+  `judge_rubrics`.
+  """
+  if cfg.reward == "verifier":
+    return None
+  if cfg.reward == "reward_model":
+    from rljax.rewards import reward_model as rm_lib  # jax: only when used
+    model = rm_lib.load_reward_model(cfg.reward_model_path)
+    return rm_lib.RewardModelReward(model, tokenizer=model.tokenizer
+                                    or tokenizer)
+  if cfg.reward == "vrcli":
+    from rljax.rewards import likelihood  # pylint: disable=g-import-not-at-top
+    from rljax.train.loop import load_policy  # loop imports this module
+    ref_cfg = (dataclasses.replace(cfg, model=cfg.vrcli_reference)
+               if cfg.vrcli_reference else cfg)
+    reference = load_policy(ref_cfg, cfg.seed)
+    if len(tokenizer) > reference.config.vocab_size:
+      raise ValueError(
+          f"vrcli_reference={ref_cfg.model!r} has vocab_size="
+          f"{reference.config.vocab_size}, fewer than the policy tokenizer's "
+          f"{len(tokenizer)} tokens; the reference must share the tokenizer")
+    return likelihood.LikelihoodImprovementReward(
+        reference.config, reference.params, tokenizer,
+        separator=cfg.vrcli_separator,
+        max_reasoning_tokens=cfg.max_new_tokens)
+  if cfg.reward == "judge":
+    from rljax.rewards import judge  # pylint: disable=g-import-not-at-top
+    rubrics = (judge.load_rubrics(cfg.judge_rubrics) if cfg.judge_rubrics
+               else judge.JudgeConfig.rubrics)
+    return judge.JudgeReward(judge.JudgeConfig(
+        url=cfg.judge_url, model=cfg.judge_model, rubrics=rubrics,
+        timeout_s=cfg.judge_timeout_s, allow_remote=cfg.judge_allow_remote))
+  raise ValueError(f"reward={cfg.reward!r}; expected one of "
+                   "('verifier', 'reward_model', 'vrcli', 'judge')")

@@ -1,15 +1,20 @@
 """The update step: one jitted function from (state, batch) to (state, metrics).
 
-The loss of a minibatch is assembled from the `rljax.core` kernels:
+The loss of a minibatch is assembled from the `rljax.core` kernels, each a
+(sum S, denominator D) pair in its own aggregation mode:
 
-  L(θ) = Σ_mb S_pg(θ; mb) / D_pg  +  β_KL Σ_mb S_kl(θ; mb) / D_pg
-         − β_H Σ_mb S_H(θ; mb) / D_pg
+  L(θ) = Σ_mb S_pg(θ; mb) / D_pg  +  β_KL Σ_mb S_kl(θ; mb) / D_mask
+         − β_H Σ_mb S_H(θ; mb) / D_mask
 
-where each kernel returns a (sum S, denominator D) pair for its aggregation
-mode and D_pg = Σ_mb D(mb) is known before any gradient is taken (it depends on
-the masks only). Gradients of the micro-batches are therefore summed, not
-averaged, and the accumulated gradient equals the full-batch gradient exactly,
-whatever the aggregation mode (token-mean, seq-mean-token-mean, ...).
+D_pg = Σ_mb `objectives.policy_loss_denominator` counts only the tokens the
+correction keeps (mis and the sequence-level rejections drop tokens from the
+sum *and* the denominator); D_mask counts the loss mask. Both depend on the
+masks and ρ only, so they are known before any gradient is taken (when
+θ_prox is the current θ and the correction rejects, ρ needs one forward pass
+first). Gradients of the micro-batches are therefore summed, not averaged,
+and the step's loss and gradient equal those of `objectives.policy_loss` +
+β_KL·`kl.kl_loss` − β_H·aggregate(entropy) on the whole minibatch, for every
+correction and aggregation mode.
 
 The function is jitted once per batch shape, donates the train state's
 buffers, and runs sharded when its inputs carry NamedShardings.
@@ -60,6 +65,10 @@ class UpdateSpec:
   uses_critic: bool = False
   value_clip: float = 0.2
   value_coef: float = 0.5
+  # LoRA (rljax.models.lora.LoraTransform): state.params holds only the
+  # trainable tree; the model runs param_transform(frozen, params, rng), with
+  # the frozen base passed to the step, never differentiated nor optimised.
+  param_transform: Callable[..., Any] | None = None
 
 
 def make_optimizer(learning_rate: float, steps: int, warmup_steps: int = 0,
@@ -96,8 +105,38 @@ def _learning_rate(opt_state) -> jax.Array:
     return jnp.asarray(jnp.nan)  # an optimizer not built by make_optimizer
 
 
-def _keep_if(ok: jax.Array, new, old):
-  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+def all_finite(tree) -> jax.Array:
+  """True iff every floating-point leaf of `tree` is free of NaN and inf
+  (integer leaves, such as Adam's step count, cannot be non-finite)."""
+  checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  return jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
+
+
+def guarded_update(optimizer: optax.GradientTransformation, grads, opt_state,
+                   params, loss: jax.Array):
+  """One optimizer step that is applied only if everything it produces is
+  finite; otherwise the old (params, opt_state) come back unchanged.
+
+  Checking the loss and gradients is not enough: finite gradients can still
+  make non-finite parameters or moments (Adam with b2 = 1 divides 0 by 0 at
+  its bias correction; an inf learning rate; an overflowing second moment).
+  So the check covers the inputs (loss, gradients) and the results (the
+  updated parameters and the whole optimizer state). `optax.apply_if_finite`
+  checks only its input updates and changes the optimizer-state tree (so
+  checkpoints and `current_learning_rate` would change), so it is not used.
+
+  Returns:
+    (params, opt_state, applied): the new or the old values, and the bool
+    scalar `applied`.
+  """
+  updates, new_opt_state = optimizer.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  applied = (jnp.isfinite(loss) & all_finite(grads) & all_finite(new_params)
+             & all_finite(new_opt_state))
+  keep = lambda n, o: jnp.where(applied, n, o)
+  return (jax.tree.map(keep, new_params, params),
+          jax.tree.map(keep, new_opt_state, opt_state), applied)
 
 
 def _split_micro(batch: Batch, n: int) -> Batch:
@@ -117,31 +156,70 @@ def _policy_logp(spec: UpdateSpec, params, batch: Batch):
   return logp, entropy
 
 
-def policy_loss_sum(spec: UpdateSpec, params, mb: Batch, denom: jax.Array):
+def _uses_current_prox(spec: UpdateSpec) -> bool:
+  """prox = stop_gradient(logp) in the loss itself; otherwise the batch's
+  prox_logp (given, or computed by `_with_prox` when the correction rejects)."""
+  return spec.prox_is_current and not spec.loss.rejects
+
+
+def policy_loss_sum(spec: UpdateSpec, params, mb: Batch, denoms: dict):
   """This micro-batch's share of the full-minibatch loss, and its metrics."""
   logp, entropy = _policy_logp(spec, params, mb)
   mask = mb["loss_mask"]
-  prox = jax.lax.stop_gradient(logp) if spec.prox_is_current else mb["prox_logp"]
+  if _uses_current_prox(spec):
+    prox = jax.lax.stop_gradient(logp)
+  else:
+    prox = mb["prox_logp"]
   pg_sum, _, metrics = objectives.policy_loss_terms(
       logp, prox, mb["behav_logp"], mb["advantages"], mask, spec.loss)
-  total = pg_sum
+  total = pg_sum / denoms["pg"]
   if spec.kl_coef > 0:
-    kl_tok = getattr(kl_lib, spec.kl_estimator)(logp, mb["ref_logp"])
-    kl_sum, _ = agg_lib.aggregate(kl_tok, mask, spec.loss.aggregation,
-                                  spec.loss.norm_const)
-    total = total + spec.kl_coef * kl_sum
-    metrics["kl_to_ref"] = jnp.sum(kl_tok * mask) / jnp.maximum(mask.sum(), 1)
-  ent_sum, _ = agg_lib.aggregate(entropy, mask, spec.loss.aggregation,
-                                 spec.loss.norm_const)
+    kl_sum, _ = kl_lib.kl_loss_terms(logp, mb["ref_logp"], mask,
+                                     spec.kl_estimator, spec.loss.aggregation,
+                                     spec.loss.norm_const)
+    total = total + spec.kl_coef * kl_sum / denoms["mask"]
+    metrics["kl_to_ref"] = kl_lib.kl_loss(
+        jax.lax.stop_gradient(logp), mb["ref_logp"], mask, spec.kl_estimator)
   if spec.entropy_coef > 0:
-    total = total - spec.entropy_coef * ent_sum
-  metrics["entropy"] = jnp.sum(entropy * mask) / jnp.maximum(mask.sum(), 1)
+    ent_sum, _ = agg_lib.aggregate(entropy, mask, spec.loss.aggregation,
+                                   spec.loss.norm_const)
+    total = total - spec.entropy_coef * ent_sum / denoms["mask"]
+  metrics["entropy"] = agg_lib.masked_mean(jax.lax.stop_gradient(entropy), mask)
   metrics["pg_loss_sum"] = pg_sum
-  return total / denom, metrics
+  return total, metrics
+
+
+def _with_prox(spec: UpdateSpec, params, micro: Batch) -> Batch:
+  """When θ_prox is the current θ and the correction rejects by ρ, the keep
+  mask (hence D_pg) needs log π_θ before the gradient pass: one forward pass
+  per micro-batch, whose result then serves as prox_logp in the loss too, so
+  the denominator and the kernel's keep-mask come from the same numbers."""
+  if not (spec.prox_is_current and spec.loss.rejects):
+    return micro
+  prox = jax.lax.map(
+      lambda mb: jax.lax.stop_gradient(_policy_logp(spec, params, mb)[0]), micro)
+  return dict(micro, prox_logp=prox)
+
+
+def _denominators(spec: UpdateSpec, micro: Batch) -> dict:
+  """D_pg and D_mask of the whole minibatch: sums over micro-batches."""
+  def one(mb):
+    mask = mb["loss_mask"]
+    _, d_mask = agg_lib.aggregate(jnp.zeros(mask.shape, jnp.float32), mask,
+                                  spec.loss.aggregation, spec.loss.norm_const)
+    if spec.loss.rejects:
+      d_pg = objectives.policy_loss_denominator(
+          mb["prox_logp"], mb["behav_logp"], mask, spec.loss)
+    else:
+      d_pg = d_mask  # keep = mask: ρ cannot change it
+    return d_pg, d_mask
+  d_pg, d_mask = jax.lax.map(one, micro)
+  # An all-masked minibatch: every sum is 0, and 0/1 keeps the step finite.
+  return {"pg": jnp.maximum(d_pg.sum(), 1e-8), "mask": jnp.maximum(d_mask.sum(), 1e-8)}
 
 
 def value_loss_sum(spec: UpdateSpec, critic_params, mb: Batch,
-                   denom: jax.Array):
+                   denoms: dict):
   """This micro-batch's share of the PPO clipped value loss."""
   values = models.value_forward(
       spec.model_config, critic_params["backbone"], critic_params["head"],
@@ -150,15 +228,15 @@ def value_loss_sum(spec: UpdateSpec, critic_params, mb: Batch,
       values, mb["old_values"], mb["returns"], mb["loss_mask"],
       clip_eps=spec.value_clip, aggregation_mode="token-mean")
   metrics["value_loss_sum"] = s
-  return spec.value_coef * s / denom, metrics
+  return spec.value_coef * s / denoms["mask"], metrics
 
 
-def _accumulate(loss_fn: Callable, params, micro: Batch, denom: jax.Array):
+def _accumulate(loss_fn: Callable, params, micro: Batch, denoms: dict):
   """Σ over micro-batches of (loss, grads, metrics); metrics are averaged
   weighted by valid tokens (max for `max_*`)."""
   def body(carry, mb):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, mb, denom)
+        params, mb, denoms)
     g_acc, l_acc = carry
     g_acc = jax.tree.map(jnp.add, g_acc, grads)
     ntok = jnp.sum(mb["loss_mask"])
@@ -185,43 +263,46 @@ def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
   if spec.uses_critic and critic_optimizer is None:
     raise ValueError("uses_critic=True needs a critic_optimizer")
 
-  def update_step(state: TrainState, batch: Batch):
-    _, denom = agg_lib.aggregate(
-        jnp.zeros_like(batch["loss_mask"]), batch["loss_mask"],
-        spec.loss.aggregation, spec.loss.norm_const)
-    denom = jnp.maximum(denom, 1e-8)
-    micro = _split_micro(batch, spec.micro_batches)
-    pg = lambda p, mb, d: policy_loss_sum(spec, p, mb, d)
+  def update_step(state: TrainState, batch: Batch, frozen=None):
+    if spec.param_transform is not None:  # LoRA: merge adapters into the base
+      rng = jax.random.fold_in(jax.random.PRNGKey(0), state.step)
+      merge = lambda p: spec.param_transform(frozen, p, rng)
+    else:
+      merge = lambda p: p
+    micro = _with_prox(spec, merge(state.params),
+                       _split_micro(batch, spec.micro_batches))
+    denoms = _denominators(spec, micro)
+    pg = lambda p, mb, d: policy_loss_sum(spec, merge(p), mb, d)
     if spec.remat:
       pg = jax.checkpoint(pg)
-    loss, grads, metrics = _accumulate(pg, state.params, micro, denom)
+    loss, grads, metrics = _accumulate(pg, state.params, micro, denoms)
     grad_norm = optax.global_norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    # A NaN/inf loss or gradient must not reach the params: keep the old
-    # state and report it (the trainer stops with a debug dump).
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    params, opt_state = _keep_if(finite, (params, opt_state),
-                                 (state.params, state.opt_state))
+    # Nothing non-finite may reach the params or the optimizer state: keep
+    # the old state and report it (the trainer stops with a debug dump).
+    params, opt_state, finite = guarded_update(
+        optimizer, grads, state.opt_state, state.params, loss)
     metrics.update(loss=loss, grad_norm=grad_norm,
                    applied=finite.astype(jnp.float32),
                    learning_rate=_learning_rate(opt_state))
     new_state = state.replace(step=state.step + 1, params=params,
                               opt_state=opt_state)
     if spec.uses_critic:
-      _, tok_denom = agg_lib.aggregate(
-          jnp.zeros_like(batch["loss_mask"]), batch["loss_mask"], "token-mean")
+      tokens = jnp.maximum(jnp.sum(batch["loss_mask"]), 1e-8)  # token-mean
       vf = lambda p, mb, d: value_loss_sum(spec, p, mb, d)
       v_loss, v_grads, v_metrics = _accumulate(
-          vf, state.critic_params, micro, jnp.maximum(tok_denom, 1e-8))
-      v_updates, c_opt = critic_optimizer.update(
-          v_grads, state.critic_opt_state, state.critic_params)
-      c_params = optax.apply_updates(state.critic_params, v_updates)
-      c_ok = finite & jnp.isfinite(v_loss)
-      c_params, c_opt = _keep_if(c_ok, (c_params, c_opt),
-                                 (state.critic_params, state.critic_opt_state))
-      new_state = new_state.replace(critic_params=c_params,
-                                    critic_opt_state=c_opt)
+          vf, state.critic_params, micro, {"mask": tokens})
+      c_params, c_opt, c_ok = guarded_update(
+          critic_optimizer, v_grads, state.critic_opt_state,
+          state.critic_params, v_loss)
+      # Actor and critic move together or not at all.
+      both = finite & c_ok
+      keep = lambda n, o: jnp.where(both, n, o)
+      new_state = new_state.replace(
+          params=jax.tree.map(keep, params, state.params),
+          opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+          critic_params=jax.tree.map(keep, c_params, state.critic_params),
+          critic_opt_state=jax.tree.map(keep, c_opt, state.critic_opt_state))
+      metrics["applied"] = both.astype(jnp.float32)
       metrics.update(value_loss=v_loss, critic_grad_norm=optax.global_norm(v_grads))
     return new_state, metrics
 

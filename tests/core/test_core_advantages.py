@@ -129,6 +129,68 @@ class ReinforcePPBaselineTest(chex.TestCase):
     np.testing.assert_allclose(out, [0.5 / np.sqrt(0.125), -0.5 / np.sqrt(0.125), 0, 0],
                                rtol=1e-5)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_filler_groups_do_not_enter_the_statistics(self):
+    # Issue 12, defect 6: the second group is dynamic-sampling filler
+    # (valid False). Whitened over the first group only: centred [.5, −.5],
+    # mean 0, std .5 → [1, −1]; counted, the std would be √.125 → ±1.414.
+    fn = self.variant(functools.partial(advantages.reinforce_pp_baseline, group_size=2))
+    valid = jnp.array([True, True, False, False])
+    out = fn(jnp.array([1.0, 0.0, 3.0, 3.0]), valid=valid)
+    np.testing.assert_allclose(out, [1.0, -1.0, 0.0, 0.0], rtol=1e-5)
+
+
+def _group_estimators():
+  return {
+      "grpo": lambda r, g: advantages.grpo(r, g),
+      "drgrpo": advantages.drgrpo,
+      "rloo": advantages.rloo,
+      "reinforce_pp_baseline": lambda r, g: advantages.reinforce_pp_baseline(r, g),
+  }
+
+
+class GroupAdvantagePropertiesTest(parameterized.TestCase):
+  """Properties every group-baseline estimator must have, on random rewards."""
+
+  @hypothesis.given(seed=st.integers(0, 2**31 - 1), group_size=st.integers(2, 5),
+                    n_groups=st.integers(1, 4), shift=st.floats(-50, 50))
+  @hypothesis.settings(SETTINGS, max_examples=15)
+  def test_zero_sum_shift_invariant_and_permutation_equivariant(
+      self, seed, group_size, n_groups, shift):
+    rng = np.random.default_rng(seed)
+    # Binary-ish and graded rewards; some groups may be constant.
+    rewards = rng.choice([0.0, 0.5, 1.0], size=n_groups * group_size).astype(np.float32)
+    perm = np.concatenate([g * group_size + rng.permutation(group_size)
+                           for g in rng.permutation(n_groups)])
+    for name, fn in _group_estimators().items():
+      adv = np.asarray(fn(jnp.asarray(rewards), group_size))
+      # Σ_{i∈g} Â_i = 0 within every group.
+      np.testing.assert_allclose(adv.reshape(n_groups, group_size).sum(-1), 0.0,
+                                 atol=1e-4, err_msg=name)
+      # A constant added to every reward changes nothing.
+      shifted = np.asarray(fn(jnp.asarray(rewards + np.float32(shift)), group_size))
+      np.testing.assert_allclose(shifted, adv, atol=2e-3, rtol=1e-3, err_msg=name)
+      # Permuting samples (within and across groups) permutes the advantages.
+      permuted = np.asarray(fn(jnp.asarray(rewards[perm]), group_size))
+      np.testing.assert_allclose(permuted, adv[perm], atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+def gae_by_definition(rewards, values, mask, gamma, lam):
+  """Â_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ V_{t+1} − V_t, over the valid
+  tokens of each row in order (V = 0 after the last one): a direct sum, not
+  the recursion the kernel uses."""
+  adv = np.zeros_like(rewards, dtype=np.float64)
+  for b in range(rewards.shape[0]):
+    idx = np.flatnonzero(mask[b])
+    r = rewards[b, idx].astype(np.float64)
+    val = values[b, idx].astype(np.float64)
+    nxt = np.append(val[1:], 0.0)
+    delta = r + gamma * nxt - val
+    for j, t in enumerate(idx):
+      powers = (gamma * lam) ** np.arange(len(idx) - j)
+      adv[b, t] = np.sum(powers * delta[j:])
+  return adv
+
 
 def reward_to_go(r, gamma):
   out = np.zeros_like(r)
@@ -151,6 +213,21 @@ class GaeTest(chex.TestCase):
     a1 = 0.03 + 0.72 * 0.3
     np.testing.assert_allclose(adv, [[0.04 + 0.72 * a1, a1, 0.3]], rtol=1e-5)
     np.testing.assert_allclose(ret, [[0.54 + 0.72 * a1, a1 + 0.6, 1.0]], rtol=1e-5)
+
+  @hypothesis.given(seed=st.integers(0, 2**31 - 1), gamma=st.floats(0.5, 1.0),
+                    lam=st.floats(0.0, 1.0))
+  @hypothesis.settings(SETTINGS, max_examples=15)
+  def test_general_lambda_is_discounted_sum_of_td_residuals(self, seed, gamma, lam):
+    rng = np.random.default_rng(seed)
+    rewards = rng.normal(size=(3, 7)).astype(np.float32)
+    values = rng.normal(size=(3, 7)).astype(np.float32)
+    mask = rng.random((3, 7)) < 0.7  # holes anywhere, possibly empty rows
+    adv, ret = advantages.gae(jnp.asarray(rewards), jnp.asarray(values),
+                              jnp.asarray(mask), gamma, lam)
+    expected = gae_by_definition(rewards, values, mask, gamma, lam)
+    np.testing.assert_allclose(adv, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ret, np.where(mask, expected + values, 0.0),
+                               rtol=1e-4, atol=1e-4)
 
   @hypothesis.given(seed=st.integers(0, 2**31 - 1), gamma=st.sampled_from([1.0, 0.9]))
   @SETTINGS

@@ -74,6 +74,33 @@ class K3Test(chex.TestCase):
     value, grad = jax.value_and_grad(lambda x: fn(x, ref).sum())(logp)
     chex.assert_tree_all_finite((value, grad))
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_gradient_is_one_minus_ref_over_pi_beyond_log_ratio_20(self):
+    # Issue 12, defect 5: ∂k3/∂logp = 1 − π_ref/π = 1 − e^x, x = ref − logp.
+    # logp = −1, ref = −30 (x = −29) gave 0 under the old ±20 clamp.
+    logp = jnp.array([-1.0, -1.0, -30.0, -5.0, -2.0, -45.0])
+    ref = jnp.array([-30.0, -80.0, -5.0, -5.0, -1.0, -20.0])  # x: −29 −79 25 0 1 25
+    grad = jax.grad(lambda lp: self.variant(kl.k3)(lp, ref).sum())(logp)
+    x = np.asarray(ref, np.float64) - np.asarray(logp, np.float64)
+    np.testing.assert_allclose(grad, 1.0 - np.exp(x), rtol=1e-5, atol=1e-6)
+    value = self.variant(kl.k3)(logp, ref)
+    np.testing.assert_allclose(value, np.expm1(x) - x, rtol=1e-5, atol=1e-6)
+
+  @hypothesis.given(logp=st.floats(-60, 0), x=st.floats(-60, 29.5))
+  @hypothesis.settings(max_examples=25, deadline=None, derandomize=True)
+  def test_gradient_matches_closed_form(self, logp, x):
+    lp, ref = np.float32(logp), np.float32(logp + x)
+    grad = float(jax.grad(kl.k3)(jnp.float32(lp), jnp.float32(ref)))
+    x32 = float(ref) - float(lp)
+    np.testing.assert_allclose(grad, 1.0 - math.exp(x32), rtol=1e-4, atol=1e-5)
+
+  def test_tangent_above_overflow_guard_keeps_gradient_finite_and_signed(self):
+    k = kl.K3_MAX_LOG_RATIO
+    logp = jnp.array([-(k + 10.0), -(k + 60.0)])
+    value, grad = jax.value_and_grad(lambda lp: kl.k3(lp, jnp.zeros(2)).sum())(logp)
+    chex.assert_tree_all_finite((value, grad))
+    np.testing.assert_allclose(grad, [-math.expm1(k)] * 2, rtol=1e-5)
+
   def test_shape_mismatch(self):
     with pytest.raises(ValueError, match="ref_logp has shape"):
       kl.k3(jnp.zeros((2, 3)), jnp.zeros((3, 2)))

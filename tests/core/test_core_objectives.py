@@ -1,5 +1,6 @@
 """Tests of rljax.core.objectives: surrogates, QuRL corrections, value loss."""
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -131,6 +132,74 @@ class ImportanceWeightsTest(chex.TestCase):
       iw = fn(prox, behav, jnp.ones((1, 3), bool))
       chex.assert_tree_all_finite(iw)
 
+  # Three sequences, three tokens (row 1's last token is padding):
+  #   ρ row 0 = [2, 2, .5]  → ρ(y) = 2,   geometric mean 2^(1/3) ≈ 1.26
+  #   ρ row 1 = [4, 2, pad] → ρ(y) = 8,   geometric mean √8 ≈ 2.83
+  #   ρ row 2 = [.1, 1, 1]  → ρ(y) = .1,  geometric mean .1^(1/3) ≈ .464
+  seq_rho = np.array([[2.0, 2.0, 0.5], [4.0, 2.0, 7.0], [0.1, 1.0, 1.0]], np.float32)
+  seq_mask = np.array([[1, 1, 1], [1, 1, 0], [1, 1, 1]], bool)
+
+  def _seq_weights(self, correction, cap, veto=None):
+    prox = jnp.log(jnp.asarray(self.seq_rho)) - 2.0
+    behav = jnp.full_like(prox, -2.0)
+    fn = self.variant(functools.partial(objectives.importance_weights,
+                                        correction=correction, cap=cap,
+                                        veto_threshold=veto))
+    return fn(prox, behav, self.seq_mask)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_sequence_level_hand_computed(self):
+    expected = {
+        # w = min(ρ(y), C) on every valid token, nothing rejected.
+        ("seq_tis", 3.0): ([[2, 2, 2], [3, 3, 0], [.1, .1, .1]],
+                           [[1, 1, 1], [1, 1, 0], [1, 1, 1]]),
+        # ρ(y) ∈ [1/3, 3] only for row 0: rows 1 (8) and 2 (.1) rejected.
+        ("seq_mis", 3.0): ([[2, 2, 2], [0, 0, 0], [0, 0, 0]],
+                           [[1, 1, 1], [0, 0, 0], [0, 0, 0]]),
+        # Geometric mean in [1/1.5, 1.5] only for row 0; no reweighting.
+        ("geo_rs", 1.5): ([[1, 1, 1], [0, 0, 0], [0, 0, 0]],
+                          [[1, 1, 1], [0, 0, 0], [0, 0, 0]]),
+        # With C = 3 row 2 (.464 ≥ 1/3) and row 1 (2.83 ≤ 3) pass too.
+        ("geo_rs", 3.0): ([[1, 1, 1], [1, 1, 0], [1, 1, 1]],
+                          [[1, 1, 1], [1, 1, 0], [1, 1, 1]]),
+    }
+    for (correction, cap), (weight, keep) in expected.items():
+      iw = self._seq_weights(correction, cap)
+      msg = f"{correction} C={cap}"
+      np.testing.assert_allclose(iw.weight, weight, rtol=1e-5, err_msg=msg)
+      np.testing.assert_array_equal(iw.keep, np.array(keep, bool), err_msg=msg)
+      np.testing.assert_array_equal(iw.upper_scale, np.ones((3, 3)), err_msg=msg)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_veto_rejects_sequences_with_a_low_token_ratio(self):
+    # τ = .2: row 2 holds ρ = .1 < τ and goes whole; padding (row 1's ρ = 7)
+    # never vetoes. Combined with token-level tis, C = 3.
+    iw = self._seq_weights("tis", 3.0, veto=0.2)
+    np.testing.assert_allclose(iw.weight, [[2, 2, .5], [3, 2, 0], [0, 0, 0]], rtol=1e-5)
+    np.testing.assert_array_equal(iw.keep, [[1, 1, 1], [1, 1, 0], [0, 0, 0]])
+    iw = self._seq_weights("seq_tis", 3.0, veto=0.05)  # no token below .05
+    np.testing.assert_array_equal(iw.keep, self.seq_mask)
+
+  def test_sequence_ratio_is_a_log_space_product(self):
+    # 400 tokens of ρ = e^0.2: ρ(y) = e^80 overflows f32 as a product; in log
+    # space seq_tis gives exactly C and seq_mis rejects, with no inf/NaN.
+    prox = jnp.full((1, 400), -1.0)
+    behav = prox - 0.2
+    mask = jnp.ones((1, 400), bool)
+    tis = objectives.importance_weights(prox, behav, mask, "seq_tis", cap=2.0)
+    np.testing.assert_allclose(tis.weight, 2.0, rtol=1e-6)
+    mis = objectives.importance_weights(prox, behav, mask, "seq_mis", cap=2.0)
+    self.assertFalse(bool(mis.keep.any()))
+    geo = objectives.importance_weights(prox, behav, mask, "geo_rs", cap=1.3)
+    self.assertTrue(bool(geo.keep.all()))  # e^0.2 ≈ 1.22 per token ≤ 1.3
+
+  def test_bad_veto(self):
+    with pytest.raises(ValueError, match="veto_threshold"):
+      objectives.importance_weights(jnp.zeros((1, 2)), jnp.zeros((1, 2)),
+                                    jnp.ones((1, 2)), "tis", veto_threshold=1.5)
+    with pytest.raises(ValueError, match="veto_threshold"):
+      PolicyLossConfig(veto_threshold=0.0)
+
   def test_bad_correction(self):
     with pytest.raises(ValueError, match="correction='x'"):
       objectives.importance_weights(jnp.zeros((1, 2)), jnp.zeros((1, 2)),
@@ -156,6 +225,42 @@ class PpoClipObjectiveTest(chex.TestCase):
     out = fn(jnp.array([1.25, 1.5, 4.0, 2.0]), jnp.array([1.0, 1.0, -1.0, -1.0]))
     # 1.25 < 1.28 passes; 1.5 clips to 1.28; R=4, A<0: max(-4, -3) = -3; R=2: -2.
     np.testing.assert_allclose(out, [1.25, 1.28, -3.0, -2.0], rtol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_negative_advantage_keeps_its_gradient_beyond_log_ratio_20(self):
+    # Issue 12, defect 5: A < 0 and log R = 25: min picks R·A (unclipped), so
+    # ∂loss/∂logp = −A·R = e^25 (loss = −objective, one token). The old ±20
+    # clamp gave 0. A > 0 at the same R is clipped (0), and dual_clip bounds
+    # A < 0 (0 as well). log R = −25 with A > 0: R·A, gradient −e^−25.
+    logp = jnp.array([[0.0, 0.0, 0.0, 0.0]])
+    prox = jnp.array([[-25.0, -25.0, 25.0, -40.0]])
+    mask = jnp.ones((1, 4), bool)
+
+    def grads(adv, **kw):
+      config = PolicyLossConfig(correction="ignore_behavior",
+                                aggregation="seq-mean-token-sum", **kw)
+      return np.asarray(jax.grad(self.variant(lambda lp: objectives.policy_loss(
+          lp, prox, prox, jnp.asarray(adv), mask, config)[0]))(logp))[0]
+
+    g = grads([[-1.0, 1.0, 1.0, -1.0]])
+    np.testing.assert_allclose(g[0], math.exp(25.0), rtol=1e-4)
+    self.assertEqual(g[1], 0.0)
+    np.testing.assert_allclose(g[2], -math.exp(-25.0), rtol=1e-4)
+    # log R = 40 > MAX_EXACT_LOG_RATIO: the tangent's slope e^30, not 0.
+    np.testing.assert_allclose(g[3], math.exp(objectives.MAX_EXACT_LOG_RATIO), rtol=1e-4)
+    g = grads([[-1.0, 1.0, 1.0, -1.0]], dual_clip=3.0)
+    self.assertEqual(g[0], 0.0)
+    self.assertEqual(g[3], 0.0)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_gspo_sequence_ratio_keeps_its_gradient_beyond_log_ratio_20(self):
+    logp = jnp.zeros((1, 2))
+    old = jnp.full((1, 2), -24.0)  # log s = 24
+    adv = jnp.array([[-1.0, -1.0]])
+    grad = jax.grad(self.variant(lambda lp: objectives.gspo_objective(
+        lp, old, adv, jnp.ones((1, 2), bool)).sum()))(logp)
+    # objective = s·A on both tokens, ∂s/∂logp_t = s/2: ∂/∂logp_t = 2·(s/2)·A.
+    np.testing.assert_allclose(grad, [[-math.exp(24.0)] * 2], rtol=1e-4)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_upper_scale_widens_only_upper_bound(self):
@@ -253,8 +358,14 @@ class PolicyLossTest(chex.TestCase):
     _, metrics = self.variant(
         lambda lp: objectives.policy_loss(lp, prox, behav, jnp.ones((1,)), mask, config))(prox)
     rho_valid = np.array([0.5, 3.0, 1.0])
-    kl = np.mean(np.log([0.4, 0.1, 0.9]) - np.log([0.2, 0.3, 0.9]))
-    self.assertAlmostEqual(float(metrics["behav_prox_kl"]), kl, places=5)
+    # KL(π_behav‖π_prox) by k3 = ρ − log ρ − 1 ≥ 0 (the plotted curve); its
+    # k1 mean is negative here (−0.135) and is kept under its own name.
+    k3 = np.mean(rho_valid - np.log(rho_valid) - 1.0)
+    self.assertAlmostEqual(float(metrics["behav_prox_kl"]), k3, places=5)
+    self.assertGreater(float(metrics["behav_prox_kl"]), 0.0)
+    k1 = np.mean(np.log([0.4, 0.1, 0.9]) - np.log([0.2, 0.3, 0.9]))
+    self.assertLess(k1, 0.0)
+    self.assertAlmostEqual(float(metrics["behav_prox_log_ratio_mean"]), k1, places=5)
     self.assertAlmostEqual(float(metrics["max_prox_behav_ratio"]), rho_valid.max(), places=4)
     self.assertAlmostEqual(float(metrics["tis_truncated_fraction"]), 1 / 3, places=6)
     self.assertAlmostEqual(float(metrics["mis_masked_fraction"]), 1 / 3, places=6)
@@ -441,6 +552,19 @@ class PolicyLossTest(chex.TestCase):
                for s in (slice(0, split), slice(split, None))]
       total = aggregation.finalize(sum(p[0] for p in parts), sum(p[1] for p in parts))
       np.testing.assert_allclose(total, full, rtol=1e-5, atol=1e-7, err_msg=mode)
+
+  def test_denominator_before_forward_equals_the_kernels(self):
+    logp, mask, adv = random_batch(11, batch=4, time=6)
+    prox, behav = logp + 0.3, logp - 0.6 * jnp.arange(6.0)
+    for mode in aggregation.AGGREGATION_MODES:
+      for config in all_configs(aggregation=mode, tis_cap=1.5):
+        for veto in (None, 0.5):
+          config = dataclasses.replace(config, veto_threshold=veto)
+          _, denominator, _ = objectives.policy_loss_terms(logp, prox, behav, adv,
+                                                           mask, config)
+          np.testing.assert_allclose(
+              objectives.policy_loss_denominator(prox, behav, mask, config),
+              denominator, err_msg=str(config))
 
   @parameterized.named_parameters(
       ("mask_shape", dict(mask=jnp.ones((2, 3))), ValueError, "mask has shape"),

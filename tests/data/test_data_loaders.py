@@ -127,6 +127,50 @@ class TestFieldMaps:
         ds = data.from_records([{"prompt": "2+2?", "response": "2+2=4", "id": 9, "junk": 1}], custom, name="mine")
         assert ds[0].answer == "4" and ds[0].metadata == {"id": 9, "verifier": "math", "source": "mine"}
 
+    def test_question_composed_from_several_fields(self, tmp_path):
+        # SVAMP rows: the story and the ask live in two fields.
+        rows = [
+            {"ID": "chal-1", "Body": "Jack had 8 pens. He gave 3 away. ", "Question": "How many pens does he have now?",
+             "Equation": "( 8.0 - 3.0 )", "Answer": 5.0, "Type": "Subtraction"},
+            {"ID": "chal-2", "Body": "A box holds 1,200 beads.", "Question": "How many beads are in 2 boxes?", "Answer": 2400},
+        ]
+        path = write_lines(tmp_path, [json.dumps(r) for r in rows], name="svamp.jsonl")
+        ds = data.load_dataset("svamp", path)
+        assert ds[0].question == "Jack had 8 pens. He gave 3 away. How many pens does he have now?"
+        assert [ex.answer for ex in ds] == ["5", "2400"]
+        # Composed fields are not repeated in the metadata; the rest is kept.
+        assert ds[0].metadata == {"ID": "chal-1", "Equation": "( 8.0 - 3.0 )", "Answer": 5.0, "Type": "Subtraction",
+                                  "verifier": "math", "source": "svamp/svamp"}
+
+    def test_composed_question_missing_part_is_named(self, tmp_path):
+        path = write_lines(tmp_path, [json.dumps({"Body": "Jack had 8 pens.", "Answer": 8})], name="svamp.jsonl")
+        with pytest.raises(data.DataError, match=r"svamp.jsonl:1: question part 'Question' of Body\+Question is missing"):
+            data.load_dataset("svamp", path)
+        assert data.load_dataset("svamp", path, on_error="skip").stats.skip_reasons == {"missing_field": 1}
+
+    @pytest.mark.parametrize(
+        "value,answer",
+        [("9 (apples)", "9"), ("1,200 dollars", "1200"), ("3\u2009600", "3600"), (3.0, "3"), (2.5, "2.5"),
+         ("0.75 (liters)", "0.75"), ("2/3", "2/3"), ("", None)],
+    )
+    def test_number_answer(self, value, answer):
+        assert data.specs.number_answer(value) == answer
+
+    def test_asdiv_answers_with_units_grade(self):
+        # ASDiv writes answers with their unit; the ground truth is the number.
+        from rljax import rewards
+
+        custom = data.specs.ASDIV
+        ds = data.from_records([{"Body": "Tom has 4 apples and buys 5.", "Question": "How many apples now?",
+                                 "Answer": "9 (apples)"}], custom, name="asdiv")
+        assert (ds[0].question, ds[0].answer) == ("Tom has 4 apples and buys 5. How many apples now?", "9")
+        assert rewards.math_reward("The answer is 9 apples.", ds[0].answer) == 1.0
+        assert rewards.math_reward("The answer is 10 apples.", ds[0].answer) == 0.0
+
+    def test_compose_rejects_no_fields(self):
+        with pytest.raises(ValueError, match="Compose fields"):
+            data.Compose()
+
     @pytest.mark.parametrize("value,text", [(27.0, "27"), (0.5, "0.5"), (3, "3"), (["1", 2], "1, 2"), ([], None), (True, None), (float("nan"), None)])
     def test_answer_text(self, value, text):
         assert data.records.answer_text(value) == text

@@ -151,6 +151,74 @@ class TestPlainNumbers:
         assert equivalence.parse_plain_number("9" * 5000) is None
 
 
+class TestThousandsSeparatorsAndUnits:
+    """Issue 12 defect 9: answers written as a person writes them. Each row was
+    graded 0.0 before the fix unless marked (was 1.0) in its comment."""
+
+    @pytest.mark.parametrize(
+        "answer,gold",
+        [
+            ("3 600", "3600"),  # ASCII space as thousands separator
+            ("3\u2009600", "3600"),  # thin space U+2009
+            ("3\u202f600", "3600"),  # narrow no-break space U+202F
+            ("3\u00a0600", "3600"),  # no-break space U+00A0
+            ("3\\,600", "3600"),  # LaTeX thin space
+            ("12 345 678", "12345678"),
+            ("1 000 000", "1000000"),
+            ("-3 600", "-3600"),
+            ("1 500.5", "1500.5"),
+            ("3 600 dollars", "3600"),
+            ("$3 600", "3600"),
+            ("\u20ac3\u202f600", "3600"),
+            ("3600", "3 600"),  # a ground truth written with a space
+            ("9 (apples)", "9"),
+            ("9 ( apples )", "9"),
+            ("12 (dollars).", "12"),
+            ("3 million", "3000000"),
+            ("2.5 million dollars", "2500000"),
+            ("3,600.00", "3600"),  # (was 1.0)
+            ("$3,600", "3600"),  # (was 1.0)
+            ("9 apples", "9"),  # (was 1.0, through math-verify)
+        ],
+    )
+    def test_graded_right(self, answer, gold):
+        for template in ("The answer is {}.", "#### {}", "\\boxed{{{}}}"):
+            assert rewards.math_reward(template.format(answer), gold) == 1.0, template
+
+    @pytest.mark.parametrize(
+        "answer,gold",
+        [
+            ("1 2", "12"),  # a list, not twelve
+            ("1 2", "1"),
+            ("1 2 3", "123"),
+            ("12 34", "1234"),  # malformed grouping
+            ("36 00", "3600"),
+            ("1 234 5", "12345"),
+            ("3 600", "600"),
+            ("1, 2", "12"),
+            ("1-2", "12"),  # a range
+            ("3 to 4", "34"),
+            ("3 and 4", "34"),
+            ("9 (apples)", "10"),
+            ("2 pi", "2"),  # not units: they change the value
+            ("5 x", "5"),
+            ("3 squared", "3"),
+            ("3 million", "3"),
+            ("3 or more", "3"),
+        ],
+    )
+    def test_stays_wrong(self, answer, gold):
+        assert rewards.math_reward(f"The answer is {answer}.", gold) == 0.0
+
+    @pytest.mark.parametrize(
+        "pred,gold,expected",
+        [("3 600", "3600", True), ("3\u2009600", "3,600", True), ("3 600", "3601", False),
+         ("9 (apples)", "9", True), ("1 2", "12", None), ("2 pi", "2", None), ("20 percent", "20", None)],
+    )
+    def test_fast_path(self, pred, gold, expected):
+        assert equivalence.plain_numbers_equal(pred, gold) is expected
+
+
 class TestRobustness:
     @pytest.mark.parametrize(
         "completion",
@@ -194,7 +262,8 @@ class TestGroundTruthAnswer:
 class TestLastNumberFallback:
     @pytest.mark.parametrize(
         "text,expected",
-        [("7 - 5 = 2.", "2"), ("it costs 1,080 dollars", "1,080"), ("x2 and 3.5", "3.5"), ("it is -3", "-3"), ("none", None)],
+        [("7 - 5 = 2.", "2"), ("it costs 1,080 dollars", "1,080"), ("x2 and 3.5", "3.5"), ("it is -3", "-3"), ("none", None),
+         ("it costs 3\u2009600 dollars", "3\u2009600"), ("rolls 5 120 times", "120")],
     )
     def test_extract_last_number(self, text, expected):
         assert extraction.extract_last_number(text) == expected

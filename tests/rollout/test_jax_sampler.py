@@ -4,6 +4,7 @@ The engine tests compare against the plain (cache-free) decoder: greedy
 tokens against the step-by-step argmax of `models.forward` on the growing
 sequence, behavior log-probs against `models.token_logprobs`.
 """
+import dataclasses
 import importlib.util
 
 import chex
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from rljax import models
+from rljax import quant as quant_lib
 from rljax.rollout import base
 from rljax.rollout import jax_sampler
 from rljax.rollout.jax_sampler import JaxSampler, sample_next_token
@@ -384,6 +386,40 @@ class TestJaxSamplerWeights:
     diff = np.abs(packed["behav_logp"][mask] - ref[mask])
     assert diff.max() > 1e-4  # quantized weights: a different policy
     assert diff.mean() < 0.25  # ... but close to full precision
+
+  def test_int8_head_behav_logp_is_the_rollout_policy(self, tiny):
+    # The quantized head must be the policy the log-probs describe: behav_logp
+    # equals token_logprobs of (rollout_config, params), an untied model
+    # whose lm_head is the int8 copy of the head (of the tied embedding for
+    # tied models; the tiny model has its own lm_head).
+    config, params = tiny
+    sampler = JaxSampler(config, params, quant="int8", head_quant="int8",
+                         max_prompt_len=32)
+    head = sampler.params["lm_head"]["kernel"]
+    assert isinstance(head, quant_lib.QTensor) and head.value.dtype == jnp.int8
+    assert not sampler.rollout_config.tie_word_embeddings
+    tied = jax_sampler.rollout_config(
+        dataclasses.replace(config, tie_word_embeddings=True), "int8")
+    assert not tied.tie_word_embeddings
+    batch = sampler.generate(PROMPTS, base.SamplingConfig(
+        n=2, temperature=1.0, max_new_tokens=8, seed=0))
+    packed = batch.pack()
+    logp, _ = models.token_logprobs(
+        sampler.rollout_config, sampler.params,
+        jnp.asarray(packed["tokens"]),
+        attention_mask=jnp.asarray(packed["attention_mask"]))
+    mask = packed["response_mask"] > 0
+    np.testing.assert_allclose(packed["behav_logp"][mask],
+                               np.asarray(logp)[mask], atol=2e-3)
+    # ... and it is not the policy of the same weights with the f32 head.
+    f32_head = {**sampler.params, "lm_head": params["lm_head"]}
+    full, _ = _reference_logp(config, f32_head, batch, 1.0)
+    assert np.abs(full[mask] - packed["behav_logp"][mask]).max() > 1e-4
+
+  def test_bad_head_quant(self, tiny):
+    config, params = tiny
+    with pytest.raises(ValueError, match=r"head_quant='fp4'.*expected one of"):
+      JaxSampler(config, params, head_quant="fp4")
 
   def test_update_weights_reports_bytes_and_seconds(self, tiny):
     config, params = tiny

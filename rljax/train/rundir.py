@@ -1,0 +1,236 @@
+"""A run directory is one experiment: locked, checked, then written.
+
+`RunDir(cfg)` opens `cfg.run_dir` for a trainer, in this order, and writes
+nothing until every check has passed:
+
+  1. lock: one live process per directory (`RunDirLock`, an `fcntl.flock` on
+     `rljax.lock`); a second start is refused with the holder's pid and host.
+     The kernel drops the lock when its process dies, however it dies, so a
+     lock left by a killed run is simply taken over.
+  2. checkpoints: a start without `resume` refuses a directory that holds
+     any; a resume finds the newest checkpoint that passes its checksum
+     manifest (damaged newer ones are reported and set aside).
+  3. config: a resume refuses a configuration that differs from the one the
+     checkpoint was trained with in anything but run-control fields
+     (`RUN_CONTROL_FIELDS`: how long, how often to log / evaluate / save),
+     unless `allow_config_change` names the fields. Allowed changes are
+     appended to `config_changes.jsonl`.
+  4. only then `config.json` is (atomically) written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import fcntl
+import json
+import os
+import socket
+from typing import Any, Callable, Mapping
+
+from rljax.train.checkpoint import RunCheckpointer
+from rljax.train.config import TrainConfig
+
+LOCK_FILE = "rljax.lock"
+CONFIG_FILE = "config.json"
+CHANGES_FILE = "config_changes.jsonl"
+
+# Fields that say how long a run goes and what it records, never what it
+# trains: a resume may change them freely. Every other field (including ones
+# added later) changes the trajectory and must be named in
+# --allow_config_change to differ on resume. `eval_size` is not here: the
+# held-out examples are removed from the training pool.
+RUN_CONTROL_FIELDS = frozenset({
+    "steps", "resume", "run_dir", "checkpoint_every", "keep_checkpoints",
+    "eval_every", "export_hf", "tensorboard", "reward_workers", "vllm_urls",
+    "allow_config_change",
+})
+
+
+class RunDirLockedError(RuntimeError):
+  """Another live process holds the run directory."""
+
+
+class ConfigChangeError(ValueError):
+  """A resume would continue a run with a different configuration."""
+
+
+def _now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(
+      timespec="seconds")
+
+
+def _describe(holder: str) -> str:
+  try:
+    h = json.loads(holder)
+    return f"pid {h['pid']} on host {h['host']}, since {h['since']}"
+  except (ValueError, KeyError, TypeError):
+    return "a process that has not written its pid yet"
+
+
+class RunDirLock:
+  """An exclusive, non-blocking `flock` on `<run_dir>/rljax.lock`.
+
+  The file holds the holder's pid, host and start time for the refusal
+  message; a clean release empties it, so content found by a new holder
+  means the previous one was killed (reported, then taken over).
+  """
+
+  def __init__(self, run_dir: str, log: Callable[[str], Any] = print):
+    self.path = os.path.join(run_dir, LOCK_FILE)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+      os.close(fd)
+      raise RunDirLockedError(
+          f"run_dir={run_dir!r} is in use by another rljax run "
+          f"({_describe(holder)}); wait for it to end or stop it, or choose "
+          "another --run_dir") from None
+    except BaseException:
+      os.close(fd)
+      raise
+    stale = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    if stale:
+      log(f"[rljax] run_dir={run_dir!r}: taking over the lock left by "
+          f"{_describe(stale)}, which is no longer running")
+    me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                     "since": _now()})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, me.encode(), 0)
+    os.fsync(fd)
+    self._fd = fd
+
+  def release(self) -> None:
+    """Empties the file (a clean exit) and drops the lock (idempotent)."""
+    if self._fd is None:
+      return
+    try:
+      os.ftruncate(self._fd, 0)
+    finally:
+      os.close(self._fd)  # closing the only descriptor drops the flock
+      self._fd = None
+
+
+def allowed_changes(cfg: TrainConfig) -> frozenset[str]:
+  """The field names of `cfg.allow_config_change` (comma-separated)."""
+  names = frozenset(n.strip() for n in cfg.allow_config_change.split(",")
+                    if n.strip())
+  known = {f.name for f in dataclasses.fields(TrainConfig)}
+  unknown = sorted(names - known)
+  if unknown:
+    raise ValueError(
+        f"allow_config_change names {unknown}, which are not TrainConfig "
+        "fields; expected a comma-separated list of field names")
+  return names
+
+
+def _jsonable(value: Any) -> Any:
+  return json.loads(json.dumps(value))  # tuples become lists, as on disk
+
+
+def config_changes(saved: Mapping[str, Any],
+                   cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+  """{field: (saved, new)} for every trajectory-changing field that differs.
+
+  A field missing from `saved` (a checkpoint written before the field
+  existed) is compared as its default, which is what that run used.
+  """
+  run_control = set(RUN_CONTROL_FIELDS)
+  if cfg.lr_schedule == "cosine":
+    run_control.discard("steps")  # the cosine decay length is steps * updates
+  out = {}
+  for f in dataclasses.fields(TrainConfig):
+    if f.name in run_control:
+      continue
+    new = _jsonable(getattr(cfg, f.name))
+    old = saved.get(f.name, _jsonable(f.default))
+    if old != new:
+      out[f.name] = (old, new)
+  return out
+
+
+def check_resume_config(saved: Mapping[str, Any], cfg: TrainConfig,
+                        step: int) -> dict[str, tuple[Any, Any]]:
+  """Raises ConfigChangeError unless every change is allowed; returns them."""
+  allowed = allowed_changes(cfg)
+  changes = config_changes(saved, cfg)
+  refused = {k: v for k, v in changes.items() if k not in allowed}
+  if refused:
+    listed = "; ".join(f"{k}: {o!r} -> {n!r}" for k, (o, n) in refused.items())
+    raise ConfigChangeError(
+        f"run_dir={cfg.run_dir!r} was trained up to step {step} with another "
+        f"configuration ({listed}). Resume with the values it was trained "
+        "with, or name the fields you mean to change: "
+        f"--allow_config_change={','.join(sorted(refused))}")
+  return changes
+
+
+def _write_json_atomic(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+class RunDir:
+  """`cfg.run_dir`, opened for training by this process (see module doc).
+
+  Attributes:
+    checkpointer: the run's `RunCheckpointer`.
+    resume_step: the verified checkpoint step to restore, or None to start.
+    changes: the allowed config changes, {field: (saved, new)}.
+  """
+
+  def __init__(self, cfg: TrainConfig, log: Callable[[str], Any] = print):
+    allowed_changes(cfg)  # a bad field name fails before anything is touched
+    self.cfg = cfg
+    os.makedirs(cfg.run_dir, exist_ok=True)
+    self.lock = RunDirLock(cfg.run_dir, log)
+    self.checkpointer = None
+    try:
+      self.checkpointer = RunCheckpointer(
+          os.path.join(cfg.run_dir, "checkpoints"), cfg.checkpoint_every,
+          cfg.keep_checkpoints, owner=True)
+      self.resume_step, self.changes = self._check(log)
+      _write_json_atomic(os.path.join(cfg.run_dir, CONFIG_FILE),
+                         dataclasses.asdict(cfg))
+      if self.changes:
+        with open(os.path.join(cfg.run_dir, CHANGES_FILE), "a",
+                  encoding="utf-8") as f:
+          f.write(json.dumps({
+              "resumed_at_step": self.resume_step, "time": _now(),
+              "changes": {k: {"old": o, "new": n}
+                          for k, (o, n) in self.changes.items()}}) + "\n")
+        log(f"[rljax] resuming step {self.resume_step} with allowed config "
+            f"changes {sorted(self.changes)} (recorded in {CHANGES_FILE})")
+    except BaseException:
+      self.close()
+      raise
+
+  def _check(self, log) -> tuple[int | None, dict]:
+    cfg, ckpt = self.cfg, self.checkpointer
+    latest = ckpt.latest_step()
+    if latest is None:
+      return None, {}
+    if not cfg.resume:
+      raise FileExistsError(
+          f"run_dir={cfg.run_dir!r} already holds checkpoints up to step "
+          f"{latest}; pass --resume to continue that run, or choose another "
+          "--run_dir")
+    step, damaged = ckpt.latest_verified_step()
+    meta = ckpt.read_meta(step)
+    changes = check_resume_config(meta.get("config", {}), cfg, step)
+    for bad_step, reason in damaged:
+      dest = ckpt.set_aside(bad_step)
+      log(f"[rljax] checkpoint step {bad_step} in {ckpt.directory} is "
+          f"damaged ({reason}); moved to {dest}; resuming from step {step}")
+    return step, changes
+
+  def close(self) -> None:
+    if self.checkpointer is not None:
+      self.checkpointer.close()
+      self.checkpointer = None
+    self.lock.release()

@@ -1,0 +1,407 @@
+"""Fault injection, end to end on the tiny model: a run directory survives
+kill -9 (at a random point, inside orbax's save, before the checksum manifest),
+damaged checkpoint files, a second process on the same directory, a changed
+config on resume and NaN weights, and the resumed run takes exactly the steps
+the uninterrupted one took, logging each step once.
+
+Training runs in real subprocesses (`fault_worker.py`) so a kill is a real
+SIGKILL; they share a persistent JAX compilation cache and one saved
+tokenizer, and two uninterrupted reference runs (synchronous and pipelined)
+are made once for the module.
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+
+from rljax.train import checkpoint as ckpt_lib
+from rljax.train import loop as loop_lib
+from rljax.train import rundir as rundir_lib
+from rljax.train import update as update_lib
+from rljax.train.config import apply_preset
+from rljax.train.metrics import MetricsWriter, read_metrics
+
+from .test_trainer import make_trainer, small_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                      "fault_worker.py")
+STEPS = 4        # synchronous reference
+PIPE_STEPS = 3   # pipelined reference
+BASE = dict(algorithm="grpo", model="tiny", prompts_per_step=2, group_size=2,
+            max_new_tokens=4, eval_size=0, reward_workers=0,
+            checkpoint_every=1, keep_checkpoints=4, tensorboard=False,
+            learning_rate=1e-3, export_hf=False, micro_batches=1)
+
+
+def overrides(run_dir, **kw) -> dict:
+  out = dict(BASE, run_dir=str(run_dir), steps=STEPS)
+  out.update(kw)
+  return out
+
+
+def config(run_dir, **kw):
+  d = overrides(run_dir, **kw)
+  return apply_preset(d.pop("algorithm"), **d)
+
+
+# -- subprocesses -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  root = tmp_path_factory.mktemp("faults_env")
+  tok_dir = str(root / "tokenizer")
+  loop_lib._tiny_tokenizer().save_pretrained(tok_dir)  # pylint: disable=protected-access
+  e = dict(os.environ)
+  e.update(
+      PYTHONPATH=REPO + os.pathsep + e.get("PYTHONPATH", ""),
+      RLJAX_TEST_TOKENIZER_DIR=tok_dir,
+      JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+  e.pop("RLJAX_TEST_WAIT_FOR", None)
+  return e
+
+
+def start(env, ovr: dict, die_at: str = "", wait_for: str = ""):
+  e = dict(env)
+  if wait_for:
+    e["RLJAX_TEST_WAIT_FOR"] = wait_for
+  cmd = [sys.executable, WORKER, json.dumps(ovr)] + ([die_at] if die_at else [])
+  return subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc, timeout=400) -> tuple[int, str]:
+  out, _ = proc.communicate(timeout=timeout)
+  return proc.returncode, out
+
+
+def wait_until(cond, proc, what: str, timeout=300) -> None:
+  t0 = time.time()
+  while not cond():
+    if proc.poll() is not None:
+      raise AssertionError(f"worker ended before {what}:\n{proc.stdout.read()}")
+    if time.time() - t0 > timeout:
+      raise AssertionError(f"timed out waiting for {what}")
+    time.sleep(0.02)
+
+
+def manifest_written(run_dir, step):
+  return lambda: os.path.exists(os.path.join(
+      str(run_dir), "checkpoints", str(step), ckpt_lib.MANIFEST))
+
+
+def saved_params(run_dir, step):
+  mgr = ocp.CheckpointManager(os.path.join(str(run_dir), "checkpoints"),
+                              item_names=("state", "meta"))
+  try:
+    restored = mgr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore()))
+  finally:
+    mgr.close()
+  return jax.tree.map(np.asarray, restored.state["params"])
+
+
+class Reference:
+
+  def __init__(self, run_dir, steps):
+    self.run_dir = run_dir
+    self.rows = read_metrics(str(run_dir))
+    assert [r["step"] for r in self.rows] == list(range(1, steps + 1))
+    self.params = saved_params(run_dir, steps)
+
+
+@pytest.fixture(scope="module")
+def references(env, tmp_path_factory):
+  """Uninterrupted runs, synchronous and pipelined (made side by side)."""
+  root = tmp_path_factory.mktemp("faults_reference")
+  sync = start(env, overrides(root / "sync"))
+  pipe = start(env, overrides(root / "pipe", steps=PIPE_STEPS,
+                              pipelined=True))
+  for proc in (sync, pipe):
+    rc, out = finish(proc)
+    assert rc == 0, out
+  return {"sync": Reference(root / "sync", STEPS),
+          "pipe": Reference(root / "pipe", PIPE_STEPS)}
+
+
+def assert_same_run(run_dir, ref: Reference, steps: int) -> None:
+  """Each step logged once, and the same losses and final params."""
+  rows = read_metrics(str(run_dir))
+  assert [r["step"] for r in rows] == list(range(1, steps + 1))
+  for got, want in zip(rows, ref.rows):
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6,
+                               err_msg=f"step {got['step']}")
+    np.testing.assert_allclose(got["reward_mean"], want["reward_mean"])
+  for a, b in zip(jax.tree.leaves(saved_params(run_dir, steps)),
+                  jax.tree.leaves(ref.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+# -- end to end ------------------------------------------------------------
+
+
+def test_kill9_after_checkpoint_resumes_to_the_uninterrupted_run(
+    env, references, tmp_path):
+  """Issue 12: a real kill -9 (at a random moment after checkpoint 2, maybe
+  inside checkpoint 3), then a resume, gives the uninterrupted run's steps
+  (loss and params). Issue 16.2: while the first process lives, a second
+  start on its directory is refused naming its pid; once it is killed, its
+  stale lock is taken over."""
+  run, go = tmp_path / "run", tmp_path / "go"
+  first = start(env, overrides(run, steps=50), wait_for=str(go))
+  lock = os.path.join(str(run), rundir_lib.LOCK_FILE)
+
+  def locked_by_first():
+    try:
+      with open(lock) as f:
+        return json.load(f)["pid"] == first.pid
+    except (OSError, ValueError, KeyError):
+      return False
+  wait_until(locked_by_first, first, "the first run locks its directory")
+  rc, out = finish(start(env, overrides(run, resume=True)))
+  assert rc != 0
+  assert "RunDirLockedError" in out and f"pid {first.pid}" in out, out
+  go.touch()
+  wait_until(manifest_written(run, 2), first, "checkpoint 2")
+  time.sleep(random.Random(16).uniform(0.0, 1.0))
+  os.kill(first.pid, signal.SIGKILL)
+  first.communicate()
+  assert first.returncode == -signal.SIGKILL
+  rc, out = finish(start(env, overrides(run, resume=True)))
+  assert rc == 0, out
+  assert f"taking over the lock left by pid {first.pid}" in out, out
+  assert_same_run(run, references["sync"], STEPS)
+
+
+def test_pipelined_run_killed_inside_checkpoints_resumes_exactly(
+    env, references, tmp_path):
+  """Killed inside orbax's save of step 3, then (resumed) after orbax
+  committed step 3 but before its checksum manifest: the unfinished step is
+  set aside, and the resume from step 2 trains on the in-flight rollout the
+  uninterrupted run trained on (no prompts skipped), step 3 equal to it."""
+  run = tmp_path / "run"
+  ovr = overrides(run, steps=PIPE_STEPS, pipelined=True)
+  rc, out = finish(start(env, ovr, die_at="in_orbax:3"))
+  assert rc == -signal.SIGKILL, out
+  resumed = dict(ovr, resume=True)
+  rc, out = finish(start(env, resumed, die_at="before_manifest:3"))
+  assert rc == -signal.SIGKILL, out
+  assert os.path.isdir(os.path.join(str(run), "checkpoints", "3"))
+  rc, out = finish(start(env, resumed))
+  assert rc == 0, out
+  damaged = [l for l in out.splitlines() if "damaged" in l]
+  assert len(damaged) == 1 and "step 3" in damaged[0], out
+  assert "no checksum manifest" in damaged[0] and "from step 2" in damaged[0]
+  assert "Traceback" not in out
+  assert os.listdir(os.path.join(str(run), ckpt_lib.DAMAGED_DIR))
+  assert_same_run(run, references["pipe"], PIPE_STEPS)
+
+
+# -- damaged checkpoints, config changes (no training: the reference's files) --
+
+
+def _largest_file(directory):
+  files = [os.path.join(r, f) for r, _, fs in os.walk(directory) for f in fs]
+  return max(files, key=os.path.getsize)
+
+
+def _truncate(step_dir):
+  path = _largest_file(os.path.join(step_dir, "state"))
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _remove_meta(step_dir):
+  shutil.rmtree(os.path.join(step_dir, "meta"))
+
+
+def _bad_json(step_dir):
+  with open(os.path.join(step_dir, "meta", "metadata"), "w") as f:
+    f.write('{"step": 4, "data_state": ')
+
+
+def _flip_bit(step_dir):
+  path = _largest_file(os.path.join(step_dir, "state"))
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)[0]
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte ^ 0x10]))
+
+
+@pytest.fixture
+def run_copy(references, tmp_path):
+  dest = tmp_path / "run"
+  shutil.copytree(str(references["sync"].run_dir), str(dest))
+  os.remove(os.path.join(str(dest), rundir_lib.LOCK_FILE))
+  return dest
+
+
+@pytest.mark.parametrize("damage", [_truncate, _remove_meta, _bad_json,
+                                    _flip_bit])
+def test_damaged_latest_checkpoint_falls_back_to_the_newest_verified(
+    run_copy, damage):
+  ckpts = os.path.join(str(run_copy), "checkpoints")
+  damage(os.path.join(ckpts, "4"))
+  lines = []
+  rd = rundir_lib.RunDir(config(run_copy, resume=True), log=lines.append)
+  try:
+    assert rd.resume_step == 3
+  finally:
+    rd.close()
+  assert len(lines) == 1 and "step 4" in lines[0] and "damaged" in lines[0]
+  assert sorted(os.listdir(ckpts)) == ["1", "2", "3"]
+  assert os.listdir(os.path.join(str(run_copy), ckpt_lib.DAMAGED_DIR))
+
+
+def test_no_verified_checkpoint_is_a_clear_error(run_copy):
+  ckpts = os.path.join(str(run_copy), "checkpoints")
+  for step in ("1", "2", "3", "4"):
+    _flip_bit(os.path.join(ckpts, step))
+  with pytest.raises(ckpt_lib.CheckpointError, match=ckpts):
+    rundir_lib.RunDir(config(run_copy, resume=True))
+  assert sorted(os.listdir(ckpts)) == ["1", "2", "3", "4"]  # nothing moved
+  rundir_lib.RunDirLock(str(run_copy)).release()  # and the lock was freed
+
+
+def test_resume_refuses_a_changed_config_without_touching_config_json(
+    run_copy):
+  path = os.path.join(str(run_copy), "config.json")
+  with open(path, "rb") as f:
+    before = f.read()
+  for changed in (dict(seed=1), dict(learning_rate=2e-3),
+                  dict(rollout_quant="none"), dict(algorithm="dapo"),
+                  dict(eval_size=4)):
+    field = next(iter(changed))
+    with pytest.raises(rundir_lib.ConfigChangeError,
+                       match=f"--allow_config_change=.*{field}"):
+      rundir_lib.RunDir(config(run_copy, resume=True, **changed))
+  with pytest.raises(FileExistsError, match="--resume"):
+    rundir_lib.RunDir(config(run_copy, seed=1))
+  with pytest.raises(ValueError, match="sed"):
+    rundir_lib.RunDir(config(run_copy, resume=True, seed=1,
+                             allow_config_change="sed"))
+  with open(path, "rb") as f:
+    assert f.read() == before
+  # Run-control fields may change freely.
+  rundir_lib.RunDir(config(run_copy, resume=True, steps=9, eval_every=3,
+                           keep_checkpoints=2, checkpoint_every=2)).close()
+  assert not os.path.exists(os.path.join(str(run_copy),
+                                         rundir_lib.CHANGES_FILE))
+  # A named change is accepted and recorded.
+  lines = []
+  rundir_lib.RunDir(config(run_copy, resume=True, seed=1,
+                           allow_config_change="seed"),
+                    log=lines.append).close()
+  with open(path) as f:
+    assert json.load(f)["seed"] == 1
+  with open(os.path.join(str(run_copy), rundir_lib.CHANGES_FILE)) as f:
+    record = json.loads(f.readline())
+  assert record["changes"] == {"seed": {"old": 0, "new": 1}}
+  assert record["resumed_at_step"] == STEPS and "seed" in lines[0]
+
+
+# -- small units ---------------------------------------------------------------
+
+
+def test_second_lock_is_refused_and_a_stale_one_taken_over(tmp_path):
+  first = rundir_lib.RunDirLock(str(tmp_path))
+  with pytest.raises(rundir_lib.RunDirLockedError,
+                     match=f"pid {os.getpid()} on host"):
+    rundir_lib.RunDirLock(str(tmp_path))
+  first.release()
+  # A killed holder leaves its pid in the file but no flock.
+  with open(os.path.join(str(tmp_path), rundir_lib.LOCK_FILE), "w") as f:
+    json.dump({"pid": 999999, "host": "h", "since": "t"}, f)
+  lines = []
+  rundir_lib.RunDirLock(str(tmp_path), log=lines.append).release()
+  assert "taking over the lock left by pid 999999" in lines[0]
+
+
+def test_rotation_never_keeps_fewer_than_one_verified_checkpoint(tmp_path):
+  with pytest.raises(ValueError, match="keep_checkpoints=0"):
+    ckpt_lib.RunCheckpointer(str(tmp_path / "none"), 1, 0)
+  ckpt = ckpt_lib.RunCheckpointer(str(tmp_path / "one"), 1, 1)
+  try:
+    for step in (1, 2, 3):
+      ckpt.save(step, {"w": np.full((3,), step, np.float32)}, {"step": step})
+      assert ckpt.all_steps() == [step]
+      assert ckpt.latest_verified_step() == (step, [])
+  finally:
+    ckpt.close()
+
+
+def test_a_fresh_start_never_deletes_an_earlier_metrics_log(tmp_path):
+  path = os.path.join(str(tmp_path), "metrics.jsonl")
+  with open(path, "w") as f:
+    f.write('{"step": 1, "loss": 0.5}\n')
+  MetricsWriter(str(tmp_path), tensorboard=False).close()
+  kept = [n for n in os.listdir(str(tmp_path))
+          if n.startswith("metrics.") and n != "metrics.jsonl"]
+  assert len(kept) == 1
+  with open(os.path.join(str(tmp_path), kept[0])) as f:
+    assert json.loads(f.readline())["loss"] == 0.5
+  assert read_metrics(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_guarded_update_keeps_the_old_state_unless_all_results_are_finite(
+    jit):
+  params = {"w": jnp.array([1.0, -2.0, 3.0])}
+  grads = {"w": jnp.zeros(3)}  # finite gradients...
+  for b2, want in ((0.999, True), (1.0, False)):  # ...b2 = 1 divides 0 by 0
+    opt = optax.adam(0.1, b2=b2)
+    state = opt.init(params)
+    fn = lambda g, s, p, l, opt=opt: update_lib.guarded_update(opt, g, s, p, l)
+    fn = jax.jit(fn) if jit else fn
+    new_p, new_s, applied = fn(grads, state, params, jnp.float32(0.0))
+    assert bool(applied) == want
+    assert bool(update_lib.all_finite((new_p, new_s)))
+    if not want:
+      np.testing.assert_array_equal(new_p["w"], params["w"])
+      np.testing.assert_array_equal(new_s[0].count, state[0].count)
+  opt = optax.adam(0.1)
+  _, _, applied = update_lib.guarded_update(
+      opt, {"w": jnp.array([0.0, jnp.nan, 0.0])}, opt.init(params), params,
+      jnp.float32(0.0))
+  assert not bool(applied)
+  _, _, applied = update_lib.guarded_update(
+      opt, grads, opt.init(params), params, jnp.float32(jnp.inf))
+  assert not bool(applied)
+
+
+def test_nan_weights_reach_neither_a_checkpoint_nor_the_engine(tmp_path):
+  """Issue 16.1: `--adam_b2=1.0` makes finite gradients give NaN params."""
+  trainer = make_trainer(small_config("grpo", tmp_path, steps=2, adam_b2=1.0,
+                                      group_size=2, max_new_tokens=4))
+  try:
+    trainer.sync()
+    with pytest.raises(loop_lib.NonFiniteError, match="not applied"):
+      trainer.train_step()
+    assert bool(update_lib.all_finite(trainer.state))
+    assert trainer.checkpointer.all_steps() == []
+    # Whatever the cause, non-finite weights are never written or pushed.
+    nan_state = trainer.state.replace(params=jax.tree.map(
+        lambda x: x * jnp.nan, trainer.state.params))
+    trainer.state = nan_state
+    with pytest.raises(loop_lib.NonFiniteError):
+      trainer.rollout_params()
+    with pytest.raises(loop_lib.NonFiniteError):
+      trainer._save(1, {})  # pylint: disable=protected-access
+    assert trainer.checkpointer.all_steps() == []
+  finally:
+    trainer.close()
