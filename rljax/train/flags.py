@@ -75,3 +75,59 @@ def config_from_flags(base: Mapping[str, Any] | None = None,
   preset = defaults.get("algorithm", flag_values["algorithm"].value)
   return resolve(preset, defaults, dict(base or {}), typed_flags(flag_values),
                  *cells)
+
+
+# ------------------------------------------------------------- benchmarks
+#
+# A paper script evaluates its policy after training on the paper's
+# benchmarks (Avg@k). Each benchmark is one `--eval_<label>` path flag; the
+# data are not shipped with rljax, so the defaults point at ../shared/data
+# and a missing file is skipped with a message.
+
+
+def define_benchmark_flags(benchmarks: Mapping[str, tuple[str, str]],
+                           samples: int, temperature: float, top_p: float,
+                           paper: str,
+                           flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines --eval_<label> (one per benchmark: label -> (dataset, path))
+  and the shared --bench_* and --allow_train_on_eval flags."""
+  fv = dict(flag_values=flag_values)
+  for label, (dataset, path) in benchmarks.items():
+    flags.DEFINE_string(
+        f"eval_{label}", path,
+        f"{dataset} file evaluated after training (Avg@--bench_samples); "
+        "empty or missing: skipped.", **fv)
+  flags.DEFINE_integer(
+      "bench_samples", samples,
+      f"k of Avg@k on the benchmarks ({paper}); 0 skips the benchmarks.",
+      **fv)
+  flags.DEFINE_integer("bench_limit", 0,
+                       "First N problems of each benchmark (0 = all).", **fv)
+  flags.DEFINE_float("bench_temperature", temperature,
+                     "Sampling temperature of the benchmark evaluation.", **fv)
+  flags.DEFINE_float("bench_top_p", top_p,
+                     "Top-p of the benchmark evaluation.", **fv)
+  flags.DEFINE_bool(
+      "allow_train_on_eval", False,
+      "Train even when --data_path is one of the evaluated benchmark files "
+      "(refused by default: the scores would be on training data).", **fv)
+  _BENCHMARKS[id(flag_values)] = dict(benchmarks)
+
+
+_BENCHMARKS: dict[int, dict[str, tuple[str, str]]] = {}
+
+
+def benchmarks_from_flags(flag_values: flags.FlagValues = FLAGS):
+  """The `driver.BenchmarkPlan` of the --eval_*/--bench_* flags."""
+  from rljax import evaluation  # no jax at import
+  from rljax.train.driver import BenchmarkPlan
+  specs = []
+  for label, (dataset, _) in _BENCHMARKS.get(id(flag_values), {}).items():
+    specs.append(evaluation.EvalSpec(
+        dataset, flag_values[f"eval_{label}"].value,
+        flag_values["bench_limit"].value, label))
+  return BenchmarkPlan(
+      specs=tuple(specs), samples=flag_values["bench_samples"].value,
+      temperature=flag_values["bench_temperature"].value,
+      top_p=flag_values["bench_top_p"].value,
+      allow_train_on_eval=flag_values["allow_train_on_eval"].value)
