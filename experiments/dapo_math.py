@@ -2,8 +2,10 @@
 
 Paper defaults (DAPO recipe): clip-higher ε_low 0.2 / ε_high 0.28,
 token-mean loss, dynamic sampling, overlong shaping (L_max 20480,
-L_cache 4096), no KL, lr 1e-6, 16 samples per prompt, temperature 1.0;
-AIME24 Avg@32 at temperature 1.0, top-p 0.7. CPU overrides keep it small.
+L_cache 4096; the dapo preset turns it on with L_max = max_new_tokens
+and L_cache = L_max / 5), no KL, lr 1e-6, 16 samples per prompt,
+temperature 1.0; AIME24 Avg@32 at temperature 1.0, top-p 0.7. CPU
+overrides keep it small.
 
 Training data: DAPO-Math-17k is not available offline. Download it, write
 it as JSONL rows {"problem", "answer"}, and pass
@@ -23,7 +25,7 @@ train_flags.define_train_flags(
     model="smollm2-135m-instruct", rollout_quant="int8", correction="acr",
     uaq_scale=1.5, learning_rate=1e-6, eps_low=0.2, eps_high=0.28,
     group_size=8, prompts_per_step=4, max_new_tokens=256, max_prompt_tokens=384,
-    overlong_max_len=256, overlong_cache_len=64, dynamic_sampling=True,
+    dynamic_sampling=True,
     steps=20, eval_size=30, run_dir="runs/dapo_math")
 train_flags.define_benchmark_flags(
     {"aime24": ("aime24", "../shared/data/aime24/test.jsonl")},

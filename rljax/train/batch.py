@@ -47,12 +47,16 @@ def sequence_advantages(cfg: TrainConfig, rewards: np.ndarray,
 
 def shaped_rewards(cfg: TrainConfig, rewards: np.ndarray,
                    response_lengths: np.ndarray) -> np.ndarray:
-  """Adds DAPO's soft overlong punishment when configured (Yu et al. 2025)."""
-  if not cfg.overlong_max_len:
+  """Adds DAPO's soft overlong punishment when configured (Yu et al. 2025).
+
+  `cfg.overlong_lengths()` gives (L_max, L_cache); the penalty is
+  `rljax.core.shaping.soft_overlong_punishment` of the response lengths.
+  """
+  lengths = cfg.overlong_lengths()
+  if lengths is None:
     return rewards
   penalty = shaping.soft_overlong_punishment(
-      jnp.asarray(response_lengths), cfg.overlong_max_len,
-      cfg.overlong_cache_len)
+      jnp.asarray(response_lengths), *lengths)
   return rewards + np.asarray(penalty, np.float32)
 
 

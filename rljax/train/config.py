@@ -70,8 +70,10 @@ class TrainConfig:
   value_coef: float = 0.5
   dynamic_sampling: bool = False
   max_resample_rounds: int = 2
-  overlong_max_len: int = 0                 # DAPO soft overlong (L_max); 0 = off
-  overlong_cache_len: int = 0               # DAPO L_cache
+  overlong_shaping: bool = False            # DAPO soft overlong punishment
+  #                                           (also on when a size is set)
+  overlong_max_len: int = 0                 # its L_max; 0 = max_new_tokens
+  overlong_cache_len: int = 0               # its L_cache; 0 = L_max // 5
   overlong_filter: bool = False             # mask truncated responses
   # Rollout.
   engine: str = "jax"
@@ -145,6 +147,20 @@ class TrainConfig:
         aggregation=self.aggregation, norm_const=norm_const,
         veto_threshold=self.veto_threshold)
 
+  def overlong_lengths(self) -> tuple[int, int] | None:
+    """(L_max, L_cache) of DAPO's soft overlong punishment, None when off.
+
+    On with `overlong_shaping` (the dapo preset) or when a size is set (the
+    older spelling: a size alone never goes silently unused). By default
+    L_max is the generation budget and L_cache a fifth of it, as in DAPO
+    (Yu et al. 2025: 16384 expected + 4096 cache = 20480 tokens).
+    """
+    if not (self.overlong_shaping or self.overlong_max_len
+            or self.overlong_cache_len):
+      return None
+    l_max = self.overlong_max_len or self.max_new_tokens
+    return l_max, self.overlong_cache_len or max(1, l_max // 5)
+
   @property
   def rollout_batch(self) -> int:
     return self.prompts_per_step * self.group_size
@@ -186,7 +202,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # overlong shaping, no KL.
     "dapo": dict(advantage="grpo", surrogate="ppo", eps_low=0.2, eps_high=0.28,
                  aggregation="token-mean", dynamic_sampling=True, kl_coef=0.0,
-                 overlong_filter=False),
+                 overlong_shaping=True, overlong_filter=False),
     # MiniMax 2025 (CISPO): clipped, stop-gradient IS weight on A·logp.
     "cispo": dict(advantage="grpo", surrogate="cispo", eps_low=1.0,
                   eps_high=0.28, aggregation="token-mean"),
@@ -448,9 +464,14 @@ def _cross_checks(cfg: TrainConfig) -> list[Problem]:
     out.append(Problem("group_size", cfg.group_size,
                        "group_size >= 2: dynamic_sampling drops zero-variance "
                        "groups"))
+  lengths = cfg.overlong_lengths()
   if cfg.overlong_max_len and cfg.overlong_cache_len >= cfg.overlong_max_len:
     out.append(Problem("overlong_cache_len", cfg.overlong_cache_len,
                        f"< overlong_max_len={cfg.overlong_max_len}"))
+  elif lengths is not None and lengths[1] > lengths[0]:
+    out.append(Problem("overlong_cache_len", lengths[1],
+                       f"<= overlong_max_len={lengths[0]} (0 means "
+                       "max_new_tokens)"))
   if cfg.surrogate in ("gspo", "gspo_token") and cfg.correction == "naive":
     out.append(Problem(
         "correction", cfg.correction,

@@ -96,12 +96,12 @@ def _sequence_logprobs(config, params, tokens, attention_mask, temperature,
                                chunk_size=chunk_size)[0]
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
 @functools.partial(jax.jit, static_argnums=0)
 def _merge_lora(transform, frozen, adapters):
   return transform(frozen, adapters)
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
 def _sequence_values(config, critic_params, tokens, attention_mask):
   return models.value_forward(config, critic_params["backbone"],
                               critic_params["head"], tokens,
@@ -404,6 +404,7 @@ class Trainer:
     timing["rollout_tokens"] = float(gen_tokens)
     timing["rollout_tokens_per_s"] = gen_tokens / max(timing["time_rollout"], 1e-9)
     timing["dynamic_sampling_kept_groups"] = float(n_kept)
+    timing["dynamic_sampling_filtered_groups"] = float(len(dropped))
     timing["dynamic_sampling_rounds"] = float(round_ + 1)
     return rb, valid, rewards, {**timing, **{f"reward_{k}": float(np.mean(v))
                                              for k, v in comps.items()}}
@@ -668,11 +669,14 @@ class Trainer:
       bar.close()
     return rows
 
-  def export_policy(self, out_dir: str) -> str:
+  def export_policy(self, out_dir: str, dtype: str = "bfloat16") -> str:
+    """HF weights of the trained policy, UAQ unfolded (`models.save_hf`'s
+    float `dtype`)."""
     params = self.policy_params()
     if self.uaq_scale != 1.0:
       params = quant.unfold_uaq(self.model_config, params, scale=self.uaq_scale)
-    models.save_hf(self.model_config, params, out_dir, tokenizer=self.tokenizer)
+    models.save_hf(self.model_config, params, out_dir, tokenizer=self.tokenizer,
+                   dtype=dtype)
     return out_dir
 
   def export_adapter(self, out_dir: str) -> str:

@@ -34,7 +34,7 @@ def _run(script, *args):
   env.pop("XLA_FLAGS", None)
   return subprocess.run(
       [sys.executable, os.path.join(ROOT, "experiments", script), *args],
-      capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+      capture_output=True, text=True, env=env, cwd=ROOT, timeout=1500)
 
 
 @needs_data
