@@ -6,8 +6,12 @@
 
 or with a checked-in config: a JSON list of {"name": ..., field: value} runs,
 or {"base": {field: value}, "seeds": [...], "runs": [...]} where "base" holds the
-settings every run shares (typed flags still override it) and "seeds" is the
-default for --seeds:
+settings every run shares and "seeds" is the default for --seeds. Every run
+resolves through `rljax.train.config.resolve`, lowest first: TrainConfig
+defaults, the algorithm's preset, this script's defaults, "base", typed
+flags, the grid cell or run entry. A run that sets `algorithm` gets that
+preset (a cell algorithm=dapo trains DAPO, not GRPO with a DAPO label), and
+`ablation.json` and each run's `config.json` record the resolved config:
 
   python experiments/ablate.py --configs=experiments/configs/qurl_cpu.json \
       --out_dir=runs/qurl_cpu
@@ -46,9 +50,10 @@ _OUT_DIR = flags.DEFINE_string("out_dir", "runs/ablate", "Where runs and the tab
 
 
 def _parse_value(field: dataclasses.Field, text: str):
-  base = TrainConfig.__dataclass_fields__[field.name]
-  default = base.default
+  default = field.default
   if isinstance(default, bool):
+    if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+      raise ValueError(f"--grid {field.name}={text!r}: expected true/false")
     return text.lower() in ("1", "true", "yes")
   if isinstance(default, int):
     return int(text)
@@ -101,6 +106,26 @@ def load_config_file(path: str) -> tuple[dict, list[dict], list | None]:
     if not r.get("name"):
       raise ValueError(f"{path}: runs[{i}] has no 'name'")
   return shared, data["runs"], data.get("seeds")
+
+
+def plan_runs(runs: list[dict], shared: dict, seeds: list, out_dir: str
+              ) -> list[tuple[dict, str, TrainConfig]]:
+  """(run, seed, resolved config) of every run, all validated up front.
+
+  One resolution for every run (`config.resolve`): preset ← script defaults
+  ← the file's shared settings ← typed flags ← the run (grid cell or file
+  entry) ← seed and directory. A run that changes the algorithm gets that
+  algorithm's preset, not the settings of the base's algorithm.
+  """
+  plan = []
+  for run in runs:
+    cell = {k: v for k, v in run.items() if k != "name"}
+    for seed in seeds:
+      run_dir = os.path.join(out_dir, f"{run['name']}_s{seed}")
+      cfg = train_flags.config_from_flags(
+          shared, cell, {"seed": int(seed), "run_dir": run_dir, "resume": True})
+      plan.append((run, seed, cfg))
+  return plan
 
 
 def summarize(run_dir: str) -> dict:
@@ -180,30 +205,20 @@ def main(argv):
       seeds = [str(s) for s in file_seeds]
   if not runs:
     raise app.UsageError("give --grid and/or --configs")
-  # Typed flags beat the file's shared settings, which beat script defaults.
-  typed = {name for name in TrainConfig.__dataclass_fields__
-           if name in flags.FLAGS and flags.FLAGS[name].present}
-  base = dataclasses.replace(
-      train_flags.config_from_flags(),
-      **{k: v for k, v in shared.items() if k not in typed})
+  plan = plan_runs(runs, shared, seeds, _OUT_DIR.value)
   os.makedirs(_OUT_DIR.value, exist_ok=True)
   with open(os.path.join(_OUT_DIR.value, "ablation.json"), "w") as f:
-    json.dump({"base": dataclasses.asdict(base), "runs": runs,
-               "seeds": seeds}, f, indent=1)
+    json.dump({"base": shared, "runs": runs, "seeds": seeds,
+               "resolved": {f"{run['name']}_s{seed}": dataclasses.asdict(cfg)
+                            for run, seed, cfg in plan}}, f, indent=1)
   results = []
-  for run in runs:
-    overrides = {k: v for k, v in run.items() if k != "name"}
-    for seed in seeds:
-      run_dir = os.path.join(_OUT_DIR.value, f"{run['name']}_s{seed}")
-      cfg = dataclasses.replace(base, seed=int(seed), run_dir=run_dir,
-                                resume=True, **overrides)
-      done = os.path.exists(os.path.join(run_dir, "summary.json"))
-      if not done:
-        print(f"[ablate] {run['name']} seed={seed}", flush=True)
-        run_experiment(cfg, plot=True)
-      res = {"name": run["name"], "seed": int(seed), **summarize(run_dir)}
-      results.append(res)
-      print(write_table(results, _OUT_DIR.value), flush=True)
+  for run, seed, cfg in plan:
+    if not os.path.exists(os.path.join(cfg.run_dir, "summary.json")):
+      print(f"[ablate] {run['name']} seed={seed}", flush=True)
+      run_experiment(cfg, plot=True)
+    results.append({"name": run["name"], "seed": int(seed),
+                    **summarize(cfg.run_dir)})
+    print(write_table(results, _OUT_DIR.value), flush=True)
   from rljax.train.plots import plot_runs
   plot_runs([os.path.join(_OUT_DIR.value, f"{r['name']}_s{r['seed']}")
              for r in results], os.path.join(_OUT_DIR.value, "plots.png"),

@@ -6,8 +6,14 @@
       --samples=8 --temperature=0.6 --k=8
 
 --model takes an HF directory, a .gguf file, the embedded default name, or an
-rljax run directory (latest checkpoint). Writes <out_dir>/summary.json and
-<out_dir>/<dataset>.jsonl (one record per sample) and prints a table.
+rljax run directory (latest checkpoint; read-only: nothing in it is written
+and no engine but --engine starts). Writes <out_dir>/summary.json and
+<out_dir>/<label>.jsonl (one record per sample) and prints a table.
+
+Every result is keyed by the dataset's label: the dataset name, or an
+explicit LABEL= prefix. Two files of one loader need labels, e.g.
+--datasets=a=math500:a.jsonl,b=math500:b.jsonl; a duplicate label is
+refused before any model loads.
 """
 from __future__ import annotations
 
@@ -23,7 +29,10 @@ from rljax.rollout.base import SamplingConfig
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Policy to evaluate.")
 _DATASETS = flags.DEFINE_string(
     "datasets", "arithmetic:easy:200",
-    "Comma-separated NAME[:PATH_OR_LEVEL[:LIMIT]].")
+    "Comma-separated [LABEL=]NAME[:PATH_OR_LEVEL[:LIMIT]]. LABEL (default: "
+    "NAME) keys the result and names <out_dir>/<LABEL>.jsonl; labels must "
+    "be unique, so give two files of one NAME each a label "
+    "(a=math500:a.jsonl,b=math500:b.jsonl).")
 _SAMPLES = flags.DEFINE_integer("samples", 1, "Samples per problem (1 = greedy).")
 _K = flags.DEFINE_integer("k", 1, "k of pass@k (<= samples).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.6, "Used when samples > 1.")
@@ -65,6 +74,16 @@ def main(argv):
   del argv
   if _K.value > _SAMPLES.value:
     raise app.UsageError(f"--k={_K.value} exceeds --samples={_SAMPLES.value}")
+  # Every dataset problem is reported before a model loads.
+  try:
+    specs = evaluation.parse_datasets(_DATASETS.value)
+  except ValueError as e:
+    raise app.UsageError(f"--datasets: {e}") from None
+  missing = [f"{s.label}: {s.path}" for s in specs
+             if s.name not in ("arithmetic", "countdown")
+             and not os.path.exists(s.path)]
+  if missing:
+    raise app.UsageError("--datasets: no such file: " + ", ".join(missing))
   t0 = time.perf_counter()
   model = evaluation.load_policy(_MODEL.value)
   engine = make_engine(model)
@@ -76,15 +95,16 @@ def main(argv):
       stop_token_ids=(int(model.tokenizer.eos_token_id),), seed=_SEED.value)
   os.makedirs(_OUT_DIR.value, exist_ok=True)
   results = {}
-  for spec in evaluation.parse_datasets(_DATASETS.value):
+  for spec in specs:
     examples = evaluation.load_examples(spec)
     summary, records = evaluation.evaluate_dataset(
         model, engine, examples, sampling, _K.value)
-    results[spec.name] = summary
-    with open(os.path.join(_OUT_DIR.value, f"{spec.name}.jsonl"), "w") as f:
+    results[spec.label] = {"dataset": spec.name, "path": spec.path,
+                           **summary}
+    with open(os.path.join(_OUT_DIR.value, f"{spec.label}.jsonl"), "w") as f:
       for r in records:
         f.write(json.dumps(r) + "\n")
-    print(f"[eval] {spec.name}: {json.dumps(summary)}", flush=True)
+    print(f"[eval] {spec.label}: {json.dumps(summary)}", flush=True)
   engine.close()
   meta = {"model": _MODEL.value, "engine": _ENGINE.value, "quant": _QUANT.value,
           "samples": _SAMPLES.value, "k": _K.value,

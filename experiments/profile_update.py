@@ -33,7 +33,9 @@ _SEQ = flags.DEFINE_integer("seq", 256, "Tokens per sequence.")
 _MICRO = flags.DEFINE_integer("micro_batches", 1, "Gradient-accumulation splits.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Parameter/compute dtype.")
-_REMAT = flags.DEFINE_bool("remat", False, "Checkpoint each layer.")
+_REMAT = flags.DEFINE_bool(
+    "remat", False, "Per-layer rematerialization in the decoder "
+    "(UpdateSpec.remat -> token_logprobs(remat=True)).")
 _CHUNK = flags.DEFINE_integer("logprob_chunk", 0, "Sequence chunk of the LM head.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up).")
 _TRACE = flags.DEFINE_string("trace_dir", "runs/profile_update/trace",
@@ -84,6 +86,19 @@ def peak_memory_bytes(compiled) -> int:
                + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
   except Exception:  # pylint: disable=broad-except
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def compiled_memory(compiled) -> dict:
+  """XLA's static memory plan of the compiled step: temporaries (where
+  remat saves) and the peak (arguments + outputs + temporaries − aliased)."""
+  try:
+    mem = compiled.memory_analysis()
+    temp = int(mem.temp_size_in_bytes)
+    peak = int(mem.argument_size_in_bytes + mem.output_size_in_bytes + temp
+               - mem.alias_size_in_bytes)
+  except Exception:  # pylint: disable=broad-except
+    return {}
+  return {"compiled_temp_bytes": temp, "compiled_peak_bytes": peak}
 
 
 def main(argv):
@@ -149,6 +164,7 @@ def main(argv):
       "mfu": achieved / peak,
       "tokens_per_s": _BATCH.value * _SEQ.value / step_s,
       "peak_memory_bytes": peak_memory_bytes(compiled),
+      **compiled_memory(compiled),
       "trace_dir": _TRACE.value,
   }
   width = max(len(k) for k in result)

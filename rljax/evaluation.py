@@ -12,6 +12,8 @@ import os
 import time
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rljax import data as data_lib
@@ -20,27 +22,72 @@ from rljax import rewards as rewards_lib
 from rljax.rollout.base import SamplingConfig
 
 
+_LABEL_CHARS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSpec:
-  """One dataset to evaluate: a generated task level or a file."""
+  """One dataset to evaluate: a generated task level or a file.
+
+  `label` keys its result (the summary row and `<label>.jsonl` records);
+  unset, it is the dataset name.
+  """
   name: str
   path: str = ""          # file for datasets; level for generated tasks
   limit: int = 0          # 0 = all rows
+  label: str = ""
+
+  def __post_init__(self):
+    if not self.label:
+      object.__setattr__(self, "label", self.name)
 
 
 def parse_datasets(text: str) -> list[EvalSpec]:
-  """'gsm8k:path.jsonl,math500:path.jsonl:100,arithmetic:easy' -> specs."""
+  """'[LABEL=]NAME[:PATH_OR_LEVEL[:LIMIT]],...' -> specs with unique labels.
+
+  'gsm8k:path.jsonl,math500:path.jsonl:100,arithmetic:easy' gives labels
+  gsm8k, math500, arithmetic. Two specs of one name (two files read by one
+  loader) need explicit labels, 'a=math500:a.jsonl,b=math500:b.jsonl':
+  a duplicate label is refused, since its results would overwrite the
+  other's.
+  """
   specs = []
-  for item in [t for t in text.split(",") if t.strip()]:
-    parts = item.strip().split(":")
-    if len(parts) > 3:
-      raise ValueError(f"dataset {item!r}: expected NAME[:PATH_OR_LEVEL[:LIMIT]]")
+  for item in [t.strip() for t in text.split(",") if t.strip()]:
+    label = ""
+    head = item.split(":", 1)[0]
+    if "=" in head:
+      label, item = item.split("=", 1)
+      if not label or not set(label) <= _LABEL_CHARS:
+        raise ValueError(
+            f"dataset label {label!r}: expected letters, digits, '_', '.' "
+            "or '-' (it names the records file)")
+    parts = item.split(":")
+    if len(parts) > 3 or not parts[0]:
+      raise ValueError(
+          f"dataset {item!r}: expected [LABEL=]NAME[:PATH_OR_LEVEL[:LIMIT]]")
     name = parts[0]
     path = parts[1] if len(parts) > 1 else ""
-    limit = int(parts[2]) if len(parts) > 2 else 0
-    specs.append(EvalSpec(name, path, limit))
+    try:
+      limit = int(parts[2]) if len(parts) > 2 else 0
+    except ValueError:
+      raise ValueError(f"dataset {item!r}: LIMIT {parts[2]!r} is not an "
+                       "integer") from None
+    specs.append(EvalSpec(name, path, limit, label))
   if not specs:
     raise ValueError("no dataset given")
+  seen: dict[str, EvalSpec] = {}
+  dupes = []
+  for spec in specs:
+    if spec.label in seen:
+      dupes.append(f"{spec.label!r} ({seen[spec.label].path or '-'} and "
+                   f"{spec.path or '-'})")
+    seen.setdefault(spec.label, spec)
+  if dupes:
+    raise ValueError(
+        "duplicate dataset labels: " + ", ".join(dupes) + "; one result "
+        "would overwrite the other. Give each a label: "
+        "LABEL=NAME[:PATH[:LIMIT]], e.g. a=math500:a.jsonl,b=math500:b.jsonl")
   return specs
 
 
@@ -56,39 +103,71 @@ def load_examples(spec: EvalSpec, seed: int = 0) -> list[data_lib.Example]:
   return rows[:spec.limit] if spec.limit else rows
 
 
-def load_policy(path: str) -> models.Model:
-  """HF dir, .gguf, default name, or an rljax run directory."""
+def is_run_dir(path: str) -> bool:
+  """True for an rljax training run directory (config.json + checkpoints)."""
   config_json = os.path.join(path, "config.json")
-  ckpt_dir = os.path.join(path, "checkpoints")
-  if os.path.isdir(ckpt_dir) and os.path.exists(config_json):
-    with open(config_json) as f:
-      run_cfg = json.load(f)
-    if "algorithm" in run_cfg:
-      return _load_run(path, run_cfg)
+  if not (os.path.isdir(os.path.join(path, "checkpoints"))
+          and os.path.exists(config_json)):
+    return False
+  with open(config_json) as f:
+    return "algorithm" in json.load(f)
+
+
+def load_policy(path: str) -> models.Model:
+  """HF dir, .gguf, default name, or an rljax run directory (read-only)."""
+  if os.path.isdir(path) and is_run_dir(path):
+    return restore_policy(path)
   return models.load_pretrained(path)
 
 
-def _load_run(run_dir: str, run_cfg: dict) -> models.Model:
+def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
+  """The policy of a training run at its latest (or `step`) checkpoint.
+
+  Reads `config.json` and the checkpoint, and nothing else: no Trainer is
+  built, so nothing in the run directory is written (no config.json
+  rewrite, no metrics row, no lock) and no rollout engine starts. The
+  params are returned in the model's own parametrisation: a run trained
+  with update-aware quantization (QuRL §4.3) stores θ folded with its scale
+  s, which is unfolded here with the scale the checkpoint records.
+  """
   from rljax import quant
+  from rljax.train import loop as loop_lib  # model loading; builds nothing
   from rljax.train.checkpoint import RunCheckpointer
-  from rljax.train.config import TrainConfig
-  from rljax.train.loop import Trainer
-  cfg = TrainConfig(**{**run_cfg, "resume": True, "tensorboard": False,
-                       "reward_workers": 0})
-  ckpt = RunCheckpointer(os.path.join(run_dir, "checkpoints"), 1, 100)
-  step = ckpt.latest_step()
-  ckpt.close()
-  if step is None:
-    raise FileNotFoundError(f"run directory {run_dir!r} has no checkpoint")
-  trainer = Trainer(cfg, show_progress=False)
-  params = trainer.state.params
-  if trainer.uaq_scale != 1.0:
-    params = quant.unfold_uaq(trainer.model_config, params,
-                              scale=trainer.uaq_scale)
-  model = models.Model(config=trainer.model_config, params=params,
-                       tokenizer=trainer.tokenizer)
-  trainer.close()
-  return model
+  from rljax.train.config import TrainConfig, field_names
+  with open(os.path.join(run_dir, "config.json")) as f:
+    saved = json.load(f)
+  # Fields of another rljax version are ignored: only the model matters here.
+  cfg = TrainConfig(**{k: v for k, v in saved.items() if k in field_names()})
+  # A reader, not the owner: it never cleans up a save a live run is making.
+  ckpt = RunCheckpointer(os.path.join(run_dir, "checkpoints"), 1, 1_000_000,
+                         owner=False)
+  try:
+    if step is None:
+      # The newest checkpoint whose files match their manifest.
+      step, damaged = ckpt.latest_verified_step()
+      for bad_step, reason in damaged:
+        print(f"[rljax] {run_dir}: skipping checkpoint {bad_step} ({reason})")
+    if step is None:
+      raise FileNotFoundError(f"run directory {run_dir!r} has no checkpoint")
+    # No target: the saved tree comes back as saved, so this does not depend
+    # on the optimizer the run used.
+    state, meta = ckpt.restore(step, None)
+  finally:
+    ckpt.close()
+  skeleton = loop_lib.load_policy(cfg, cfg.seed)
+  saved_params = state["params"]
+  if jax.tree.structure(saved_params) != jax.tree.structure(skeleton.params):
+    raise ValueError(
+        f"{run_dir}: checkpoint {step} holds params of another structure "
+        f"than model={cfg.model!r} of its config.json")
+  params = jax.tree.map(lambda x, ref: jnp.asarray(x, ref.dtype),
+                        saved_params, skeleton.params)
+  quantized = cfg.rollout_quant in ("int8", "int8_wo", "fp8")
+  scale = float(meta.get("uaq_scale", cfg.uaq_scale if quantized else 1.0))
+  if scale != 1.0:
+    params = quant.unfold_uaq(skeleton.config, params, scale=scale)
+  return models.Model(config=skeleton.config, params=params,
+                      tokenizer=skeleton.tokenizer)
 
 
 def evaluate_dataset(model: models.Model, engine, examples: Sequence,

@@ -2,14 +2,18 @@
 
 A run is fully described by one `TrainConfig`. The experiment scripts map
 their absl flags one to one onto these fields, and every algorithm of the
-seeds is a named preset that only sets fields (`apply_preset`), so an ablation
-is a grid over field values.
+seeds is a named preset that only sets fields, so an ablation is a grid over
+field values. `resolve` is the one way from presets, script defaults, JSON
+files, flags and grid cells to a config (its docstring has the order), and
+`validate` reports every bad value at once, before anything is loaded.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+import types
+import typing
+from typing import Any, Callable, Mapping, Sequence
 
 ALGORITHMS = ("reinforce", "ppo", "grpo", "drgrpo", "rloo", "reinforce_pp",
               "dapo", "cispo", "gspo", "vapo", "olmo3")
@@ -18,20 +22,6 @@ ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp",
 ROLLOUT_QUANT = ("none", "bf16", "int8", "int8_wo", "fp8")
 ENGINES = ("jax", "vllm")
 REWARDS = ("verifier", "reward_model", "vrcli", "judge")
-
-
-def _check_choice(field: str, value: Any, choices) -> None:
-  if value not in choices:
-    raise ValueError(f"{field}={value!r} is not one of {tuple(choices)}")
-
-
-def _check_range(field: str, value: float, lo: float, hi: float,
-                 lo_open: bool = False, hi_open: bool = False) -> None:
-  ok_lo = value > lo if lo_open else value >= lo
-  ok_hi = value < hi if hi_open else value <= hi
-  if not (ok_lo and ok_hi):
-    lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
-    raise ValueError(f"{field}={value!r} is outside {lb}{lo}, {hi}{rb}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,70 +124,7 @@ class TrainConfig:
   tensorboard: bool = True
 
   def __post_init__(self):
-    _check_choice("algorithm", self.algorithm, ALGORITHMS)
-    _check_choice("advantage", self.advantage, ADVANTAGE_ESTIMATORS)
-    _check_choice("rollout_quant", self.rollout_quant, ROLLOUT_QUANT)
-    _check_choice("engine", self.engine, ENGINES)
-    _check_choice("lr_schedule", self.lr_schedule, ("constant", "cosine"))
-    _check_choice("kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
-    _check_choice("reward", self.reward, REWARDS)
-    if self.reward == "reward_model" and not self.reward_model_path:
-      raise ValueError("reward='reward_model' needs reward_model_path (a "
-                       "directory written by experiments/train_reward_model.py)")
-    if self.reward == "judge":
-      _check_range("judge_timeout_s", self.judge_timeout_s, 0.0, math.inf,
-                   lo_open=True)
-      from rljax.rewards.judge import check_address  # only when judging
-      check_address(self.judge_url, self.judge_allow_remote)
-    for name in ("prompts_per_step", "group_size", "max_new_tokens", "steps",
-                 "ppo_epochs", "minibatches", "micro_batches",
-                 "max_prompt_tokens", "max_staleness"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1")
-    _check_range("temperature", self.temperature, 0.0, math.inf, lo_open=True)
-    _check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-    _check_range("uaq_scale", self.uaq_scale, 0.0, math.inf, lo_open=True)
-    _check_range("learning_rate", self.learning_rate, 0.0, 1.0)
-    _check_range("gamma", self.gamma, 0.0, 1.0)
-    _check_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
-    _check_range("critic_lambda", self.critic_lambda, 0.0, 1.0)
-    if self.lora_rank < 0:
-      raise ValueError(f"lora_rank={self.lora_rank!r}; expected >= 0 (0 = off)")
-    self.lora_config()  # validates the other lora_* fields
-    batch = self.prompts_per_step * self.group_size
-    if batch % self.minibatches:
-      raise ValueError(
-          f"minibatches={self.minibatches} must divide prompts_per_step*"
-          f"group_size={batch}")
-    if (batch // self.minibatches) % self.micro_batches:
-      raise ValueError(
-          f"micro_batches={self.micro_batches} must divide the minibatch size "
-          f"{batch // self.minibatches}")
-    group_methods = ("grpo", "drgrpo", "rloo", "reinforce_pp_baseline")
-    if self.advantage in group_methods and self.group_size < 2:
-      raise ValueError(
-          f"advantage={self.advantage!r} compares samples within a group and "
-          f"needs group_size >= 2, got group_size={self.group_size}")
-    if self.dynamic_sampling and self.group_size < 2:
-      raise ValueError("dynamic_sampling drops zero-variance groups and needs "
-                       f"group_size >= 2, got {self.group_size}")
-    if self.overlong_max_len and self.overlong_cache_len >= self.overlong_max_len:
-      raise ValueError(
-          f"overlong_cache_len={self.overlong_cache_len} must be smaller than "
-          f"overlong_max_len={self.overlong_max_len}")
-    if self.overlong_lengths() is not None:
-      l_max, l_cache = self.overlong_lengths()
-      if l_cache > l_max:
-        raise ValueError(
-            f"overlong_cache_len={l_cache} must be <= overlong_max_len={l_max} "
-            "(0 means max_new_tokens)")
-    if self.surrogate in ("gspo", "gspo_token") and self.correction == "naive":
-      raise ValueError(
-          "surrogate='gspo' with correction='naive' would clip a sequence "
-          "ratio against the quantized actor; use 'ignore_behavior', 'tis' "
-          "or 'acr'")
-
-    self.policy_loss_config()  # validates surrogate/correction/ε/C by name
+    check(self)  # every problem at once; see `validate`
 
   def lora_config(self):
     """The LoraConfig of the lora_* fields, or None when lora_rank == 0."""
@@ -297,14 +224,328 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def apply_preset(algorithm: str, **overrides) -> TrainConfig:
-  """`TrainConfig` of a named algorithm, with explicit overrides on top."""
-  _check_choice("algorithm", algorithm, ALGORITHMS)
-  fields = {f.name for f in dataclasses.fields(TrainConfig)}
-  unknown = sorted(set(overrides) - fields)
+
+
+# ---------------------------------------------------------------- resolution
+#
+# One function turns every source of settings into a TrainConfig: the flags
+# of a script, a JSON ablation file, a `--grid` cell, a test. Sources are
+# layers of {field: value}; the order is documented once, here.
+
+
+def field_names() -> tuple[str, ...]:
+  """The settable fields (the flags), in declaration order."""
+  return tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def resolve(preset: str, *overrides: Mapping[str, Any]) -> TrainConfig:
+  """The TrainConfig of `preset` with layers of explicit values on top.
+
+  Precedence, lowest first:
+
+    1. TrainConfig's defaults;
+    2. the preset `PRESETS[algorithm]`, where `algorithm` is the value of
+       the last layer that sets `algorithm` (else `preset`);
+    3. each layer of `overrides`, in order. The callers pass, in this order:
+       the script's defaults (one paper setup), the shared "base" of a JSON
+       ablation file, the flags the user typed, the grid cell or JSON run,
+       and per-run control (seed, run_dir).
+
+  A layer that names another algorithm than the resolved one was written
+  for that algorithm: its values for the fields that define either
+  algorithm (the keys of either preset) are dropped. So a grid cell
+  `algorithm=dapo` over a GRPO script or base gets DAPO's dynamic sampling,
+  ε_high and KL, and `--algorithm=grpo` on the DAPO script does not keep
+  DAPO's dynamic sampling under a GRPO label. Its other values (sizes,
+  model, data), and every value of a layer that names no algorithm (typed
+  flags without --algorithm, a grid cell over other fields), apply as given.
+
+  Keys are field names; when the config grows sections, a layer stays a
+  flat mapping of (dotted) field paths and only this function learns to
+  place them. Raises `ConfigError` listing every unknown field or bad value.
+  """
+  known = set(field_names())
+  unknown = [Problem(k, v, "a TrainConfig field")
+             for layer in overrides for k, v in layer.items() if k not in known]
   if unknown:
-    raise ValueError(f"unknown TrainConfig fields {unknown}")
+    raise ConfigError(unknown)
+  algorithm = preset
+  for layer in overrides:
+    algorithm = layer.get("algorithm", algorithm)
+  if algorithm not in PRESETS:
+    raise ConfigError([Problem("algorithm", algorithm, f"one of {ALGORITHMS}")])
   values = dict(PRESETS[algorithm])
-  values.update(overrides)
+  for layer in overrides:
+    written_for = layer.get("algorithm", algorithm)
+    if written_for not in PRESETS:
+      continue  # the final algorithm is valid; this layer's name is moot
+    defining = set(PRESETS[algorithm]) | set(PRESETS[written_for])
+    values.update({k: v for k, v in layer.items()
+                   if written_for == algorithm or k not in defining})
   values["algorithm"] = algorithm
   return TrainConfig(**values)
+
+
+def apply_preset(algorithm: str, **overrides) -> TrainConfig:
+  """`TrainConfig` of a named algorithm, with explicit overrides on top."""
+  return resolve(algorithm, overrides)
+
+
+# ---------------------------------------------------------------- validation
+#
+# To add a field: declare it in TrainConfig (its name is its flag) and give
+# it a rule in FIELD_RULES (tests/train/test_config.py checks that every
+# numeric field has one). A check that involves several fields goes in
+# CROSS_CHECKS. `validate` runs them all and reports every problem at once.
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One bad setting: the field (its flag), its value, what was expected."""
+  field: str
+  value: Any
+  expected: str
+
+  def __str__(self) -> str:
+    return f"--{self.field}={self.value!r}: expected {self.expected}"
+
+
+class ConfigError(ValueError):
+  """Every problem of a config, one per line."""
+
+  def __init__(self, problems: Sequence[Problem]):
+    self.problems = tuple(problems)
+    n = len(self.problems)
+    super().__init__(
+        f"{n} problem{'s' if n > 1 else ''} in the training config:\n"
+        + "\n".join(f"  {p}" for p in self.problems))
+
+
+Rule = Callable[[Any], "str | None"]  # value -> what was expected, or None
+
+
+def one_of(*choices) -> Rule:
+  return lambda v: None if v in choices else f"one of {choices}"
+
+
+def in_range(lo: float = -math.inf, hi: float = math.inf, *,
+             lo_open: bool = False, hi_open: bool = False) -> Rule:
+  lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
+  text = f"a value in {lb}{lo}, {hi}{rb}"
+
+  def rule(v):
+    ok_lo = v > lo if lo_open else v >= lo
+    ok_hi = v < hi if hi_open else v <= hi
+    return None if ok_lo and ok_hi else text
+  return rule
+
+
+def at_least(lo: float, why: str = "") -> Rule:
+  base = in_range(lo)
+  return lambda v: base(v) and (f">= {lo}" + (f" ({why})" if why else ""))
+
+
+def optional(rule: Rule) -> Rule:
+  return lambda v: None if v is None else rule(v)
+
+
+def _mesh_shape(v) -> str | None:
+  parts = str(v).split(",")
+  ok = len(parts) == 3 and all(p.strip().isdigit() and int(p) >= 1
+                               for p in parts)
+  return None if ok else "three positive ints 'data,fsdp,tensor', e.g. '1,1,1'"
+
+
+def _task(v) -> str | None:
+  from rljax.data import DATASET_SPECS  # no jax; imported only to validate
+  from rljax.train.tasks import GENERATED_TASKS
+  names = tuple(GENERATED_TASKS) + tuple(sorted(DATASET_SPECS))
+  return None if v in names else f"a generated task or dataset, one of {names}"
+
+
+_PROB = in_range(0.0, 1.0)
+_NONNEG = at_least(0)
+_POSITIVE_INT = at_least(1)
+
+FIELD_RULES: dict[str, Rule] = {
+    "task": _task,
+    "eval_size": _NONNEG,
+    "reward_workers": at_least(0, "0 scores in-process"),
+    # A chat prompt's fixed part alone is longer than this.
+    "max_prompt_tokens": at_least(16, "the chat template alone is longer"),
+    "algorithm": one_of(*ALGORITHMS),
+    "advantage": one_of(*ADVANTAGE_ESTIMATORS),
+    "eps_low": _NONNEG,
+    "eps_high": _NONNEG,
+    "dual_clip": optional(in_range(1.0, math.inf, lo_open=True)),
+    "tis_cap": in_range(0.0, math.inf, lo_open=True),
+    "norm_const": optional(in_range(0.0, math.inf, lo_open=True)),
+    "kl_coef": at_least(0, "0 turns the KL loss off"),
+    "kl_estimator": one_of("k1", "k2", "k3"),
+    "kl_in_reward_coef": at_least(0, "0 turns the KL penalty off"),
+    "entropy_coef": _NONNEG,
+    "gamma": _PROB,
+    "gae_lambda": _PROB,
+    "critic_lambda": _PROB,
+    "vapo_alpha": _NONNEG,
+    "value_clip": in_range(0.0, math.inf, lo_open=True),
+    "value_coef": _NONNEG,
+    "max_resample_rounds": _NONNEG,
+    "overlong_max_len": at_least(0, "0 turns overlong shaping off"),
+    "overlong_cache_len": _NONNEG,
+    "engine": one_of(*ENGINES),
+    "rollout_quant": one_of(*ROLLOUT_QUANT),
+    "uaq_scale": in_range(0.0, math.inf, lo_open=True),
+    "prompts_per_step": _POSITIVE_INT,
+    "group_size": _POSITIVE_INT,
+    "max_new_tokens": _POSITIVE_INT,
+    "temperature": in_range(0.0, math.inf, lo_open=True),
+    "top_p": in_range(0.0, 1.0, lo_open=True),
+    "steps": _POSITIVE_INT,
+    "ppo_epochs": _POSITIVE_INT,
+    "minibatches": _POSITIVE_INT,
+    "micro_batches": _POSITIVE_INT,
+    "learning_rate": _PROB,
+    "critic_learning_rate": _PROB,
+    "warmup_steps": _NONNEG,
+    "lr_schedule": one_of("constant", "cosine"),
+    "weight_decay": _NONNEG,
+    "max_grad_norm": at_least(0, "0 turns clipping off"),
+    # b = 1 never forgets the first moment and divides by a zero bias
+    # correction (NaN weights in the first step).
+    "adam_b1": in_range(0.0, 1.0, hi_open=True),
+    "adam_b2": in_range(0.0, 1.0, hi_open=True),
+    "max_staleness": _POSITIVE_INT,
+    "mesh_shape": _mesh_shape,
+    "logprob_chunk": at_least(0, "0 = the whole sequence at once"),
+    "seed": _NONNEG,
+    "checkpoint_every": _POSITIVE_INT,
+    "keep_checkpoints": _POSITIVE_INT,
+    "eval_every": at_least(0, "0 = only before and after training"),
+    "reward": one_of(*REWARDS),
+    "judge_timeout_s": in_range(0.0, math.inf, lo_open=True),
+    "veto_threshold": optional(in_range(0.0, 1.0, lo_open=True)),
+    "lora_rank": at_least(0, "0 trains every weight"),
+    "lora_alpha": in_range(0.0, math.inf, lo_open=True),
+    "lora_dropout": in_range(0.0, 1.0, hi_open=True),
+}
+
+
+def _type_problem(name: str, value: Any) -> Problem | None:
+  hint = typing.get_type_hints(TrainConfig)[name]
+  allowed = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+  optional_ = typing.get_origin(hint) in (typing.Union, types.UnionType) and \
+      type(None) in typing.get_args(hint)
+  base = [a for a in typing.get_args(hint) if a is not type(None)][0] \
+      if optional_ else hint
+  if optional_ and value is None:
+    return None
+  ok = isinstance(value, allowed.get(base, (object,)))
+  if ok and base is not bool and isinstance(value, bool):
+    ok = False  # True is an int in Python, not a count
+  return None if ok else Problem(name, value, f"a {base.__name__}")
+
+
+def _cross_checks(cfg: TrainConfig) -> list[Problem]:
+  out = []
+  batch = cfg.prompts_per_step * cfg.group_size
+  if batch % cfg.minibatches:
+    out.append(Problem("minibatches", cfg.minibatches,
+                       f"a divisor of prompts_per_step*group_size={batch}"))
+  elif (batch // cfg.minibatches) % cfg.micro_batches:
+    out.append(Problem("micro_batches", cfg.micro_batches,
+                       f"a divisor of the minibatch size "
+                       f"{batch // cfg.minibatches}"))
+  group_methods = ("grpo", "drgrpo", "rloo", "reinforce_pp_baseline")
+  if cfg.advantage in group_methods and cfg.group_size < 2:
+    out.append(Problem("group_size", cfg.group_size,
+                       f"group_size >= 2: advantage={cfg.advantage!r} "
+                       "compares samples within a group"))
+  if cfg.dynamic_sampling and cfg.group_size < 2:
+    out.append(Problem("group_size", cfg.group_size,
+                       "group_size >= 2: dynamic_sampling drops zero-variance "
+                       "groups"))
+  lengths = cfg.overlong_lengths()
+  if cfg.overlong_max_len and cfg.overlong_cache_len >= cfg.overlong_max_len:
+    out.append(Problem("overlong_cache_len", cfg.overlong_cache_len,
+                       f"< overlong_max_len={cfg.overlong_max_len}"))
+  elif lengths is not None and lengths[1] > lengths[0]:
+    out.append(Problem("overlong_cache_len", lengths[1],
+                       f"<= overlong_max_len={lengths[0]} (0 means "
+                       "max_new_tokens)"))
+  if cfg.surrogate in ("gspo", "gspo_token") and cfg.correction == "naive":
+    out.append(Problem(
+        "correction", cfg.correction,
+        "'ignore_behavior', 'tis' or 'acr' with surrogate='gspo' (naive "
+        "would clip a sequence ratio against the quantized actor)"))
+  if cfg.eval_every > 0 and cfg.eval_size < 1:
+    out.append(Problem("eval_size", cfg.eval_size,
+                       f">= 1 when eval_every={cfg.eval_every} evaluates "
+                       "during training"))
+  from rljax import data as data_lib  # no jax
+  levels = {"arithmetic": data_lib.ARITHMETIC_LEVELS,
+            "countdown": data_lib.COUNTDOWN_LEVELS}.get(cfg.task)
+  if levels is not None and cfg.task_difficulty not in levels:
+    out.append(Problem("task_difficulty", cfg.task_difficulty,
+                       f"a level of task={cfg.task!r}: one of {tuple(levels)}"))
+  if cfg.task in data_lib.DATASET_SPECS and not cfg.data_path:
+    out.append(Problem("data_path", cfg.data_path,
+                       f"the file of dataset task={cfg.task!r}"))
+  if cfg.reward == "reward_model" and not cfg.reward_model_path:
+    out.append(Problem("reward_model_path", cfg.reward_model_path,
+                       "the directory written by "
+                       "experiments/train_reward_model.py when "
+                       "reward='reward_model'"))
+  if cfg.reward == "judge":
+    from rljax.rewards.judge import check_address  # only when judging
+    try:
+      check_address(cfg.judge_url, cfg.judge_allow_remote)
+    except ValueError as e:
+      out.append(Problem("judge_url", cfg.judge_url, str(e)))
+  try:
+    cfg.lora_config()  # lora_targets / lora_base_dtype by name
+  except ValueError as e:
+    out.append(Problem("lora_*", (cfg.lora_targets, cfg.lora_base_dtype),
+                       str(e)))
+  try:
+    cfg.policy_loss_config()  # surrogate/correction/aggregation/ε/C by name
+  except ValueError as e:
+    out.append(Problem("surrogate/correction/aggregation",
+                       (cfg.surrogate, cfg.correction, cfg.aggregation),
+                       str(e)))
+  return out
+
+
+CROSS_CHECKS: list[Callable[[TrainConfig], list[Problem]]] = [_cross_checks]
+
+
+def validate(cfg: TrainConfig) -> list[Problem]:
+  """Every problem of `cfg`: per-field types and ranges, then cross-field
+  checks (a cross check that cannot run because one of its fields is
+  already reported adds nothing)."""
+  problems = []
+  for name in field_names():
+    value = getattr(cfg, name)
+    bad_type = _type_problem(name, value)
+    if bad_type:
+      problems.append(bad_type)
+      continue
+    rule = FIELD_RULES.get(name)
+    expected = rule(value) if rule else None
+    if expected:
+      problems.append(Problem(name, value, expected))
+  reported = {p.field for p in problems}
+  for cross in CROSS_CHECKS:
+    try:
+      problems.extend(p for p in cross(cfg) if p.field not in reported)
+    except (ArithmeticError, TypeError, ValueError):
+      if not problems:
+        raise
+  return problems
+
+
+def check(cfg: TrainConfig) -> None:
+  """Raises `ConfigError` listing every problem of `cfg`."""
+  problems = validate(cfg)
+  if problems:
+    raise ConfigError(problems)

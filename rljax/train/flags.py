@@ -1,23 +1,26 @@
 """absl flags that map one to one onto `TrainConfig` fields.
 
 Every experiment script calls `define_train_flags(**script_defaults)` and
-`config_from_flags()`. Precedence, lowest first: TrainConfig's defaults, the
-algorithm preset, the script's defaults (a script is one paper setup), the
-flags the user typed. When the user picks another algorithm than the
-script's, the script's defaults no longer override that preset's fields.
+`config_from_flags()`, which resolves through `config.resolve`: TrainConfig's
+defaults, the algorithm preset, the script's defaults (a script is one paper
+setup), [a JSON base], the flags the user typed, [grid cells]. When the user
+picks another algorithm than the script's, the script's defaults no longer
+override that preset's fields. Every problem of the result is reported at
+once (`config.validate`), before any model loads.
 """
 from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, Mapping
 
 from absl import flags
 
-from rljax.train.config import ALGORITHMS, PRESETS, TrainConfig, apply_preset
+from rljax.train.config import ALGORITHMS, TrainConfig, field_names, resolve
 
 FLAGS = flags.FLAGS
-_SCRIPT_DEFAULTS: dict[str, Any] = {}
+# Script defaults per FlagValues (a test may define the flags on its own).
+_SCRIPT_DEFAULTS: dict[int, dict[str, Any]] = {}
 
 
 def _field_type(field: dataclasses.Field) -> Any:
@@ -25,13 +28,14 @@ def _field_type(field: dataclasses.Field) -> Any:
   return hints[field.name]
 
 
-def define_train_flags(**script_defaults) -> None:
+def define_train_flags(flag_values: flags.FlagValues = FLAGS,
+                       **script_defaults) -> None:
   """Defines one flag per TrainConfig field (name, type and help)."""
-  unknown = set(script_defaults) - {f.name for f in dataclasses.fields(TrainConfig)}
+  unknown = set(script_defaults) - set(field_names())
   if unknown:
     raise ValueError(f"unknown TrainConfig fields in script defaults: {sorted(unknown)}")
-  _SCRIPT_DEFAULTS.clear()
-  _SCRIPT_DEFAULTS.update(script_defaults)
+  _SCRIPT_DEFAULTS[id(flag_values)] = dict(script_defaults)
+  fv = dict(flag_values=flag_values)
   for field in dataclasses.fields(TrainConfig):
     default = script_defaults.get(field.name, field.default)
     ftype = _field_type(field)
@@ -39,31 +43,91 @@ def define_train_flags(**script_defaults) -> None:
     if field.name == "algorithm":
       flags.DEFINE_enum(field.name, default, ALGORITHMS,
                         "Algorithm preset (sets several fields; explicit "
-                        "flags override it).")
+                        "flags override it).", **fv)
     elif ftype is bool:
-      flags.DEFINE_bool(field.name, default, help_)
+      flags.DEFINE_bool(field.name, default, help_, **fv)
     elif ftype is int:
-      flags.DEFINE_integer(field.name, default, help_)
+      flags.DEFINE_integer(field.name, default, help_, **fv)
     elif ftype is float:
-      flags.DEFINE_float(field.name, default, help_)
+      flags.DEFINE_float(field.name, default, help_, **fv)
     elif ftype == (float | None):
-      flags.DEFINE_float(field.name, default, help_ + " (unset = None)")
+      flags.DEFINE_float(field.name, default, help_ + " (unset = None)", **fv)
     else:
-      flags.DEFINE_string(field.name, default, help_)
+      flags.DEFINE_string(field.name, default, help_, **fv)
 
 
-def config_from_flags() -> TrainConfig:
-  """TrainConfig = preset(algorithm) ← script defaults ← explicit flags."""
-  algorithm = FLAGS.algorithm
-  own_algorithm = _SCRIPT_DEFAULTS.get("algorithm", algorithm) == algorithm
-  preset = {} if own_algorithm else PRESETS[algorithm]
-  overrides = {}
-  for field in dataclasses.fields(TrainConfig):
-    name = field.name
-    if name == "algorithm":
-      continue
-    if FLAGS[name].present:
-      overrides[name] = FLAGS[name].value
-    elif name in _SCRIPT_DEFAULTS and name not in preset:
-      overrides[name] = _SCRIPT_DEFAULTS[name]
-  return apply_preset(algorithm, **overrides)
+def script_defaults(flag_values: flags.FlagValues = FLAGS) -> dict[str, Any]:
+  """The defaults the script passed to `define_train_flags`."""
+  return dict(_SCRIPT_DEFAULTS.get(id(flag_values), {}))
+
+
+def typed_flags(flag_values: flags.FlagValues = FLAGS) -> dict[str, Any]:
+  """The TrainConfig flags the user typed on the command line."""
+  return {name: flag_values[name].value for name in field_names()
+          if name in flag_values and flag_values[name].present}
+
+
+def config_from_flags(base: Mapping[str, Any] | None = None,
+                      *cells: Mapping[str, Any],
+                      flag_values: flags.FlagValues = FLAGS) -> TrainConfig:
+  """resolve(preset ← script defaults ← `base` ← typed flags ← `cells`)."""
+  defaults = script_defaults(flag_values)
+  preset = defaults.get("algorithm", flag_values["algorithm"].value)
+  return resolve(preset, defaults, dict(base or {}), typed_flags(flag_values),
+                 *cells)
+
+
+# ------------------------------------------------------------- benchmarks
+#
+# A paper script evaluates its policy after training on the paper's
+# benchmarks (Avg@k). Each benchmark is one `--eval_<label>` path flag; the
+# data are not shipped with rljax, so the defaults point at ../shared/data
+# and a missing file is skipped with a message.
+
+
+def define_benchmark_flags(benchmarks: Mapping[str, tuple[str, str]],
+                           samples: int, temperature: float, top_p: float,
+                           paper: str,
+                           flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines --eval_<label> (one per benchmark: label -> (dataset, path))
+  and the shared --bench_* and --allow_train_on_eval flags."""
+  fv = dict(flag_values=flag_values)
+  for label, (dataset, path) in benchmarks.items():
+    flags.DEFINE_string(
+        f"eval_{label}", path,
+        f"{dataset} file evaluated after training (Avg@--bench_samples); "
+        "empty or missing: skipped.", **fv)
+  flags.DEFINE_integer(
+      "bench_samples", samples,
+      f"k of Avg@k on the benchmarks ({paper}); 0 skips the benchmarks.",
+      **fv)
+  flags.DEFINE_integer("bench_limit", 0,
+                       "First N problems of each benchmark (0 = all).", **fv)
+  flags.DEFINE_float("bench_temperature", temperature,
+                     "Sampling temperature of the benchmark evaluation.", **fv)
+  flags.DEFINE_float("bench_top_p", top_p,
+                     "Top-p of the benchmark evaluation.", **fv)
+  flags.DEFINE_bool(
+      "allow_train_on_eval", False,
+      "Train even when --data_path is one of the evaluated benchmark files "
+      "(refused by default: the scores would be on training data).", **fv)
+  _BENCHMARKS[id(flag_values)] = dict(benchmarks)
+
+
+_BENCHMARKS: dict[int, dict[str, tuple[str, str]]] = {}
+
+
+def benchmarks_from_flags(flag_values: flags.FlagValues = FLAGS):
+  """The `driver.BenchmarkPlan` of the --eval_*/--bench_* flags."""
+  from rljax import evaluation  # no jax at import
+  from rljax.train.driver import BenchmarkPlan
+  specs = []
+  for label, (dataset, _) in _BENCHMARKS.get(id(flag_values), {}).items():
+    specs.append(evaluation.EvalSpec(
+        dataset, flag_values[f"eval_{label}"].value,
+        flag_values["bench_limit"].value, label))
+  return BenchmarkPlan(
+      specs=tuple(specs), samples=flag_values["bench_samples"].value,
+      temperature=flag_values["bench_temperature"].value,
+      top_p=flag_values["bench_top_p"].value,
+      allow_train_on_eval=flag_values["allow_train_on_eval"].value)

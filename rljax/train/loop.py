@@ -555,6 +555,8 @@ class Trainer:
         rewards[valid].mean() if valid.any() else rewards.mean())
     metrics["reward_all_mean"] = float(rewards.mean())
     metrics["accuracy"] = float((rewards >= 1.0).mean())
+    metrics["prompts_filtered_long"] = float(
+        getattr(self.task, "prompts_filtered_long", 0))
     if cfg.engine != "jax":
       metrics["engine_restarts"] = float(self.engine_restarts)
     metrics["time_step"] = time.perf_counter() - t_step

@@ -34,9 +34,12 @@ class Task:
                max_prompt_tokens: int, reward_workers: int = 1,
                reward_timeout_s: float = 10.0,
                last_number_fallback: bool = False,
-               reward: "rewards_lib.batched.BatchedReward | None" = None):
+               reward: "rewards_lib.batched.BatchedReward | None" = None,
+               prompts_filtered_long: int = 0):
     if not train:
       raise ValueError("the task has no training examples")
+    # Examples dropped by `drop_long_prompts` (reported in the metrics).
+    self.prompts_filtered_long = prompts_filtered_long
     self.tokenizer = tokenizer
     self.render = render
     self._held_out = list(held_out)
@@ -132,19 +135,51 @@ def build_task(cfg: TrainConfig, tokenizer) -> Task:
           f"{sorted(data_lib.DATASET_SPECS)})")
     rows = list(data_lib.load_dataset(cfg.task, cfg.data_path))
     rows = data_lib.shuffled(rows, cfg.seed)
-    held_out, train = rows[:cfg.eval_size], rows[cfg.eval_size:]
   if generated:
     # Short answers within a small token budget. A 135M model rarely writes an
     # answer format at all, so generated tasks grade the last number when
     # there is none (datasets keep the strict verifier).
     render = data_lib.ChatTemplate(tokenizer, user_template=data_lib.BoxedTemplate(
         instruction=SHORT_ANSWER_INSTRUCTION))
+    held_out, n_held = drop_long_prompts(held_out, render, tokenizer,
+                                         cfg.max_prompt_tokens)
+    train, n_train = drop_long_prompts(train, render, tokenizer,
+                                       cfg.max_prompt_tokens)
   else:
     render = data_lib.ChatTemplate(tokenizer)
+    # Filtered before the split, so the held-out set keeps eval_size rows.
+    rows, n_train = drop_long_prompts(rows, render, tokenizer,
+                                      cfg.max_prompt_tokens)
+    n_held = 0
+    held_out, train = rows[:cfg.eval_size], rows[cfg.eval_size:]
+  if n_train + n_held:
+    print(f"[rljax] dropped {n_train + n_held} prompts longer than "
+          f"max_prompt_tokens={cfg.max_prompt_tokens}", flush=True)
+  if not train:
+    raise ValueError(
+        f"task={cfg.task!r}: no training prompt left ({n_train} dropped as "
+        f"longer than max_prompt_tokens={cfg.max_prompt_tokens}, "
+        f"{len(held_out)} held out by eval_size)")
   return Task(train, held_out, tokenizer, render, cfg.prompts_per_step,
               cfg.seed, cfg.max_prompt_tokens, cfg.reward_workers,
               last_number_fallback=generated,
-              reward=build_reward(cfg, tokenizer))
+              reward=build_reward(cfg, tokenizer),
+              prompts_filtered_long=n_train + n_held)
+
+
+def drop_long_prompts(examples: Sequence[data_lib.Example], render,
+                      tokenizer, max_tokens: int
+                      ) -> tuple[list[data_lib.Example], int]:
+  """(examples whose rendered prompt fits in `max_tokens`, number dropped).
+
+  A prompt the engine cannot hold would stop the run at the step that
+  draws it; dropping it up front (the usual `filter_overlong_prompts` of
+  RL recipes) keeps the run going, and the count is reported.
+  """
+  kept = [e for e in examples
+          if len(tokenizer.encode(render(e.question),
+                                  add_special_tokens=False)) <= max_tokens]
+  return kept, len(examples) - len(kept)
 
 
 def build_reward(cfg: TrainConfig, tokenizer):

@@ -152,7 +152,7 @@ def _policy_logp(spec: UpdateSpec, params, batch: Batch):
   logp, entropy = models.token_logprobs(
       spec.model_config, params, batch["tokens"],
       attention_mask=batch["attention_mask"], temperature=spec.temperature,
-      chunk_size=spec.logprob_chunk or None)
+      chunk_size=spec.logprob_chunk or None, remat=spec.remat)
   return logp, entropy
 
 
@@ -272,9 +272,9 @@ def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
     micro = _with_prox(spec, merge(state.params),
                        _split_micro(batch, spec.micro_batches))
     denoms = _denominators(spec, micro)
+    # spec.remat: per-layer remat in the decoder (`_policy_logp`); wrapping
+    # the whole loss in jax.checkpoint would keep every activation anyway.
     pg = lambda p, mb, d: policy_loss_sum(spec, merge(p), mb, d)
-    if spec.remat:
-      pg = jax.checkpoint(pg)
     loss, grads, metrics = _accumulate(pg, state.params, micro, denoms)
     grad_norm = optax.global_norm(grads)
     # Nothing non-finite may reach the params or the optimizer state: keep

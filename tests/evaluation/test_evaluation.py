@@ -75,3 +75,25 @@ def test_jax_sampler_greedy_eval_runs_end_to_end():
   assert summary["truncated_fraction"] == pytest.approx(
       np.mean([r["finish_reason"] == "length" for r in records]))
   assert all(r["response_tokens"] <= 4 for r in records)
+
+
+class TestDatasetLabels:
+
+  def test_default_label_is_the_name(self):
+    specs = evaluation.parse_datasets("gsm8k:g.jsonl,arithmetic:easy:5")
+    assert [s.label for s in specs] == ["gsm8k", "arithmetic"]
+
+  def test_explicit_labels(self):
+    specs = evaluation.parse_datasets("a=math500:x/a.jsonl,b=math500:b.jsonl:3")
+    assert specs == [evaluation.EvalSpec("math500", "x/a.jsonl", 0, "a"),
+                     evaluation.EvalSpec("math500", "b.jsonl", 3, "b")]
+
+  def test_duplicate_labels_are_refused(self):
+    with pytest.raises(ValueError, match="duplicate dataset labels: 'math500'"):
+      evaluation.parse_datasets("math500:a.jsonl,math500:b.jsonl")
+    with pytest.raises(ValueError, match="duplicate dataset labels: 'x'"):
+      evaluation.parse_datasets("x=gsm8k:a.jsonl,x=math500:b.jsonl")
+
+  def test_label_must_be_a_file_name(self):
+    with pytest.raises(ValueError, match="label 'a/b'"):
+      evaluation.parse_datasets("a/b=math500:a.jsonl")

@@ -101,3 +101,28 @@ def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
   proc = _run("plot_run.py", f"--runs={out / 'fp_s0'},{out / 'q_s0'}",
               f"--out={png}", "--labels=fp,q")
   assert png.stat().st_size > 10_000 and "panels" in proc.stdout
+
+
+def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
+  """--grid="algorithm=grpo,dapo": the dapo cell gets DAPO's settings
+  (issue 12, defect 2: the grid used to bypass presets)."""
+  from absl import flags
+  ablate = _load_ablate()
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["ablate.py", "--kl_coef=0.002"])
+  try:
+    runs = ablate.grid_runs("algorithm=grpo,dapo")
+    plan = ablate.plan_runs(runs, {"steps": 3}, ["0"], str(tmp_path))
+  finally:
+    flags.FLAGS.unparse_flags()
+  by_name = {run["name"]: cfg for run, _, cfg in plan}
+  grpo, dapo = by_name["algorithm=grpo"], by_name["algorithm=dapo"]
+  assert (dapo.algorithm, dapo.dynamic_sampling, dapo.eps_high) == (
+      "dapo", True, 0.28)
+  assert (grpo.algorithm, grpo.dynamic_sampling, grpo.eps_high) == (
+      "grpo", False, 0.2)
+  # The typed flag names no algorithm: it holds for every cell; the base's
+  # steps too; seed and run_dir are the cell's.
+  assert grpo.kl_coef == dapo.kl_coef == 0.002
+  assert grpo.steps == dapo.steps == 3
+  assert dapo.run_dir == str(tmp_path / "algorithm=dapo_s0") and dapo.resume

@@ -78,9 +78,9 @@ class TestCheckAddress:
       TrainConfig(reward="judge", judge_url="http://10.1.2.3:8000")
     TrainConfig(reward="judge", judge_url="http://10.1.2.3:8000",
                 judge_allow_remote=True)
-    with pytest.raises(ValueError, match="reward='bogus' is not one of"):
+    with pytest.raises(ValueError, match="--reward='bogus': expected one of"):
       TrainConfig(reward="bogus")
-    with pytest.raises(ValueError, match="needs reward_model_path"):
+    with pytest.raises(ValueError, match="--reward_model_path='': expected the directory"):
       TrainConfig(reward="reward_model")
 
 

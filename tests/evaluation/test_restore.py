@@ -1,0 +1,111 @@
+"""Evaluating a training run directory reads it and writes nothing
+(issue 12, defect 3): `restore_policy` gives the trainer's own params, UAQ
+unfolded, and every file of the run is byte-identical afterwards."""
+import hashlib
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from rljax import data as data_lib
+from rljax import evaluation
+from rljax import quant
+from rljax.rollout.base import SamplingConfig
+from rljax.train import loop as loop_lib
+from rljax.train.config import apply_preset
+
+
+def _tree_digest(root):
+  """{relative path: sha256} of every file under root, and the dir names."""
+  out = {}
+  for dirpath, dirnames, filenames in os.walk(root):
+    rel = os.path.relpath(dirpath, root)
+    out[rel + "/"] = "dir"
+    for name in filenames:
+      with open(os.path.join(dirpath, name), "rb") as f:
+        out[os.path.join(rel, name)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+  """A one-step INT8 run with UAQ (s = 1.5): params are stored folded."""
+  run_dir = str(tmp_path_factory.mktemp("run"))
+  cfg = apply_preset(
+      "grpo", model="tiny", steps=1, prompts_per_step=2, group_size=2,
+      max_new_tokens=4, eval_size=2, reward_workers=0, run_dir=run_dir,
+      checkpoint_every=1, tensorboard=False, export_hf=False,
+      learning_rate=1e-3, rollout_quant="int8", uaq_scale=1.5)
+  trainer = loop_lib.Trainer(cfg, show_progress=False)
+  try:
+    trainer.run()
+    assert trainer.uaq_scale == 1.5
+    unfolded = quant.unfold_uaq(trainer.model_config, trainer.state.params,
+                                scale=trainer.uaq_scale)
+    unfolded = jax.tree.map(np.asarray, unfolded)
+  finally:
+    trainer.close()
+  return run_dir, unfolded
+
+
+def test_restore_policy_gives_the_trainers_params(trained_run):
+  run_dir, expected = trained_run
+  model = evaluation.restore_policy(run_dir)
+  assert jax.tree.structure(model.params) == jax.tree.structure(expected)
+  for got, want in zip(jax.tree.leaves(model.params),
+                       jax.tree.leaves(expected)):
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_evaluating_a_run_dir_writes_nothing_into_it(trained_run):
+  run_dir, _ = trained_run
+  before = _tree_digest(run_dir)
+  model = evaluation.load_policy(run_dir)
+  from rljax.rollout.jax_sampler import JaxSampler
+  engine = JaxSampler(model.config, model.params, max_prompt_len=128, pad_id=0)
+  summary, _ = evaluation.evaluate_dataset(
+      model, engine, data_lib.generate_arithmetic(2, "easy", seed=3),
+      SamplingConfig(n=1, greedy=True, max_new_tokens=3), k=1)
+  engine.close()
+  assert summary["examples"] == 2
+  assert _tree_digest(run_dir) == before
+
+
+def test_a_run_dir_without_checkpoint_is_named(tmp_path):
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "config.json").write_text('{"algorithm": "grpo", "model": "tiny"}')
+  with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    evaluation.restore_policy(str(tmp_path))
+
+
+def test_restoring_a_vllm_run_starts_no_engine(trained_run, tmp_path,
+                                               monkeypatch):
+  """A run trained with engine=vllm is restored without starting a sidecar
+  (nor a JAX sampler): the caller starts the engine it asks for."""
+  import json
+  import shutil
+  from rljax.rollout import jax_sampler
+  from rljax.rollout import vllm_sidecar
+  run_dir, expected = trained_run
+  copy = str(tmp_path / "vllm_run")
+  shutil.copytree(run_dir, copy)
+  with open(os.path.join(copy, "config.json")) as f:
+    saved = json.load(f)
+  saved.update(engine="vllm", vllm_urls="http://127.0.0.1:9")
+  with open(os.path.join(copy, "config.json"), "w") as f:
+    json.dump(saved, f)
+  started = []
+
+  def spy(name):
+    def record(*args, **kwargs):
+      started.append(name)
+      raise RuntimeError(f"restore_policy started an engine: {name}")
+    return record
+  monkeypatch.setattr(vllm_sidecar, "engine_for_model", spy("vllm"))
+  monkeypatch.setattr(jax_sampler.JaxSampler, "__init__", spy("jax"))
+  model = evaluation.load_policy(copy)
+  assert started == []
+  for got, want in zip(jax.tree.leaves(model.params),
+                       jax.tree.leaves(expected)):
+    np.testing.assert_array_equal(np.asarray(got), want)
