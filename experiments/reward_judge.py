@@ -21,6 +21,7 @@ import os
 from absl import app, flags
 
 from rljax.train import flags as train_flags
+from rljax.train import tasks
 from rljax.train.driver import run_experiment
 
 RUBRICS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
@@ -71,6 +72,9 @@ def main(argv):
   with VLLMSidecar(judge_checkpoint_dir(), sidecar_cfg) as engine:
     print(f"[judge] serving {engine.model_dir} at {engine.url} "
           f"(started in {engine.startup_seconds:.0f} s)", flush=True)
+    # The sidecar refuses callers without its run key; the judge reward
+    # reads it from the environment (never from a flag: flags are logged).
+    os.environ[tasks.JUDGE_API_KEY_ENV] = engine.api_key
     run_experiment(dataclasses.replace(cfg, judge_url=engine.url,
                                        judge_model="judge"))
 

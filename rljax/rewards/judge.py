@@ -181,6 +181,9 @@ class JudgeConfig:
     temperature: 0 = greedy (deterministic scores).
     concurrency: requests in flight.
     allow_remote: permit a non-loopback host.
+    api_key: bearer token sent as `Authorization: Bearer <key>` (a vLLM
+      sidecar requires its run key on every route); None = no header. Not
+      in the repr, so it never reaches a log or config.json.
   """
   url: str = "http://127.0.0.1:8000"
   model: str = ""
@@ -194,6 +197,7 @@ class JudgeConfig:
   temperature: float = 0.0
   concurrency: int = 8
   allow_remote: bool = False
+  api_key: str | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
     if self.api not in APIS:
@@ -238,6 +242,8 @@ class JudgeReward:
     try:
       data = None if body is None else json.dumps(body).encode()
       headers = {"Content-Type": "application/json"} if data else {}
+      if self.config.api_key:
+        headers["Authorization"] = f"Bearer {self.config.api_key}"
       conn.request(method, path, body=data, headers=headers)
       response = conn.getresponse()
       raw = response.read()

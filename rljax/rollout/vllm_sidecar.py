@@ -626,6 +626,12 @@ class VLLMSidecar:
     return self._url
 
   @property
+  def api_key(self) -> str | None:
+    """The bearer token this server requires (a launched sidecar's random
+    run key), for other clients of it, e.g. a judge reward."""
+    return self._api_key
+
+  @property
   def pid(self) -> int | None:
     return self._proc.pid if self._proc is not None else None
 

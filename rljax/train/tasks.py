@@ -11,6 +11,7 @@ are compared on the same accuracy.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable, Sequence
 
 import numpy as np
@@ -18,6 +19,9 @@ import numpy as np
 from rljax import data as data_lib
 from rljax import rewards as rewards_lib
 from rljax.train.config import TrainConfig
+
+# The judge server's bearer token (a vLLM sidecar's run key), if it needs one.
+JUDGE_API_KEY_ENV = "RLJAX_JUDGE_API_KEY"
 
 GENERATED_TASKS = ("arithmetic", "countdown")
 # Training examples drawn for a generated task; far more than any CPU run uses.
@@ -220,6 +224,9 @@ def build_reward(cfg: TrainConfig, tokenizer):
     return judge.JudgeReward(judge.JudgeConfig(
         url=cfg.judge_url, model=cfg.judge_model, rubrics=rubrics,
         api=cfg.judge_api,
-        timeout_s=cfg.judge_timeout_s, allow_remote=cfg.judge_allow_remote))
+        timeout_s=cfg.judge_timeout_s, allow_remote=cfg.judge_allow_remote,
+        # A secret: from the environment, never a flag (flags are recorded
+        # in config.json).
+        api_key=os.environ.get(JUDGE_API_KEY_ENV) or None))
   raise ValueError(f"reward={cfg.reward!r}; expected one of "
                    "('verifier', 'reward_model', 'vrcli', 'judge')")

