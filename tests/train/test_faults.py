@@ -298,8 +298,9 @@ def test_resume_refuses_a_changed_config_without_touching_config_json(
   with open(path, "rb") as f:
     assert f.read() == before
   # Run-control fields may change freely.
-  rundir_lib.RunDir(config(run_copy, resume=True, steps=9, eval_every=3,
-                           keep_checkpoints=2, checkpoint_every=2)).close()
+  rundir_lib.RunDir(config(run_copy, resume=True, steps=9, eval_every=0,
+                           keep_checkpoints=2,
+                           checkpoint_every=2)).close()
   assert not os.path.exists(os.path.join(str(run_copy),
                                          rundir_lib.CHANGES_FILE))
   # A named change is accepted and recorded.
@@ -385,9 +386,14 @@ def test_guarded_update_keeps_the_old_state_unless_all_results_are_finite(
 
 
 def test_nan_weights_reach_neither_a_checkpoint_nor_the_engine(tmp_path):
-  """Issue 16.1: `--adam_b2=1.0` makes finite gradients give NaN params."""
-  trainer = make_trainer(small_config("grpo", tmp_path, steps=2, adam_b2=1.0,
-                                      group_size=2, max_new_tokens=4))
+  """Issue 16.1: `--adam_b2=1.0` makes finite gradients give NaN params.
+
+  validate() now refuses adam_b2 = 1 up front (16.7); the value is forced
+  past it here to exercise the second line of defence, the guard on the
+  updated parameters and optimizer state."""
+  cfg = small_config("grpo", tmp_path, steps=2, group_size=2, max_new_tokens=4)
+  object.__setattr__(cfg, "adam_b2", 1.0)  # frozen dataclass: bypass checks
+  trainer = make_trainer(cfg)
   try:
     trainer.sync()
     with pytest.raises(loop_lib.NonFiniteError, match="not applied"):
