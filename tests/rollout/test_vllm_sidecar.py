@@ -222,6 +222,29 @@ class TestBF16Sidecar:
     # The refused reload did not happen: the engine still serves.
     assert bf16_engine.is_alive()
 
+  def test_judge_reward_on_smollm2(self, bf16_engine):
+    """The rubric judge (rljax.rewards.judge) against this real engine:
+    every request answered (the run key sent), scores in [0, 1], parse
+    failures counted and scored 0."""
+    from rljax.rewards import judge  # pylint: disable=g-import-not-at-top
+    from rljax.rewards.pool import make_inputs  # pylint: disable=g-import-not-at-top
+    reward = judge.JudgeReward(judge.JudgeConfig(
+        url=bf16_engine.url, model=bf16_engine.config.served_model_name,
+        api="chat", rubrics="- Correctness: the answer to the arithmetic is "
+        "right.", timeout_s=120.0, max_tokens=8,
+        api_key=bf16_engine.api_key))
+    batch = reward.score(make_inputs(
+        ["What is 7+5?"] * 3, ["12", "7+5 = 12. The answer is 12.", "banana"],
+        [""] * 3))
+    reward.close()
+    print("judge on SmolLM2:", batch.scores, batch.components, batch.metrics)
+    assert batch.status == ("ok",) * 3
+    assert batch.metrics["judge_request_failures"] == 0
+    parsed = 1 - batch.components["judge_parse_failure"]
+    assert batch.metrics["judge_parse_failures"] == 3 - parsed.sum()
+    assert np.all((batch.scores >= 0) & (batch.scores <= 1))
+    np.testing.assert_allclose(batch.scores[parsed == 0], 0.0)
+
   def test_behav_logp_is_of_the_tempered_distribution(self, bf16_engine,
                                                       prompts, checkpoints,
                                                       f32_params):
