@@ -10,6 +10,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_configure(config):
+  """Keeps the collection order below as the order files are handed out.
+
+  xdist's loadfile would otherwise hand out the files with the most tests
+  first, which puts the single-test multi-minute files (a whole ablation,
+  a reward experiment) last, on one worker, while the other idles.
+  """
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
+
+
 # Files of a minute or more without a real engine (pytest --durations=0).
 _HEAVY_FILES = frozenset({
     "test_faults.py", "test_vllm_units.py", "test_ablate_script.py",
