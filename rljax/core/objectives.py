@@ -475,6 +475,11 @@ def policy_loss_per_token(
       of the same KL (unbiased, noisy, can be negative).
     max_prox_behav_ratio: max ρ (clamped at e^20; 0 if no valid token).
     tis_truncated_fraction: fraction with ρ > C (whatever the correction).
+    acr_active_fraction: fraction of kept tokens whose outcome ACR's enlarged
+      upper bound changes against plain TIS: 1+ε_high < R ≤ (1+ε_high)·u
+      (with A > 0 for min-form surrogates), i.e. TIS would clip them and ACR
+      lets their gradient through. 0 for every correction but acr, and for
+      reinforce (QuRL Eq. 9; the issue's "how often does the bound bind").
     mis_masked_fraction: fraction of valid tokens rejected (mis, seq_mis,
       geo_rs, the veto; 0 otherwise).
     weight_mean: mean correction weight w over kept tokens.
@@ -523,6 +528,14 @@ def policy_loss_per_token(
     clipped_low, clipped_high = r < low, r > high
   else:
     clipped_low, clipped_high = (r < low) & (adv < 0), (r > high) & (adv > 0)
+  # Where ACR's bound (1+ε_high)·u is what keeps the token unclipped: plain
+  # TIS (u = 1) would have clipped it.
+  if surrogate == "reinforce":
+    acr_active = jnp.zeros(shape, bool)
+  else:
+    acr_active = (r > 1.0 + config.eps_high) & (r <= high)
+    if surrogate != "cispo":
+      acr_active = acr_active & (adv > 0)
   if config.dual_clip is not None:
     dual = (adv < 0) & (r > config.dual_clip)
   else:
@@ -537,6 +550,7 @@ def policy_loss_per_token(
       "behav_prox_log_ratio_mean": aggregation.masked_mean(behav - prox, valid),
       "max_prox_behav_ratio": jnp.max(jnp.where(valid, rho, 0.0), initial=0.0),
       "tis_truncated_fraction": _fraction(rho > config.tis_cap, valid),
+      "acr_active_fraction": _fraction(acr_active, keep),
       "mis_masked_fraction": _fraction(valid & ~keep, valid),
       "weight_mean": aggregation.masked_mean(iw.weight, keep),
   }
