@@ -13,6 +13,16 @@ but non-zero start on "easy":
   medium  two operations, operands 1..20, + -         ("What is 12 + 5 - 9?")
   hard    three operations, operands 1..50, + - x
   expert  four operations, operands 1..100, + - x /
+
+Between and beyond the levels, a difficulty *spec* sets the knobs directly
+(``parse_difficulty``): a level name optionally followed by ``_key=value``
+overrides, or overrides alone on top of "easy", e.g. ``"steps=2_digits=2"``
+(two operations on two-digit operands) or ``"medium_max=99"``. Keys: steps
+(operations), digits (operands with exactly that many digits), min / max
+(operand range), ops (operator characters, e.g. ``+-*``), mult (largest
+multiplier), style (expression|word), neg (0|1). Underscores, not commas,
+separate the overrides so that a spec fits a ``--grid`` axis and a
+directory name.
 """
 from __future__ import annotations
 
@@ -22,7 +32,8 @@ from typing import Sequence
 
 from rljax.data.records import Example
 
-__all__ = ["ARITHMETIC_LEVELS", "ArithmeticConfig", "evaluate_steps", "generate_arithmetic", "render_expression"]
+__all__ = ["ARITHMETIC_LEVELS", "ArithmeticConfig", "evaluate_steps", "generate_arithmetic", "parse_difficulty",
+           "render_expression"]
 
 _OPERATORS = ("+", "-", "*", "/")
 _SYMBOLS = {"+": "+", "-": "-", "*": "\u00d7", "/": "\u00f7"}
@@ -82,6 +93,64 @@ ARITHMETIC_LEVELS: dict[str, ArithmeticConfig] = {
     "hard": ArithmeticConfig(num_steps=3, operand_min=1, operand_max=50, operators=("+", "-", "*")),
     "expert": ArithmeticConfig(num_steps=4, operand_min=1, operand_max=100, operators=("+", "-", "*", "/")),
 }
+
+
+_SPEC_KEYS = ("steps", "digits", "min", "max", "ops", "mult", "style", "neg")
+
+
+def parse_difficulty(spec: str) -> ArithmeticConfig:
+    """The ``ArithmeticConfig`` of a level name or a difficulty spec.
+
+    ``"hard"`` -> ARITHMETIC_LEVELS["hard"]; ``"steps=2_digits=2_ops=+-"`` ->
+    "easy" with two operations and operands 10..99; ``"medium_max=99"`` ->
+    "medium" with operands up to 99. Later keys win over earlier ones
+    (``digits`` sets both ``min`` and ``max``).
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"arithmetic difficulty {spec!r}: expected a level {sorted(ARITHMETIC_LEVELS)} or a spec")
+    if spec in ARITHMETIC_LEVELS:
+        return ARITHMETIC_LEVELS[spec]
+    parts = spec.split("_")
+    base = ARITHMETIC_LEVELS["easy"]
+    if parts[0] in ARITHMETIC_LEVELS:
+        base, parts = ARITHMETIC_LEVELS[parts[0]], parts[1:]
+    if parts and "=" not in parts[0]:
+        raise ValueError(
+            f"generate_arithmetic: unknown level {parts[0]!r} in {spec!r}; expected one of "
+            f"{sorted(ARITHMETIC_LEVELS)}, optionally followed by _KEY=VALUE overrides (KEY in {_SPEC_KEYS})"
+        )
+    changes: dict = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or key not in _SPEC_KEYS or not value:
+            raise ValueError(
+                f"arithmetic difficulty {spec!r}: {part!r} is not KEY=VALUE with KEY one of {_SPEC_KEYS} "
+                f"(or a level {sorted(ARITHMETIC_LEVELS)} first)"
+            )
+        try:
+            if key == "steps":
+                changes["num_steps"] = int(value)
+            elif key == "digits":
+                digits = int(value)
+                if digits < 1:
+                    raise ValueError
+                changes["operand_min"] = 10 ** (digits - 1) if digits > 1 else 1
+                changes["operand_max"] = 10**digits - 1
+            elif key in ("min", "max"):
+                changes[f"operand_{key}"] = int(value)
+            elif key == "ops":
+                changes["operators"] = tuple(value)
+            elif key == "mult":
+                changes["max_multiplier"] = int(value)
+            elif key == "style":
+                changes["style"] = value
+            else:
+                if value not in ("0", "1"):
+                    raise ValueError
+                changes["allow_negative"] = value == "1"
+        except ValueError:
+            raise ValueError(f"arithmetic difficulty {spec!r}: {key}={value!r} is not a valid value") from None
+    return dataclasses.replace(base, **changes)
 
 
 def evaluate_steps(start: int, steps: Sequence[tuple[str, int]]) -> int:
@@ -165,15 +234,14 @@ def _word_problem(rng: random.Random, start: int, steps: Sequence[tuple[str, int
 def generate_arithmetic(
     num_examples: int, config: ArithmeticConfig | str = "easy", *, seed: int
 ) -> list[Example]:
-    """``num_examples`` problems drawn from ``config`` (or a level name).
+    """``num_examples`` problems drawn from ``config`` (or a level name or
+    difficulty spec, ``parse_difficulty``).
 
     Each ``Example`` has the integer answer as ``answer`` and ``metadata``
     {verifier: "math", task: "arithmetic", start, steps, expression}.
     """
     if isinstance(config, str):
-        if config not in ARITHMETIC_LEVELS:
-            raise ValueError(f"generate_arithmetic: unknown level {config!r}; expected one of {sorted(ARITHMETIC_LEVELS)}")
-        config = ARITHMETIC_LEVELS[config]
+        config = parse_difficulty(config)
     if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 0:
         raise ValueError(f"generate_arithmetic: num_examples is {num_examples!r}; expected an int >= 0")
     rng = random.Random(f"rljax-arithmetic:{seed}")

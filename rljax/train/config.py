@@ -485,7 +485,14 @@ def _cross_checks(cfg: TrainConfig) -> list[Problem]:
   from rljax import data as data_lib  # no jax
   levels = {"arithmetic": data_lib.ARITHMETIC_LEVELS,
             "countdown": data_lib.COUNTDOWN_LEVELS}.get(cfg.task)
-  if levels is not None and cfg.task_difficulty not in levels:
+  if cfg.task == "arithmetic":  # a level or a knob spec (issue 17)
+    try:
+      data_lib.parse_difficulty(cfg.task_difficulty)
+    except ValueError as e:
+      out.append(Problem("task_difficulty", cfg.task_difficulty,
+                         f"a level of task='arithmetic' {tuple(levels)} or a "
+                         f"spec such as 'steps=2_digits=2' ({e})"))
+  elif levels is not None and cfg.task_difficulty not in levels:
     out.append(Problem("task_difficulty", cfg.task_difficulty,
                        f"a level of task={cfg.task!r}: one of {tuple(levels)}"))
   if cfg.task in data_lib.DATASET_SPECS and not cfg.data_path:
