@@ -16,12 +16,29 @@ preset (a cell algorithm=dapo trains DAPO, not GRPO with a DAPO label), and
   python experiments/ablate.py --configs=experiments/configs/qurl_cpu.json \
       --out_dir=runs/qurl_cpu
 
-Every run gets its own directory `<out_dir>/<name>_s<seed>` and is resumed if
-it already finished some steps (so a killed ablation continues). The table
-(`<out_dir>/table.md` and `table.json`) has, per run: held-out accuracy
-before / final / best, mean reward over the first and last quarter,
-behavior-proximal KL, max ρ, clip fractions, rollout tokens/s and seconds per
-step; and per config, the mean ± std over seeds.
+Resumable, so a study can run in parts: every run gets its own directory
+`<out_dir>/<name>_s<seed>`; rerunning the same command skips the finished
+runs (those with `summary.json`), resumes a killed run from its last
+checkpoint (the trainer's `resume`; steps after that checkpoint are redone),
+and starts the rest. Runs go seed-major by default (every config for seed 0,
+then seed 1, ...), so an interrupted study holds complete paired seeds;
+`--order=run` keeps the seeds of one config together. `--only=name,...`,
+`--max_runs=N` and `--stop_after_s=S` run a part and stop cleanly between
+runs. Seeds are a grid axis: `--seeds=0,1,2` or a file's "seeds" key.
+
+The table (`<out_dir>/table.md` and `table.json`) is rebuilt from what is on
+disk after every run, including runs finished by earlier invocations and
+partial ones (status column). Per run: held-out accuracy before / final /
+best, mean reward over the first and last quarter, behavior-proximal KL,
+max ρ, clip fractions, the ACR-active fraction, rollout tokens/s and seconds
+per step; and per config, the mean ± std over finished seeds.
+`<out_dir>/progress.json` says how far the study got, and
+`<out_dir>/cpu_log.jsonl` records the process CPU seconds of each run this
+script trained (a run killed mid-way logs nothing for its lost part).
+
+A run whose `model` is `instrument:<dir>` trains the small from-scratch
+decoder of experiments/long_horizon.py (`rljax.instrument`) instead of a
+pretrained model; everything else is the same.
 """
 from __future__ import annotations
 
@@ -29,6 +46,8 @@ import dataclasses
 import itertools
 import json
 import os
+import resource
+import time
 
 from absl import app, flags
 import numpy as np
@@ -47,6 +66,17 @@ _CONFIGS = flags.DEFINE_string(
     "configs", "", "JSON file: a list of {name, field: value, ...} runs.")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds, each run once per seed.")
 _OUT_DIR = flags.DEFINE_string("out_dir", "runs/ablate", "Where runs and the table go.")
+_ORDER = flags.DEFINE_enum(
+    "order", "seed", ["seed", "run"],
+    "seed: every config for one seed before the next seed (an interrupted "
+    "study holds complete paired seeds); run: the seeds of a config together.")
+_ONLY = flags.DEFINE_list("only", [], "Run only these run names (all are "
+                          "still tabled from disk).")
+_MAX_RUNS = flags.DEFINE_integer(
+    "max_runs", 0, "Train at most this many runs in this invocation (0 = all).")
+_STOP_AFTER_S = flags.DEFINE_float(
+    "stop_after_s", 0.0, "Start no new run after this many seconds (0 = no "
+    "limit); a run already started finishes.")
 
 
 def _parse_value(field: dataclasses.Field, text: str):
@@ -108,8 +138,8 @@ def load_config_file(path: str) -> tuple[dict, list[dict], list | None]:
   return shared, data["runs"], data.get("seeds")
 
 
-def plan_runs(runs: list[dict], shared: dict, seeds: list, out_dir: str
-              ) -> list[tuple[dict, str, TrainConfig]]:
+def plan_runs(runs: list[dict], shared: dict, seeds: list, out_dir: str,
+              order: str = "run") -> list[tuple[dict, str, TrainConfig]]:
   """(run, seed, resolved config) of every run, all validated up front.
 
   One resolution for every run (`config.resolve`): preset ← script defaults
@@ -117,19 +147,90 @@ def plan_runs(runs: list[dict], shared: dict, seeds: list, out_dir: str
   entry) ← seed and directory. A run that changes the algorithm gets that
   algorithm's preset, not the settings of the base's algorithm.
   """
+  if order not in ("run", "seed"):
+    raise ValueError(f"order={order!r}: expected 'run' or 'seed'")
+  pairs = ([(run, seed) for run in runs for seed in seeds] if order == "run"
+           else [(run, seed) for seed in seeds for run in runs])
   plan = []
-  for run in runs:
+  for run, seed in pairs:
     cell = {k: v for k, v in run.items() if k != "name"}
-    for seed in seeds:
-      run_dir = os.path.join(out_dir, f"{run['name']}_s{seed}")
-      cfg = train_flags.config_from_flags(
-          shared, cell, {"seed": int(seed), "run_dir": run_dir, "resume": True})
-      plan.append((run, seed, cfg))
+    run_dir = os.path.join(out_dir, f"{run['name']}_s{seed}")
+    cfg = train_flags.config_from_flags(
+        shared, cell, {"seed": int(seed), "run_dir": run_dir, "resume": True})
+    plan.append((run, seed, cfg))
   return plan
 
 
+def latest_checkpoint(run_dir: str) -> int | None:
+  """The newest checkpoint step directory of a run (None if none)."""
+  ckpt = os.path.join(run_dir, "checkpoints")
+  if not os.path.isdir(ckpt):
+    return None
+  steps = [int(d) for d in os.listdir(ckpt) if d.isdigit()]
+  return max(steps) if steps else None
+
+
+def run_status(run_dir: str) -> str:
+  """done (summary.json written), partial (some metrics), or pending."""
+  if os.path.exists(os.path.join(run_dir, "summary.json")):
+    return "done"
+  if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+    return "partial"
+  return "pending"
+
+
+def collect(plan) -> list[dict]:
+  """The table rows of every planned run with metrics on disk."""
+  results = []
+  for run, seed, cfg in plan:
+    status = run_status(cfg.run_dir)
+    if status == "pending":
+      continue
+    results.append({"name": run["name"], "seed": int(seed), "status": status,
+                    "target_steps": cfg.steps, **summarize(cfg.run_dir)})
+  return results
+
+
+def run_one(cfg: TrainConfig) -> dict:
+  """Trains one run to cfg.steps (resuming) and writes its summary.json."""
+  if cfg.model.startswith("instrument:"):
+    from rljax import instrument
+    return instrument.run_experiment(cfg, cfg.model.split(":", 1)[1])
+  from rljax.train.driver import run_experiment
+  return run_experiment(cfg, plot=True)
+
+
+def write_progress(plan, out_dir: str, stopped: str) -> dict:
+  status = [run_status(cfg.run_dir) for _, _, cfg in plan]
+  progress = {"runs": len(plan), "done": status.count("done"),
+              "partial": status.count("partial"),
+              "pending": status.count("pending"), "stopped": stopped,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+  with open(os.path.join(out_dir, "progress.json"), "w") as f:
+    json.dump(progress, f, indent=1)
+  return progress
+
+
+def _read_rows(run_dir: str) -> list[dict]:
+  """metrics.jsonl rows; a last line cut by a killed process is skipped
+  (the trainer's resume truncates it too)."""
+  try:
+    return read_metrics(run_dir)
+  except (json.JSONDecodeError, FileNotFoundError):
+    rows = []
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        for line in f:
+          try:
+            rows.append(json.loads(line))
+          except json.JSONDecodeError:
+            break
+    return rows
+
+
 def summarize(run_dir: str) -> dict:
-  rows = read_metrics(run_dir)
+  rows = _read_rows(run_dir)
   train = [r for r in rows if "reward_mean" in r]
   evals = [r for r in rows if "eval_accuracy" in r]
 
@@ -150,6 +251,8 @@ def summarize(run_dir: str) -> dict:
       "clip_low": mean("clip_fraction_low", train),
       "clip_high": mean("clip_fraction_high", train),
       "tis_truncated": mean("tis_truncated_fraction", train),
+      "acr_active": mean("acr_active_fraction", train),
+      "changed_codes": mean("quant/quantized_change_fraction", train),
       "rollout_tok_s": mean("rollout_tokens_per_s", train),
       "s_per_step": mean("time_step", train),
   }
@@ -164,17 +267,18 @@ def _fmt(v) -> str:
 
 
 def write_table(results: list[dict], out_dir: str) -> str:
-  cols = ["name", "seed", "steps", "eval_before", "eval_final", "eval_best",
-          "reward_first_q", "reward_last_q", "behav_prox_kl", "max_rho",
-          "clip_low", "clip_high", "tis_truncated", "rollout_tok_s",
-          "s_per_step"]
+  cols = ["name", "seed", "status", "steps", "eval_before", "eval_final",
+          "eval_best", "reward_first_q", "reward_last_q", "behav_prox_kl",
+          "max_rho", "clip_low", "clip_high", "tis_truncated", "acr_active",
+          "changed_codes", "rollout_tok_s", "s_per_step"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   for r in results:
     lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
-  # Spread over seeds.
+  # Spread over the finished seeds.
   by_name: dict[str, list[dict]] = {}
   for r in results:
-    by_name.setdefault(r["name"], []).append(r)
+    if r.get("status", "done") == "done":
+      by_name.setdefault(r["name"], []).append(r)
   agg = ["", "| config | seeds | eval_final mean ± std | eval_best mean | "
          "reward_last_q mean ± std |", "|---|---|---|---|---|"]
   for name, rs in by_name.items():
@@ -205,24 +309,61 @@ def main(argv):
       seeds = [str(s) for s in file_seeds]
   if not runs:
     raise app.UsageError("give --grid and/or --configs")
-  plan = plan_runs(runs, shared, seeds, _OUT_DIR.value)
-  os.makedirs(_OUT_DIR.value, exist_ok=True)
-  with open(os.path.join(_OUT_DIR.value, "ablation.json"), "w") as f:
+  out_dir = _OUT_DIR.value
+  plan = plan_runs(runs, shared, seeds, out_dir, order=_ORDER.value)
+  unknown = set(_ONLY.value) - {run["name"] for run in runs}
+  if unknown:
+    raise app.UsageError(f"--only names {sorted(unknown)}, which are not runs "
+                         f"of this ablation: {[r['name'] for r in runs]}")
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, "ablation.json"), "w") as f:
     json.dump({"base": shared, "runs": runs, "seeds": seeds,
                "resolved": {f"{run['name']}_s{seed}": dataclasses.asdict(cfg)
                             for run, seed, cfg in plan}}, f, indent=1)
-  results = []
+  t0, trained, stopped = time.monotonic(), 0, "complete"
   for run, seed, cfg in plan:
-    if not os.path.exists(os.path.join(cfg.run_dir, "summary.json")):
+    if _ONLY.value and run["name"] not in _ONLY.value:
+      continue
+    if run_status(cfg.run_dir) == "done":
+      continue
+    if _MAX_RUNS.value and trained >= _MAX_RUNS.value:
+      stopped = f"--max_runs={_MAX_RUNS.value}"
+      break
+    if _STOP_AFTER_S.value and time.monotonic() - t0 > _STOP_AFTER_S.value:
+      stopped = f"--stop_after_s={_STOP_AFTER_S.value:g}"
+      break
+    step = latest_checkpoint(cfg.run_dir)
+    if step is not None:
+      print(f"[ablate] resuming {run['name']} seed={seed} from step {step}",
+            flush=True)
+    else:
       print(f"[ablate] {run['name']} seed={seed}", flush=True)
-      run_experiment(cfg, plot=True)
-    results.append({"name": run["name"], "seed": int(seed),
-                    **summarize(cfg.run_dir)})
-    print(write_table(results, _OUT_DIR.value), flush=True)
-  from rljax.train.plots import plot_runs
-  plot_runs([os.path.join(_OUT_DIR.value, f"{r['name']}_s{r['seed']}")
-             for r in results], os.path.join(_OUT_DIR.value, "plots.png"),
-            labels=[f"{r['name']} s{r['seed']}" for r in results], smooth=3)
+    cpu0, w0 = _cpu_seconds(), time.monotonic()
+    run_one(cfg)
+    trained += 1
+    with open(os.path.join(out_dir, "cpu_log.jsonl"), "a") as f:
+      f.write(json.dumps({"run": f"{run['name']}_s{seed}",
+                          "resumed_from": step,
+                          "cpu_s": _cpu_seconds() - cpu0,
+                          "wall_s": time.monotonic() - w0}) + "\n")
+    print(write_table(collect(plan), out_dir), flush=True)
+  results = collect(plan)
+  print(write_table(results, out_dir), flush=True)
+  print("[ablate] progress: " + json.dumps(
+      write_progress(plan, out_dir, stopped)), flush=True)
+  done = [r for r in results if r["status"] == "done"]
+  if done:
+    from rljax.train.plots import plot_runs
+    plot_runs([os.path.join(out_dir, f"{r['name']}_s{r['seed']}")
+               for r in done], os.path.join(out_dir, "plots.png"),
+              labels=[f"{r['name']} s{r['seed']}" for r in done], smooth=3)
+
+
+def _cpu_seconds() -> float:
+  """User + system CPU seconds of this process and its waited children."""
+  own = resource.getrusage(resource.RUSAGE_SELF)
+  kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 if __name__ == "__main__":

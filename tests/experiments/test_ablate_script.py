@@ -5,8 +5,10 @@ plot_run.py draws the result. Runs the scripts as a user would (subprocess)."""
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -92,7 +94,7 @@ def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
   run_cfg = json.loads((out / "q_s0" / "config.json").read_text())
   assert (run_cfg["rollout_quant"], run_cfg["correction"],
           run_cfg["group_size"], run_cfg["steps"]) == ("int8", "acr", 4, 2)
-  assert "| fp | 0 | 2 |" in (out / "table.md").read_text()
+  assert "| fp | 0 | done | 2 |" in (out / "table.md").read_text()
   assert (out / "plots.png").stat().st_size > 10_000
   # A second call finds every run finished and only rebuilds the table.
   again = _run("ablate.py", f"--configs={path}", f"--out_dir={out}", "--steps=2")
@@ -126,3 +128,84 @@ def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
   assert grpo.kl_coef == dapo.kl_coef == 0.002
   assert grpo.steps == dapo.steps == 3
   assert dapo.run_dir == str(tmp_path / "algorithm=dapo_s0") and dapo.resume
+
+
+def _tiny_config(tmp_path, steps, names=("a", "b")):
+  config = {
+      "base": {"model": "tiny", "steps": steps, "prompts_per_step": 2,
+               "group_size": 2, "max_new_tokens": 4, "eval_size": 2,
+               "reward_workers": 0, "tensorboard": False,
+               "checkpoint_every": 1, "learning_rate": 1e-3},
+      "runs": [{"name": n, "rollout_quant": "int8", "correction": "acr"}
+               for n in names]}
+  path = tmp_path / "grid.json"
+  path.write_text(json.dumps(config))
+  return path
+
+
+def _steps_of(run_dir):
+  return [r["step"] for r in map(json.loads, open(run_dir / "metrics.jsonl"))
+          if "loss" in r]
+
+
+def test_killed_ablation_resumes_where_it_stopped(tmp_path):
+  """SIGKILL after run a finished and run b checkpointed mid-way; the same
+  command again skips a, resumes b from its checkpoint, and tables both."""
+  path = _tiny_config(tmp_path, steps=4)
+  out = tmp_path / "out"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  args = [sys.executable, os.path.join(SCRIPTS, "ablate.py"),
+          f"--configs={path}", f"--out_dir={out}", "--seeds=0"]
+  log = open(tmp_path / "first.log", "w")
+  proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                          cwd=ROOT, start_new_session=True)
+  b_ckpt = out / "b_s0" / "checkpoints"
+  deadline = time.monotonic() + 300
+  try:
+    while not (b_ckpt.is_dir() and any(d.isdigit() and int(d) >= 2
+                                       for d in os.listdir(b_ckpt))):
+      assert proc.poll() is None, open(tmp_path / "first.log").read()[-3000:]
+      assert time.monotonic() < deadline, "run b never checkpointed step 2"
+      time.sleep(0.2)
+  finally:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+  assert (out / "a_s0" / "summary.json").exists()
+  assert not (out / "b_s0" / "summary.json").exists()
+  a_mtime = os.path.getmtime(out / "a_s0" / "metrics.jsonl")
+  again = _run("ablate.py", f"--configs={path}", f"--out_dir={out}",
+               "--seeds=0")
+  assert "[ablate] a seed=0" not in again.stdout
+  assert "[ablate] resuming b seed=0 from step" in again.stdout
+  assert os.path.getmtime(out / "a_s0" / "metrics.jsonl") == a_mtime
+  assert _steps_of(out / "b_s0") == [1, 2, 3, 4]  # no step twice, none lost
+  table = json.loads((out / "table.json").read_text())
+  assert [(r["name"], r["status"], r["steps"]) for r in table] == [
+      ("a", "done", 4), ("b", "done", 4)]
+  progress = json.loads((out / "progress.json").read_text())
+  assert (progress["done"], progress["pending"]) == (2, 0)
+
+
+def test_seeds_are_an_axis_and_parts_stop_cleanly(tmp_path):
+  """--seeds=0,1 doubles the plan seed-major; --max_runs=1 trains one run,
+  tables it and says the study stopped there."""
+  ablate = _load_ablate()
+  plan = ablate.plan_runs([{"name": "a"}, {"name": "b"}], {"steps": 1},
+                          ["0", "1"], str(tmp_path), order="seed")
+  assert [(r["name"], s) for r, s, _ in plan] == [
+      ("a", "0"), ("b", "0"), ("a", "1"), ("b", "1")]
+  plan = ablate.plan_runs([{"name": "a"}, {"name": "b"}], {"steps": 1},
+                          ["0", "1"], str(tmp_path), order="run")
+  assert [(r["name"], s) for r, s, _ in plan] == [
+      ("a", "0"), ("a", "1"), ("b", "0"), ("b", "1")]
+  path = _tiny_config(tmp_path, steps=1, names=("a",))
+  out = tmp_path / "out"
+  proc = _run("ablate.py", f"--configs={path}", f"--out_dir={out}",
+              "--seeds=0,1", "--max_runs=1")
+  progress = json.loads((out / "progress.json").read_text())
+  assert (progress["done"], progress["pending"], progress["stopped"]) == (
+      1, 1, "--max_runs=1")
+  assert [(r["name"], r["seed"]) for r in json.loads(
+      (out / "table.json").read_text())] == [("a", 0)]
+  assert "[ablate] a seed=0" in proc.stdout
