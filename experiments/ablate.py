@@ -192,12 +192,13 @@ def collect(plan) -> list[dict]:
 
 
 def run_one(cfg: TrainConfig) -> dict:
-  """Trains one run to cfg.steps (resuming) and writes its summary.json."""
+  """Trains one run to cfg.steps (resuming) and writes its summary.json and
+  per-problem held-out records (`rljax.study`, for paired statistics)."""
   if cfg.model.startswith("instrument:"):
     from rljax import instrument
     return instrument.run_experiment(cfg, cfg.model.split(":", 1)[1])
-  from rljax.train.driver import run_experiment
-  return run_experiment(cfg, plot=True)
+  from rljax import study
+  return study.run(cfg)
 
 
 def write_progress(plan, out_dir: str, stopped: str) -> dict:
@@ -299,7 +300,6 @@ def write_table(results: list[dict], out_dir: str) -> str:
 
 def main(argv):
   del argv
-  from rljax.train.driver import run_experiment
   runs = grid_runs(_GRID.value)
   shared, seeds = {}, _SEEDS.value
   if _CONFIGS.value:
@@ -309,7 +309,13 @@ def main(argv):
       seeds = [str(s) for s in file_seeds]
   if not runs:
     raise app.UsageError("give --grid and/or --configs")
-  out_dir = _OUT_DIR.value
+  run_study(runs, shared, seeds, _OUT_DIR.value)
+
+
+def run_study(runs: list[dict], shared: dict, seeds: list, out_dir: str
+              ) -> dict:
+  """Trains what is not done yet of runs × seeds (this script's flags pick
+  order and parts), rebuilds the table from disk; returns the progress."""
   plan = plan_runs(runs, shared, seeds, out_dir, order=_ORDER.value)
   unknown = set(_ONLY.value) - {run["name"] for run in runs}
   if unknown:
@@ -349,14 +355,15 @@ def main(argv):
     print(write_table(collect(plan), out_dir), flush=True)
   results = collect(plan)
   print(write_table(results, out_dir), flush=True)
-  print("[ablate] progress: " + json.dumps(
-      write_progress(plan, out_dir, stopped)), flush=True)
+  progress = write_progress(plan, out_dir, stopped)
+  print("[ablate] progress: " + json.dumps(progress), flush=True)
   done = [r for r in results if r["status"] == "done"]
   if done:
     from rljax.train.plots import plot_runs
     plot_runs([os.path.join(out_dir, f"{r['name']}_s{r['seed']}")
                for r in done], os.path.join(out_dir, "plots.png"),
               labels=[f"{r['name']} s{r['seed']}" for r in done], smooth=3)
+  return progress
 
 
 def _cpu_seconds() -> float:
