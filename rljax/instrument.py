@@ -269,8 +269,10 @@ def train_sft(out_dir: str, shape: InstrumentConfig, sft: SFTConfig,
   tokenizer = CharTokenizer()
   config = shape.model_config()
   params = models.init_params(config, jax.random.PRNGKey(sft.seed))
+  # A short SFT (a test) warms up over at most half its steps.
+  warmup = min(sft.warmup_steps, sft.steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, sft.learning_rate, sft.warmup_steps, sft.steps, sft.learning_rate / 10)
+      0.0, sft.learning_rate, warmup, sft.steps, sft.learning_rate / 10)
   opt = optax.chain(optax.clip_by_global_norm(1.0),
                     optax.adamw(schedule, weight_decay=0.01))
   opt_state = opt.init(params)
