@@ -481,17 +481,21 @@ _PANELS = [("reward_mean", "train reward"), ("eval_accuracy", "held-out accuracy
 
 
 def study_figure(study: dict, png: str, smooth: int = 1) -> bool:
-  """One panel per metric: per config the mean over finished seeds (line)
-  and the min–max band over seeds (shaded). False if nothing to draw."""
+  """One panel per metric: per config the mean over its seeds (line) over
+  the steps all of them reached, and the min–max band over seeds (shaded);
+  unfinished runs are labelled partial. False if nothing to draw."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  series = {}
+  series, partial = {}, {}
   for name, seeds in study["runs"].items():
-    per_seed = [read_metrics(d) for d in seeds.values()
-                if os.path.exists(os.path.join(d, "summary.json"))]
+    # Partial runs are drawn too (a long horizon cut by the session is still
+    # a measured curve), and labelled so.
+    per_seed = [read_metrics(d) for d in seeds.values()]
     if per_seed:
       series[name] = per_seed
+      partial[name] = not all(os.path.exists(os.path.join(d, "summary.json"))
+                              for d in seeds.values())
   panels = [(k, t) for k, t in _PANELS if any(
       isinstance(r.get(k), (int, float)) for runs in series.values()
       for rows in runs for r in rows)]
@@ -506,8 +510,7 @@ def study_figure(study: dict, png: str, smooth: int = 1) -> bool:
       curves = []
       for rows in runs:
         pts = {r["step"]: r[key] for r in rows
-               if isinstance(r.get(key), (int, float))
-               and (key != "eval_accuracy" or "loss" not in r or True)}
+               if isinstance(r.get(key), (int, float))}
         curves.append(pts)
       steps = sorted(set.intersection(*[set(c) for c in curves])) if curves else []
       if not steps:
@@ -517,7 +520,9 @@ def study_figure(study: dict, png: str, smooth: int = 1) -> bool:
         kernel = np.ones(smooth) / smooth
         ys = np.array([np.convolve(y, kernel, mode="valid") for y in ys])
         steps = steps[smooth - 1:]
-      line, = ax.plot(steps, ys.mean(0), label=f"{name} ({len(curves)} seeds)")
+      label = f"{name} ({len(curves)} seed{'s' if len(curves) > 1 else ''}"
+      label += ", partial)" if partial[name] else ")"
+      line, = ax.plot(steps, ys.mean(0), label=label)
       if len(curves) > 1:
         ax.fill_between(steps, ys.min(0), ys.max(0), alpha=0.2,
                         color=line.get_color())
@@ -736,7 +741,9 @@ def main(argv):
     if study_figure(st, png, smooth=_SMOOTH.value):
       rel = os.path.relpath(png, os.path.dirname(out))
       lines += [f"![{name}]({rel})", "",
-                "Lines: mean over finished seeds; bands: min–max over seeds.",
+                "Lines: mean over seeds (over the steps every seed reached; "
+                "runs the session did not finish are labelled partial); "
+                "bands: min–max over seeds.",
                 ""]
     del comment
   if _ABLATION.value and os.path.isdir(_ABLATION.value):
