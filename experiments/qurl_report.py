@@ -70,6 +70,9 @@ _OUT = flags.DEFINE_string("out", "docs/qurl_results.md", "Markdown page.")
 _INSTRUMENT = flags.DEFINE_string(
     "instrument_record", "", "instrument.json of the pre-trained instrument "
     "(experiments/long_horizon.py --instrument_dir).")
+_BASE_RATES = flags.DEFINE_list(
+    "base_rates", [], "JSON files of experiments/base_rate.py --out: the "
+    "untrained model's held-out accuracy per task difficulty.")
 _SMOOTH = flags.DEFINE_integer("smooth", 1, "Moving-average window of the "
                                "study figures.")
 _ARCHIVE = flags.DEFINE_string(
@@ -716,6 +719,21 @@ def main(argv):
               f"(SFT history: "
               + ", ".join(f"{h['step']}: {h['accuracy']:.3f}" for h in hist)
               + ").", ""]
+  rates = []
+  for path in _BASE_RATES.value:
+    rates += _read_json(path, [])
+  if rates:
+    lines += ["### Base rates (choosing a task with headroom)", "",
+              "Greedy held-out accuracy of the untrained model "
+              "(`experiments/base_rate.py`, the trainer's evaluation path); "
+              "the issue asks for a start between 15% and 40%.", "",
+              "| model | difficulty | problems | max new tokens | accuracy | "
+              "wall s |", "|---|---|---|---|---|---|"]
+    for r in rates:
+      lines.append(f"| {r['model']} | `{r['difficulty']}` | {r['problems']} | "
+                   f"{r['max_new_tokens']} | {_fmt(r['accuracy'])} | "
+                   f"{_fmt(r['wall_s'])} |")
+    lines.append("")
   claim_lines, claims = claims_section(studies)
   lines += ["## Verdicts", ""]
   for q, text in QUESTIONS.items():
