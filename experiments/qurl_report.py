@@ -463,7 +463,8 @@ def study_table(study: dict) -> list[str]:
             if os.path.exists(os.path.join(d, "summary.json"))]
     if not done:
       partial = [f"{len(_train_rows(d))}" for d in seeds.values()]
-      lines.append(f"| `{name}` | 0 | {'/'.join(partial) or '–'} (partial) | "
+      reached = f"{'/'.join(partial)} (partial)" if partial else "not started"
+      lines.append(f"| `{name}` | 0 | {reached} | "
                    + " | ".join("–" for _ in keys) + " |")
       continue
     sums = [run_summary(d) for d in done]
@@ -555,7 +556,7 @@ def status_section(studies: dict[str, dict]) -> list[str]:
                for e, v in st["status"].items() if v == "partial"]
     model = str(base.get("model", "?"))
     if model.startswith("instrument:"):
-      model = "instrument (0.8M params, from scratch)"
+      model = "instrument (~1M params, from scratch)"
     scale = (f"{model}, {base.get('task_difficulty', '?')}, "
              f"{base.get('steps', '?')} steps × {base.get('prompts_per_step', '?')}"
              f"×{base.get('group_size', '?')}, {base.get('eval_size', '?')} "
