@@ -178,7 +178,9 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   sync = sampler.update_weights(model.params)
   compile_s = sampler.warmup(prompts, sampling)
   load = os.getloadavg()[0]
+  cpu0 = time.process_time()
   batch = sampler.generate(prompts, sampling)
+  cpu_s = time.process_time() - cpu0
   load = max(load, os.getloadavg()[0])
   kl, k1 = policy_mismatch(sampler.rollout_config, sampler.params,
                            model.params, batch, sampling.temperature,
@@ -186,7 +188,8 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
                            f32_config=model.config)
   row = _row("jax", quant, batch, sync, kl, k1, sampling)
   row.update(compile_s=compile_s, fake_quant=sampler.fake_quant,
-             backend=backend, load=load,
+             backend=backend, load=load, cpu_s=cpu_s,
+             tokens_per_cpu_s=row["tokens"] / max(cpu_s, 1e-9),
              sync_phases={"quantize_s": float(sync.seconds), "transfer_s": 0.0,
                           "reload_s": 0.0})
   sampler.close()
@@ -217,7 +220,9 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
     eng.generate(prompts[:1], base.SamplingConfig(n=1, max_new_tokens=4))
     compile_s = time.perf_counter() - start
     load = os.getloadavg()[0]
+    cpu0 = _process_tree_cpu_s(eng.pid)
     batch = eng.generate(prompts, sampling)
+    cpu_s = _process_tree_cpu_s(eng.pid) - cpu0
     load = max(load, os.getloadavg()[0])
     startup_s = eng.startup_seconds
     phases = dict(getattr(eng, "last_sync_timing", None) or {})
@@ -226,9 +231,33 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
                           args["kl_chunk"])
   row = _row("vllm", quant, batch, sync, k1, k1, sampling)
   row.update(compile_s=compile_s, startup_s=startup_s, kl_method="k1",
-             load=load, sync_phases={k: float(v) for k, v in phases.items()
+             load=load, cpu_s=cpu_s,
+             tokens_per_cpu_s=row["tokens"] / max(cpu_s, 1e-9), sync_phases={k: float(v) for k, v in phases.items()
                                      if k.endswith("_s")})
   return row
+
+
+def _process_tree_cpu_s(pid) -> float:
+  """user + system CPU seconds of a process and its live descendants (vLLM's
+  engine core runs in a child of the API server), from /proc; nan without."""
+  if pid is None:
+    return float("nan")
+  tick = os.sysconf("SC_CLK_TCK")
+  total, todo, seen = 0.0, [int(pid)], set()
+  while todo:
+    p = todo.pop()
+    if p in seen:
+      continue
+    seen.add(p)
+    try:
+      with open(f"/proc/{p}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+      total += (int(fields[11]) + int(fields[12])) / tick
+      with open(f"/proc/{p}/task/{p}/children") as f:
+        todo += [int(c) for c in f.read().split()]
+    except (OSError, ValueError, IndexError):
+      continue
+  return total
 
 
 def _row(engine, quant, batch, sync, kl, k1, sampling) -> dict:
@@ -287,6 +316,10 @@ def ratios(rows: list[dict]) -> list[tuple[str, float, str]]:
     if j and v:
       out.append((f"JAX {jq} / vLLM {vq} tok/s",
                   j["tokens_per_s"] / v["tokens_per_s"], ">= 1 (stretch 2)"))
+      if j.get("tokens_per_cpu_s") and v.get("tokens_per_cpu_s"):
+        out.append((f"JAX {jq} / vLLM {vq} tok per CPU-s",
+                    j["tokens_per_cpu_s"] / v["tokens_per_cpu_s"],
+                    "(load-independent view of the same ratio)"))
   for engine in ("jax", "vllm"):
     full = [r for r in (_find(rows, engine, "f32"), _find(rows, engine, "bf16"))
             if r]
@@ -307,9 +340,9 @@ def ratios(rows: list[dict]) -> list[tuple[str, float, str]]:
 
 def format_table(rows: list[dict]) -> list[str]:
   """Markdown table of one shape's rows."""
-  lines = ["| engine | quant | P x N x T | tok/s | x f32 | sync s | sync MB |"
-           " sync phases | KL to f32 | KL k1 | load |",
-           "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+  lines = ["| engine | quant | P x N x T | tok/s | tok/CPU-s | x f32 | sync s |"
+           " sync MB | sync phases | KL to f32 | KL k1 | load |",
+           "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
   f32 = _find(rows, "jax", "f32")
   for r in rows:
     vs = r["tokens_per_s"] / f32["tokens_per_s"] if f32 else float("nan")
@@ -317,7 +350,8 @@ def format_table(rows: list[dict]) -> list[str]:
                       r.get("sync_phases", {}).items() if k != "seconds")
     lines.append(
         f"| {r['engine']} | {r['quant']} | {r['prompts']}x{r['samples']}x"
-        f"{r['new_tokens']} | {r['tokens_per_s']:.1f} | {vs:.2f} | "
+        f"{r['new_tokens']} | {r['tokens_per_s']:.1f} | "
+        f"{r.get('tokens_per_cpu_s', float('nan')):.1f} | {vs:.2f} | "
         f"{r['sync_s']:.3f} | {r['sync_bytes'] / 2**20:.1f} | {phases} | "
         f"{r['kl_to_full_precision']:.2e} | {r['kl_k1']:.2e} | "
         f"{r.get('load', float('nan')):.1f} |")
