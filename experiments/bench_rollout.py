@@ -421,7 +421,8 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
   return int(parts[0]), int(parts[1]), int(parts[2])
 
 
-def run_shape(model, shape, args) -> list[dict]:
+def run_shape(model, shape, args, checkpoint=lambda rows: None
+              ) -> list[dict]:
   prompts_n, samples, new_tokens = shape
   prompts = make_prompts(model.tokenizer, prompts_n, _SEED.value,
                          model.config.vocab_size)
@@ -435,6 +436,7 @@ def run_shape(model, shape, args) -> list[dict]:
     for quant in _JAX_QUANTS.value:
       print(f"[jax {quant}] ...", flush=True)
       rows.append(bench_jax(model, quant, prompts, sampling, args))
+      checkpoint(rows)
       print(f"  {rows[-1]['tokens_per_s']:.1f} tok/s  load "
             f"{rows[-1]['load']:.1f}", flush=True)
   if "vllm" in _ENGINES.value:
@@ -450,6 +452,7 @@ def run_shape(model, shape, args) -> list[dict]:
           try:
             rows.append(bench_vllm(model, quant, prompts, sampling, args,
                                    workdir))
+            checkpoint(rows)
           except Exception as e:  # pylint: disable=broad-except
             # One failing engine must not lose the rows measured so far.
             print(f"  [vllm {quant}] failed: {str(e)[:600]}", flush=True)
@@ -541,7 +544,20 @@ def main(argv):
   print(f"model={_MODEL.value}")
   by_shape = {}
   for shape in shapes:
-    by_shape["x".join(map(str, shape))] = run_shape(model, shape, args)
+    name = "x".join(map(str, shape))
+    by_shape[name] = []
+
+    def checkpoint(rows, name=name):
+      # Rows so far go to --out after each one, so a run cut short (a long
+      # shape on a loaded machine) keeps what it measured.
+      by_shape[name] = rows
+      if _OUT.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)),
+                    exist_ok=True)
+        with open(_OUT.value, "w") as f:
+          json.dump({"machine": machine, "shapes": by_shape}, f, indent=1)
+
+    by_shape[name] = run_shape(model, shape, args, checkpoint)
   lines = report(machine, by_shape)
   print()
   print("\n".join(lines))
