@@ -2,6 +2,16 @@
 
   python experiments/profile_update.py --model=smollm2-135m --batch=16 --seq=256
 
+With --aot it is a memory planner instead: nothing runs; the sharded update
+step (`rljax.train.sharded`) and, with --decode, the sampler's decode step
+are compiled for --mesh on fake CPU devices from `jax.ShapeDtypeStruct`s, and
+per-device bytes are printed: params and optimizer state (from their
+shardings), activations/temporaries (XLA's `memory_analysis()`), KV cache.
+
+  python experiments/profile_update.py --aot --model=qwen2.5-7b --mesh=1,8,1 \
+      --batch=64 --seq=2048 --micro_batches=8 --remat --logprob_chunk=256 \
+      --param_dtype=float32 --compute_dtype=bfloat16
+
 Prints compile time, step time, FLOPs and bytes from XLA's cost analysis,
 achieved FLOP/s, MFU against a matmul peak measured on the same device and
 dtype, and peak memory; writes a `jax.profiler` trace (open it with
@@ -41,6 +51,25 @@ _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up).")
 _TRACE = flags.DEFINE_string("trace_dir", "runs/profile_update/trace",
                              "Where the profiler trace goes ('' = none).")
 _OUT = flags.DEFINE_string("out", "", "Write the numbers as JSON here.")
+_AOT = flags.DEFINE_bool(
+    "aot", False, "Compile only (fake CPU devices, ShapeDtypeStruct inputs) "
+    "and print the per-device memory plan; no step runs.")
+_MESH = flags.DEFINE_string(
+    "mesh", "1,1,1", "--aot: data,fsdp,tensor sizes; their product is the "
+    "number of fake devices.")
+_PARAM_DTYPE = flags.DEFINE_enum(
+    "param_dtype", None, ["float32", "bfloat16"],
+    "--aot: master-weight dtype (default --dtype); the optimizer state "
+    "follows it.")
+_COMPUTE_DTYPE = flags.DEFINE_enum(
+    "compute_dtype", None, ["float32", "bfloat16"],
+    "--aot: dtype the decoder runs in (default: param_dtype); a different "
+    "one casts the params on entry (sharded.cast_params_transform).")
+_DECODE = flags.DEFINE_bool(
+    "decode", True, "--aot: also compile one sampler decode step.")
+_ROLLOUT_BATCH = flags.DEFINE_integer(
+    "rollout_batch", 0, "--aot --decode: sequences decoded at once "
+    "(default --batch).")
 
 
 def measure_matmul_peak(dtype, n: int = 2048, repeats: int = 5) -> float:
@@ -101,8 +130,141 @@ def compiled_memory(compiled) -> dict:
   return {"compiled_temp_bytes": temp, "compiled_peak_bytes": peak}
 
 
+def _per_device_bytes(tree, shardings) -> int:
+  """Bytes of `tree` on the most loaded device, from its shardings."""
+  total = 0
+  for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+    total += int(np.prod(s.shard_shape(x.shape))) * jnp.dtype(x.dtype).itemsize
+  return total
+
+
+def _memory(compiled) -> dict:
+  mem = compiled.memory_analysis()
+  return {"argument": int(mem.argument_size_in_bytes),
+          "output": int(mem.output_size_in_bytes),
+          "alias": int(mem.alias_size_in_bytes),
+          "temp": int(mem.temp_size_in_bytes)}
+
+
+def plan(config, mesh, batch: int, seq: int, micro_batches: int,
+         remat: bool, logprob_chunk: int, param_dtype, compute_dtype,
+         decode: bool, rollout_batch: int) -> dict:
+  """Compiles (never runs) the sharded update step and one decode step;
+  returns per-device bytes. Peak = arguments + outputs − donated + temps."""
+  from rljax.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from rljax.train import sharded  # pylint: disable=g-import-not-at-top
+  param_dtype, compute_dtype = jnp.dtype(param_dtype), jnp.dtype(compute_dtype)
+  loss = objectives.PolicyLossConfig(surrogate="ppo", correction="acr",
+                                     eps_low=0.2, eps_high=0.28,
+                                     aggregation="token-mean")
+  spec = update_lib.UpdateSpec(
+      model_config=config, loss=loss, micro_batches=micro_batches,
+      remat=remat, logprob_chunk=logprob_chunk,
+      param_transform=(sharded.cast_params_transform(compute_dtype)
+                       if compute_dtype != param_dtype else None))
+  optimizer = update_lib.make_optimizer(1e-6, 100)
+  params = jax.eval_shape(lambda: models.init_params(
+      config, jax.random.PRNGKey(0), dtype=param_dtype))
+  state = jax.eval_shape(lambda p: update_lib.init_train_state(p, optimizer),
+                         params)
+  batch_shapes = jax.eval_shape(
+      lambda: random_batch(config, batch, seq, jax.random.PRNGKey(1)))
+  step, shardings = sharded.make_sharded_update_step(
+      spec, optimizer, mesh, state, batch_shapes)
+  t0 = time.perf_counter()
+  compiled = step.lower(state, batch_shapes).compile()
+  compile_s = time.perf_counter() - t0
+  mem = _memory(compiled)
+  s = shardings["state"]
+  out = {
+      "params": int(sum(x.size for x in jax.tree.leaves(params))),
+      "update_compile_s": compile_s,
+      "params_bytes": _per_device_bytes(state.params, s.params),
+      "opt_state_bytes": _per_device_bytes(state.opt_state, s.opt_state),
+      "batch_bytes": _per_device_bytes(batch_shapes, shardings["batch"]),
+      "update_temp_bytes": mem["temp"],
+      "update_peak_bytes": (mem["argument"] + mem["output"] - mem["alias"]
+                            + mem["temp"]),
+  }
+  if decode:
+    rb = rollout_batch or batch
+    # Rollout weights in the compute dtype, laid out like the params.
+    r_params = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, compute_dtype), params)
+    cache = jax.eval_shape(lambda: models.init_cache(config, rb, seq,
+                                                     dtype=compute_dtype))
+    r_shard = sharding_lib.param_shardings(config, r_params, mesh)
+    c_shard = sharding_lib.cache_shardings(mesh, cache)
+    b_shard = sharding_lib.batch_sharding(mesh)
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    tok = jax.ShapeDtypeStruct((rb, 1), jnp.int32)
+    kv_mask = jax.ShapeDtypeStruct((rb, seq), jnp.bool_)
+    idx = jax.ShapeDtypeStruct((), jnp.int32)
+    fn = jax.jit(
+        lambda p, t, pos, c, i, m: models.forward_with_cache(
+            config, p, t, pos, c, i, m),
+        in_shardings=(r_shard, b_shard, b_shard, c_shard, rep, b_shard),
+        out_shardings=(b_shard, c_shard), donate_argnums=(3,))
+    t0 = time.perf_counter()
+    dec = fn.lower(r_params, tok, tok, cache, idx, kv_mask).compile()
+    dmem = _memory(dec)
+    out.update(
+        decode_compile_s=time.perf_counter() - t0,
+        rollout_batch=rb,
+        rollout_params_bytes=_per_device_bytes(r_params, r_shard),
+        kv_cache_bytes=_per_device_bytes(cache, c_shard),
+        decode_temp_bytes=dmem["temp"],
+        decode_peak_bytes=(dmem["argument"] + dmem["output"] - dmem["alias"]
+                           + dmem["temp"]))
+  return out
+
+
+def main_aot():
+  from rljax.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  mesh_config = sharding_lib.MeshConfig.parse(_MESH.value)
+  n = int(np.prod([abs(x) for x in (mesh_config.data, mesh_config.fsdp,
+                                    mesh_config.tensor)]))
+  if min(mesh_config.data, mesh_config.fsdp, mesh_config.tensor) < 1:
+    raise ValueError(f"--mesh={_MESH.value!r}; --aot needs explicit sizes "
+                     "(they set the number of fake devices)")
+  # Fake devices: must be set before the backend starts.
+  jax.config.update("jax_platforms", "cpu")
+  jax.config.update("jax_num_cpu_devices", n)
+  config = (models.tiny_config() if _MODEL.value == "tiny" else
+            models.preset(_MODEL.value))
+  param_dtype = _PARAM_DTYPE.value or _DTYPE.value
+  compute_dtype = _COMPUTE_DTYPE.value or param_dtype
+  result = {"model": _MODEL.value, "mesh": _MESH.value,
+            "param_dtype": param_dtype, "compute_dtype": compute_dtype,
+            "batch": _BATCH.value, "seq": _SEQ.value,
+            "micro_batches": _MICRO.value, "remat": _REMAT.value,
+            "logprob_chunk": _CHUNK.value}
+  result.update(plan(config, mesh_config.build(), _BATCH.value, _SEQ.value,
+                     _MICRO.value, _REMAT.value, _CHUNK.value, param_dtype,
+                     compute_dtype, _DECODE.value, _ROLLOUT_BATCH.value))
+  _print(result)
+  return result
+
+
+def _print(result: dict) -> None:
+  width = max(len(k) for k in result)
+  for k, v in result.items():
+    if isinstance(v, float):
+      v = f"{v:.4g}"
+    elif isinstance(v, int) and k.endswith("_bytes"):
+      v = f"{v} ({v / 2**30:.2f} GiB)"
+    print(f"{k:<{width}}  {v}")
+  if _OUT.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+    with open(_OUT.value, "w") as f:
+      json.dump(result, f, indent=1)
+
+
 def main(argv):
   del argv
+  if _AOT.value:
+    main_aot()
+    return
   dtype = jnp.dtype(_DTYPE.value)
   if _MODEL.value == "tiny":
     config = models.tiny_config()
@@ -167,15 +329,7 @@ def main(argv):
       **compiled_memory(compiled),
       "trace_dir": _TRACE.value,
   }
-  width = max(len(k) for k in result)
-  for k, v in result.items():
-    if isinstance(v, float):
-      v = f"{v:.4g}"
-    print(f"{k:<{width}}  {v}")
-  if _OUT.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, "w") as f:
-      json.dump(result, f, indent=1)
+  _print(result)
 
 
 if __name__ == "__main__":

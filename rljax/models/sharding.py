@@ -10,6 +10,7 @@ that axis rather than rejected, so odd head counts still run.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import jax
@@ -21,8 +22,74 @@ from rljax.models.config import ModelConfig
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
-_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-_ROW = ("o_proj", "down_proj")
+# The one place where logical dimensions meet mesh axes (in the style of
+# flax.linen.partitioning's logical-axis rules and MaxText's logical axes).
+# Every sharding in rljax (params, optimizer state, critic, batch, KV cache)
+# is derived from it; change a layout here, not at a call site.
+LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", BATCH_AXES),  # sequences of a batch: data parallel + ZeRO
+    ("embed", "fsdp"),      # D, the residual width: ZeRO-3 split
+    ("heads", "tensor"),    # Hq * hd: Megatron column/row split
+    ("kv_heads", "tensor"),  # Hkv * hd (and the cache's Hkv axis)
+    ("mlp", "tensor"),      # F, the SwiGLU width
+    ("vocab", "tensor"),    # V, embedding rows and LM-head columns
+    ("layers", None),       # the scanned layer axis stays whole
+    ("length", None),       # sequence / cache slots
+    ("head_dim", None),
+)
+
+# Logical axes of each kernel's [in, out] dims (after the layer axis).
+_KERNEL_AXES = {
+    "q_proj": ("embed", "heads"), "k_proj": ("embed", "kv_heads"),
+    "v_proj": ("embed", "kv_heads"), "o_proj": ("heads", "embed"),
+    "gate_proj": ("embed", "mlp"), "up_proj": ("embed", "mlp"),
+    "down_proj": ("mlp", "embed"),
+}
+# Top-level names of the params tree (docs/CONTRACTS.md). A path is read from
+# the first of these it contains, so optimizer states (whose mu/nu mirror the
+# params under a prefix) and critics ({"backbone": params}) get the same
+# layout as the params they mirror.
+_ROOTS = ("embed", "layers", "final_norm", "lm_head")
+
+
+def mesh_axes(logical: tuple[str | None, ...],
+              rules=LOGICAL_RULES) -> tuple:
+  """Mesh axis (or None) of each logical axis name, by `rules`."""
+  table = dict(rules)
+  out = []
+  for name in logical:
+    if name is not None and name not in table:
+      raise ValueError(f"logical axis {name!r} has no rule; known: "
+                       f"{sorted(table)}")
+    out.append(None if name is None else table[name])
+  return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Shape of the ("data", "fsdp", "tensor") mesh; one size may be -1 (the
+  devices left over). The default puts every device on "data" (pure data
+  parallelism: right for models that fit one device with their optimizer
+  state); raise `fsdp` when they do not, `tensor` for very wide layers."""
+  data: int = -1
+  fsdp: int = 1
+  tensor: int = 1
+
+  def build(self, devices: Sequence[Any] | None = None) -> Mesh:
+    """The Mesh over `devices` (default: all global devices)."""
+    return make_mesh(self.data, self.fsdp, self.tensor, devices=devices)
+
+  @classmethod
+  def parse(cls, text: str) -> "MeshConfig":
+    """From "data,fsdp,tensor", e.g. "2,2,2" or "1,-1,1"."""
+    try:
+      sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+      sizes = []
+    if len(sizes) != 3:
+      raise ValueError(f"mesh={text!r}; expected three comma-separated ints "
+                       "data,fsdp,tensor such as 2,2,2 (one may be -1)")
+    return cls(*sizes)
 
 
 def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
@@ -61,22 +128,26 @@ def _key_name(k) -> str:
   return str(k)
 
 
-def _logical_spec(keys: tuple[str, ...], ndim: int) -> tuple:
-  """Mesh axis per dimension of the leaf at `keys`, before divisibility."""
+def logical_axes(keys: tuple[str, ...], ndim: int) -> tuple:
+  """Logical axis name (or None) per dimension of the leaf at path `keys`."""
+  roots = [i for i, k in enumerate(keys) if k in _ROOTS]
+  if not roots:
+    return (None,) * ndim
+  keys = keys[roots[0]:]
   quant_field = keys[-1] if keys[-1] in ("value", "scale") else None
   if quant_field:
     keys = keys[:-1]
   if keys == ("embed", "embedding"):
-    return ("tensor", "fsdp")
-  if keys[:1] == ("lm_head",) and keys[-1] == "kernel":
-    spec = ("fsdp", "tensor")
-  elif keys[:1] == ("layers",) and len(keys) == 3 and keys[1] in _COLUMN:
-    spec = ((None, "fsdp", "tensor") if keys[2] == "kernel" else
-            (None, "tensor"))
-  elif keys[:1] == ("layers",) and len(keys) == 3 and keys[1] in _ROW:
-    spec = (None, "tensor", "fsdp")
+    spec = ("vocab", "embed")
+  elif keys == ("lm_head", "kernel"):
+    spec = ("embed", "vocab")
+  elif (keys[:1] == ("layers",) and len(keys) == 3 and
+        keys[1] in _KERNEL_AXES):
+    d_in, d_out = _KERNEL_AXES[keys[1]]
+    spec = (("layers", d_in, d_out) if keys[2] == "kernel" else
+            ("layers", d_out))  # bias
   else:
-    return (None,) * ndim  # norms, value heads, ...: small, replicated
+    return (None,) * ndim  # norms, value heads, counts: small, replicated
   if quant_field == "scale":
     # Per-output-channel scale [..., 1, out] follows the kernel's out dim.
     spec = spec[:-2] + (None, spec[-1])
@@ -85,13 +156,23 @@ def _logical_spec(keys: tuple[str, ...], ndim: int) -> tuple:
   return spec
 
 
+def _logical_spec(keys: tuple[str, ...], ndim: int) -> tuple:
+  """Mesh axis per dimension of the leaf at `keys`, before divisibility."""
+  return mesh_axes(logical_axes(keys, ndim))
+
+
 def _fit(spec: tuple, shape: tuple[int, ...], mesh: Mesh) -> P:
   fitted = []
   for axis, dim in zip(spec, shape):
-    if axis is not None and dim % mesh.shape[axis]:
-      axis = None
+    if axis is not None and dim % _axis_size(mesh, axis):
+      axis = None  # replicate what the axis does not divide
     fitted.append(axis)
   return P(*fitted)
+
+
+def _axis_size(mesh: Mesh, axis) -> int:
+  names = axis if isinstance(axis, tuple) else (axis,)
+  return int(np.prod([mesh.shape[a] for a in names]))
 
 
 def param_shardings(config: ModelConfig, params, mesh: Mesh):
@@ -114,12 +195,12 @@ def shard_params(config: ModelConfig, params, mesh: Mesh):
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (batch) dim split over ("data", "fsdp"); other dims replicated."""
-  return NamedSharding(mesh, P(BATCH_AXES))
+  return NamedSharding(mesh, P(*mesh_axes(("batch",))))
 
 
 def shard_batch(batch, mesh: Mesh):
   """Every array of `batch` (any pytree) split along its leading dim."""
-  n = mesh.shape["data"] * mesh.shape["fsdp"]
+  n = _axis_size(mesh, mesh_axes(("batch",))[0])
 
   def put(path, x):
     if np.ndim(x) == 0 or np.shape(x)[0] % n:
@@ -135,13 +216,8 @@ def shard_batch(batch, mesh: Mesh):
 def cache_shardings(mesh: Mesh, cache):
   """KV cache [L, B, S, Hkv, hd]: batch over ("data","fsdp"), heads over
   "tensor" (where they divide)."""
+  spec = mesh_axes(("layers", "batch", "length", "kv_heads", "head_dim"))
+
   def leaf_sharding(x):
-    spec = (None, BATCH_AXES, None, "tensor", None)
-    fitted = []
-    for axis, dim in zip(spec, np.shape(x)):
-      size = (int(np.prod([mesh.shape[a] for a in axis]))
-              if isinstance(axis, tuple) else
-              (mesh.shape[axis] if axis else 1))
-      fitted.append(axis if dim % size == 0 else None)
-    return NamedSharding(mesh, P(*fitted))
+    return NamedSharding(mesh, _fit(spec, np.shape(x), mesh))
   return jax.tree.map(leaf_sharding, cache)

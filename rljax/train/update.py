@@ -144,7 +144,11 @@ def _split_micro(batch: Batch, n: int) -> Batch:
     if x.shape[0] % n:
       raise ValueError(
           f"micro_batches={n} must divide the minibatch size {x.shape[0]}")
-    return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+    # Micro-batch i = rows i, i+n, i+2n, ...: a batch sharded in contiguous
+    # blocks over devices then keeps every micro-batch spread over all of
+    # them (rows i*B/n.. would put each micro-batch on 1/n of the devices and
+    # make the others wait or recompute it). The sums are the same.
+    return x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1)
   return jax.tree.map(split, batch)
 
 

@@ -43,3 +43,35 @@ def test_remat_flag_reaches_the_decoder(remat, monkeypatch):
   assert seen and all(r == remat for r in seen)
   # Per-layer: the checkpoint sits inside the layer scan, once per block.
   assert ("checkpoint" in jaxpr or "remat" in jaxpr) == remat
+
+
+def test_aot_plan_splits_params_and_optimizer_over_fsdp():
+  """--aot's planner compiles the sharded step (nothing runs) and reports
+  per-device bytes; with fsdp=2 each device holds half of every kernel and
+  of Adam's moments (only the small norms are replicated)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  if jax.device_count() < 2:
+    pytest.skip("needs 2 (fake) devices: tests/conftest.py")
+  path = os.path.join(os.path.dirname(__file__), "..", "..", "experiments",
+                      "profile_update.py")
+  module_spec = importlib.util.spec_from_file_location("profile_update", path)
+  profile = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(profile)
+  config = models.tiny_config()
+  mesh = models.make_mesh(data=1, fsdp=2, tensor=1, devices=jax.devices()[:2])
+  # The smallest program (no micro-batches, remat or chunks): compile time.
+  out = profile.plan(config, mesh, batch=4, seq=16, micro_batches=1,
+                     remat=False, logprob_chunk=0, param_dtype="float32",
+                     compute_dtype="bfloat16", decode=True, rollout_batch=4)
+  full = 4 * config.num_params()
+  norms = 4 * (2 * config.num_layers + 1) * config.hidden_size
+  assert out["params_bytes"] == (full - norms) // 2 + norms
+  # Adam: mu and nu, like the params, plus a few replicated scalars.
+  assert 2 * out["params_bytes"] <= out["opt_state_bytes"] < (
+      2 * out["params_bytes"] + 64)
+  assert out["update_temp_bytes"] > 0
+  # Rollout weights in the compute dtype: half the float32 bytes.
+  assert out["rollout_params_bytes"] == out["params_bytes"] // 2
+  assert out["kv_cache_bytes"] == 2 * 2 * (
+      config.num_layers * 4 * 16 * config.num_kv_heads * config.head_dim) // 2
