@@ -41,6 +41,7 @@ from rljax.train import collect as collect_lib
 from rljax.train import optim as optim_lib
 from rljax.train import update as update_lib
 from rljax.train import rundir as rundir_lib
+from rljax.train import testing
 from rljax.train.config import TrainConfig
 from rljax.train.metrics import MetricsWriter, nonfinite_keys
 from rljax.train.tasks import Task, build_task
@@ -58,25 +59,15 @@ def _seed_for(*parts: int) -> int:
 
 def load_policy(cfg: TrainConfig, seed: int) -> models.Model:
   if cfg.model == "tiny":
-    config = models.tiny_config(vocab_size=len(_tiny_tokenizer()))
-    params = models.init_params(config, jax.random.PRNGKey(seed))
-    return models.Model(config=config, params=params,
-                        tokenizer=_tiny_tokenizer())
+    return testing.tiny_model(seed)
   model = models.load_pretrained(cfg.model)
   # Without this, a dir with no tokenizer fails later inside ChatTemplate.
   tokenizer_lib.require_tokenizer(model.tokenizer, cfg.model)
   return model
 
 
-_TINY_TOKENIZER = None
-
-
-def _tiny_tokenizer():
-  """The real SmolLM2 tokenizer, shared by the tiny random test models."""
-  global _TINY_TOKENIZER
-  if _TINY_TOKENIZER is None:
-    _TINY_TOKENIZER = models.load_tokenizer(models.default_gguf_path())
-  return _TINY_TOKENIZER
+# Older name, still used by tests outside tests/train.
+_tiny_tokenizer = testing.tiny_tokenizer
 
 
 # Jitted functions shared by every Trainer of a process (an ablation, the
