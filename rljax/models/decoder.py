@@ -374,6 +374,102 @@ def forward_with_cache(config: ModelConfig, params: Params,
   return logits_from_hidden(config, params, hidden), {"k": k, "v": v}
 
 
+def decode_with_prefix_cache(config: ModelConfig, params: Params,
+                             tokens: Int[Array, "b 1"],
+                             positions: Int[Array, "b 1"],
+                             prefix_cache: KVCache,
+                             prefix_mask: Bool[Array, "p sp"],
+                             cache: KVCache, write_index: Int[Array, ""] | int,
+                             kv_mask: Bool[Array, "b s"]):
+  """One decode step of B = P·n rows whose caches start with P shared prompts.
+
+  Row b = i·n + j continues prompt i: its keys are prefix_cache[:, i] (the
+  prompt, never written here) followed by its own `cache` slots. The new
+  token's key/value is written at `cache` slot `write_index`; it attends to
+  the prompt's valid slots and to its own slots s with kv_mask[b, s] and
+  s ≤ write_index. The same function as `forward_with_cache` on the
+  concatenated per-row cache [prefix_cache repeated n times; cache], without
+  the n copies of the prompt (`layers.shared_prefix_attention`).
+
+  Args:
+    config: the architecture.
+    params: the params tree.
+    tokens: int [B, 1] new tokens; positions: their RoPE positions.
+    prefix_cache: {"k", "v"} [L, P, Sp, Hkv, hd] from a prefill.
+    prefix_mask: bool/int [P, Sp] valid prompt slots.
+    cache: {"k", "v"} [L, B, S, Hkv, hd], the generated tokens' slots.
+    write_index: slot of the new token in `cache`; may be traced.
+    kv_mask: bool/int [B, S] valid own slots, including the one written.
+
+  Returns:
+    (logits float32 [B, 1, V], updated cache).
+  """
+  _check_tokens(tokens)
+  _check_same_shape(positions, tokens, "positions")
+  b, t = tokens.shape
+  num_layers, p, sp = prefix_cache["k"].shape[:3]
+  s = cache["k"].shape[2]
+  if t != 1:
+    raise ValueError(f"decode_with_prefix_cache: tokens has {t} columns; "
+                     "expected 1")
+  if num_layers != config.num_layers or b % p:
+    raise ValueError(f"prefix_cache k has shape {prefix_cache['k'].shape}; "
+                     f"expected [L={config.num_layers}, P, Sp, Hkv, hd] with "
+                     f"P dividing B={b}")
+  if tuple(prefix_mask.shape) != (p, sp):
+    raise ValueError(f"prefix_mask has shape {tuple(prefix_mask.shape)}; "
+                     f"expected [P={p}, Sp={sp}]")
+  if cache["k"].shape[:2] != (config.num_layers, b):
+    raise ValueError(f"cache k has shape {cache['k'].shape}; expected "
+                     f"[L={config.num_layers}, B={b}, S, Hkv, hd]")
+  if tuple(kv_mask.shape) != (b, s):
+    raise ValueError(f"kv_mask has shape {tuple(kv_mask.shape)}; expected "
+                     f"[B={b}, S={s}]")
+  write_index = jnp.asarray(write_index, jnp.int32)
+  causal = jnp.arange(s, dtype=jnp.int32) <= write_index
+  mask = (causal[None] & kv_mask.astype(jnp.bool_))[:, None, :]
+  prefix_mask = prefix_mask.astype(jnp.bool_)
+  cos, sin = layers.rope_cos_sin(config, positions)
+  zero = jnp.zeros((), jnp.int32)
+
+  def block(carry, xs):
+    x, cache_k, cache_v = carry
+    layer, prefix_k, prefix_v, i = xs
+    bb, tt, _ = x.shape
+    hd = config.head_dim
+    h = layers.rms_norm(x, layer["attn_norm"]["scale"], config.rms_norm_eps)
+    q = layers.linear(h, layer["q_proj"]).reshape(bb, tt, config.num_heads, hd)
+    k = layers.linear(h, layer["k_proj"]).reshape(bb, tt, config.num_kv_heads,
+                                                  hd)
+    v = layers.linear(h, layer["v_proj"]).reshape(bb, tt, config.num_kv_heads,
+                                                  hd)
+    if config.qk_norm:
+      q = layers.rms_norm(q, layer["q_norm"]["scale"], config.rms_norm_eps)
+      k = layers.rms_norm(k, layer["k_norm"]["scale"], config.rms_norm_eps)
+    q = layers.apply_rope(q, cos, sin)
+    k = layers.apply_rope(k, cos, sin)
+    start = (i, zero, write_index, zero, zero)
+    cache_k = jax.lax.dynamic_update_slice(
+        cache_k, k[None].astype(cache_k.dtype), start)
+    cache_v = jax.lax.dynamic_update_slice(
+        cache_v, v[None].astype(cache_v.dtype), start)
+    out = layers.shared_prefix_attention(
+        q, prefix_k.astype(q.dtype), prefix_v.astype(q.dtype), prefix_mask,
+        cache_k[i].astype(q.dtype), cache_v[i].astype(q.dtype), mask)
+    x = x + layers.linear(out.reshape(bb, tt, config.num_heads * hd),
+                          layer["o_proj"])
+    return (_mlp_block(config, layer, x), cache_k, cache_v), None
+
+  x = embed_tokens(params, tokens)
+  (x, k, v), _ = jax.lax.scan(
+      block, (x, cache["k"], cache["v"]),
+      (params["layers"], prefix_cache["k"], prefix_cache["v"],
+       jnp.arange(config.num_layers, dtype=jnp.int32)))
+  hidden = layers.rms_norm(x, params["final_norm"]["scale"],
+                           config.rms_norm_eps)
+  return logits_from_hidden(config, params, hidden), {"k": k, "v": v}
+
+
 # ------------------------------------------------------------ Flax wrapper
 class Decoder(nn.Module):
   """`flax.linen` face of the decoder: `init` creates the contract params

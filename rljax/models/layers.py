@@ -145,3 +145,50 @@ def attention(q: Float[Array, "b t hq hd"], k: Float[Array, "b s hkv hd"],
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
   return out.reshape(b, t, hq, hd)
+
+
+def shared_prefix_attention(
+    q: Float[Array, "b 1 hq hd"], k_prefix: Float[Array, "p sp hkv hd"],
+    v_prefix: Float[Array, "p sp hkv hd"], prefix_mask: Bool[Array, "p sp"],
+    k: Float[Array, "b s hkv hd"], v: Float[Array, "b s hkv hd"],
+    mask: Bool[Array, "b 1 s"]) -> Float[Array, "b 1 hq hd"]:
+  """One-token `attention` over a prefix shared by groups of rows, then each
+  row's own keys (cascade / shared-prefix attention).
+
+  Rows b = i·n + j (j < n = B / P) share prompt i's keys k_prefix[i]:
+
+    out_b = softmax([q_b k_prefix[i]ᵀ, q_b k_bᵀ] / sqrt(hd) + bias) [v_prefix[i]; v_b]
+
+  equal to `attention` over the row's concatenated cache [prefix; own], but
+  each prompt's prefix is read once for its n rows, as one [n·g, hd] x
+  [hd, sp] matmul per (prompt, kv head) rather than n matrix-vector products
+  over n copies.
+  """
+  chex.assert_rank([q, k_prefix, v_prefix, prefix_mask, k, v, mask],
+                   [4, 4, 4, 2, 4, 4, 3])
+  chex.assert_equal_shape([k_prefix, v_prefix])
+  chex.assert_equal_shape([k, v])
+  b, t, hq, hd = q.shape
+  p, sp, hkv, _ = k_prefix.shape
+  if t != 1:
+    raise ValueError(f"shared_prefix_attention: q has {t} tokens; expected 1")
+  if b % p or hq % hkv:
+    raise ValueError(f"shared_prefix_attention: {b} rows over {p} prefixes, "
+                     f"{hq} query heads over {hkv} kv heads; expected "
+                     "multiples")
+  n, g = b // p, hq // hkv
+  scale = 1.0 / math.sqrt(hd)
+  qg = q.reshape(p, n, hkv, g, hd)
+  pre = jnp.einsum("pnkgd,pskd->pnkgs", qg, k_prefix,
+                   preferred_element_type=jnp.float32) * scale
+  pre = jnp.where(prefix_mask[:, None, None, None, :], pre, _MASK_VALUE)
+  own = jnp.einsum("bkgd,bskd->bkgs", q.reshape(b, hkv, g, hd), k,
+                   preferred_element_type=jnp.float32) * scale
+  own = jnp.where(mask[:, :, None, :], own, _MASK_VALUE)
+  scores = jnp.concatenate([pre.reshape(b, hkv, g, sp), own], axis=-1)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("pnkgs,pskd->pnkgd",
+                   probs[..., :sp].reshape(p, n, hkv, g, sp), v_prefix)
+  out = out.reshape(b, hkv, g, hd) + jnp.einsum(
+      "bkgs,bskd->bkgd", probs[..., sp:], v)
+  return out.reshape(b, t, hq, hd)

@@ -4,7 +4,9 @@ One `generate` call runs, per chunk of prompts, a single jitted program:
   1. prefill: the chunk's prompts, LEFT-padded to a bucketed length Lp so that
      every row's last prompt token sits in column Lp - 1, go through
      `models.forward_with_cache` once per prompt (not once per sample);
-  2. the cache and the last logits are repeated n times (one copy per sample);
+  2. the last logits are repeated n times (one row per sample); the prompt's
+     KV cache is not: its n samples attend to one shared prefix cache
+     (`decoder.decode_with_prefix_cache`) plus their own generated slots;
   3. decode: a `jax.lax.while_loop` samples one token per row and step and
      feeds it back, until every row has hit a stop token or max_new_tokens.
 Compiles are keyed by shapes and switches only (prompt bucket, prompt count,
@@ -245,12 +247,6 @@ class _Plan:
   cache_dtype: Any
 
 
-def _repeat_rows(tree: Any, n: int, axis: int) -> Any:
-  if n == 1:
-    return tree
-  return jax.tree_util.tree_map(lambda x: jnp.repeat(x, n, axis=axis), tree)
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
                     keys, temperature, top_p, stop_ids, max_new_tokens):
@@ -278,22 +274,22 @@ def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
       top_p=top_p if plan.use_top_p else 1.0, greedy=plan.greedy)
 
   segments = decode_segments(capacity)
-  cache = models.init_cache(config, num_prompts, prompt_len + segments[0],
-                            plan.cache_dtype)
+  # The prompt's keys/values stay in one [P, Lp] prefix cache shared by its n
+  # samples (`decoder.decode_with_prefix_cache`); only the generated tokens
+  # get per-row slots, so decode attention never reads n copies of a prompt.
+  prefix = models.init_cache(config, num_prompts, prompt_len,
+                             plan.cache_dtype)
   # Position 0 at each row's first real token, as `models.forward` numbers it.
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-  kv_mask = jnp.concatenate(
-      [prompt_mask, jnp.zeros((num_prompts, segments[0]), prompt_mask.dtype)],
-      axis=1)
-  logits, cache = models.forward_with_cache(
-      config, params, prompt_tokens, positions, cache, 0, kv_mask)
+  logits, prefix = models.forward_with_cache(
+      config, params, prompt_tokens, positions, prefix, 0, prompt_mask)
   # Left padding puts every prompt's last token in the last column.
   last_logits = logits[:, -1]
 
-  # One copy of the prompt's state per sample: rows i*n .. i*n+n-1.
-  cache = _repeat_rows(cache, n, axis=1)
+  # Sample j of prompt i is row i*n + j.
+  cache = models.init_cache(config, rows, segments[0], plan.cache_dtype)
+  kv_mask = jnp.zeros((rows, segments[0]), prompt_mask.dtype)
   last_logits = jnp.repeat(last_logits, n, axis=0)
-  kv_mask = jnp.repeat(kv_mask, n, axis=0)
   next_pos = jnp.repeat(positions[:, -1] + 1, n, axis=0)
   live_prompt = jnp.repeat(prompt_mask[:, -1] > 0, n, axis=0)
 
@@ -312,12 +308,12 @@ def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
   def body(state):
     step, cache, prev_tok, pos, done, kv_mask, out_tokens, out_logp, lengths = (
         state)
-    write_index = prompt_len + step - 1
+    write_index = step - 1  # the slot of prev_tok, sampled at step - 1
     kv_mask = jax.lax.dynamic_update_slice(
         kv_mask, jnp.ones((rows, 1), kv_mask.dtype), (0, write_index))
-    logits, cache = models.forward_with_cache(
-        config, params, prev_tok[:, None], pos[:, None], cache, write_index,
-        kv_mask)
+    logits, cache = decoder_lib.decode_with_prefix_cache(
+        config, params, prev_tok[:, None], pos[:, None], prefix, prompt_mask,
+        cache, write_index, kv_mask)
     tok, logp = sample(logits[:, 0], step_keys(step))
     tok = jnp.where(done, plan.pad_id, tok)
     logp = jnp.where(done, 0.0, logp)

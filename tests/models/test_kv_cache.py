@@ -106,3 +106,47 @@ def test_write_past_the_end_is_rejected(params):
     models.forward_with_cache(CONFIG, params, jnp.ones((1, 2), jnp.int32),
                               jnp.zeros((1, 2), jnp.int32), cache, 3,
                               jnp.ones((1, 4), bool))
+
+
+def test_shared_prefix_decode_equals_repeated_cache(params):
+  """P prompts x n rows: prefix cache + own slots == the concatenated cache."""
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+  tokens, mask = _left_padded_batch()  # P = 2 prompts of 12 columns
+  p, lp = tokens.shape
+  n, own = 3, 4
+  positions = models.positions_from_mask(mask)
+  prefix = models.init_cache(CONFIG, p, lp)
+  _, prefix = step(CONFIG, params, tokens, positions, prefix, 0, mask)
+  # Reference: each row's cache = its prompt's slots, then `own` new slots.
+  ref = jax.tree_util.tree_map(
+      lambda c: jnp.pad(jnp.repeat(c, n, axis=1),
+                        [(0, 0), (0, 0), (0, own), (0, 0), (0, 0)]), prefix)
+  ref_mask = jnp.pad(jnp.repeat(mask, n, axis=0), ((0, 0), (0, own)))
+  cache = models.init_cache(CONFIG, p * n, own)
+  kv_mask = jnp.zeros((p * n, own), jnp.int32)
+  pos = jnp.repeat(positions[:, -1:] + 1, n, axis=0)
+  rng = np.random.default_rng(1)
+  shared = jax.jit(decoder.decode_with_prefix_cache, static_argnums=0)
+  for i in range(own):
+    new = jnp.asarray(rng.integers(3, CONFIG.vocab_size, (p * n, 1)), jnp.int32)
+    ref_mask = ref_mask.at[:, lp + i].set(1)
+    kv_mask = kv_mask.at[:, i].set(1)
+    want, ref = step(CONFIG, params, new, pos, ref, jnp.int32(lp + i),
+                     ref_mask)
+    got, cache = shared(CONFIG, params, new, pos, prefix, mask, cache,
+                        jnp.int32(i), kv_mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
+    pos = pos + 1
+  np.testing.assert_allclose(np.asarray(cache["k"]),
+                             np.asarray(ref["k"][:, :, lp:]), atol=2e-5)
+
+
+def test_shared_prefix_decode_rejects_bad_shapes(params):
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+  prefix = models.init_cache(CONFIG, 2, 5)
+  cache = models.init_cache(CONFIG, 3, 4)  # 3 rows over 2 prompts
+  with pytest.raises(ValueError, match="P dividing B=3"):
+    decoder.decode_with_prefix_cache(
+        CONFIG, params, jnp.zeros((3, 1), jnp.int32),
+        jnp.zeros((3, 1), jnp.int32), prefix, jnp.ones((2, 5)), cache, 0,
+        jnp.ones((3, 4)))
