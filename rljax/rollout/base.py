@@ -197,6 +197,45 @@ class RolloutBatch:
   def response_lengths(self) -> np.ndarray:
     return np.array([len(r) for r in self.response_ids], dtype=np.int32)
 
+  def select_groups(self, groups) -> "RolloutBatch":
+    """The batch of the chosen prompts' groups, in the order given.
+
+    Args:
+      groups: prompt indices (ints, repeats allowed) or a bool mask of
+        length num_prompts. Engine timing is not carried over.
+    """
+    groups = np.asarray(groups)
+    if groups.dtype == bool:
+      if groups.shape != (self.num_prompts,):
+        raise ValueError(
+            f"select_groups mask has shape {groups.shape}; expected "
+            f"({self.num_prompts},), one entry per prompt")
+      groups = np.flatnonzero(groups)
+    groups = groups.astype(np.int64).reshape(-1)
+    if groups.size and (groups.min() < 0 or groups.max() >= self.num_prompts):
+      raise ValueError(
+          f"select_groups indices {groups.tolist()}; expected each in "
+          f"[0, {self.num_prompts})")
+    rows = [int(g) * self.n + j for g in groups for j in range(self.n)]
+    return RolloutBatch(
+        prompt_ids=[self.prompt_ids[g] for g in groups],
+        response_ids=[self.response_ids[r] for r in rows],
+        behav_logp=[self.behav_logp[r] for r in rows],
+        finish_reason=[self.finish_reason[r] for r in rows], n=self.n)
+
+  @classmethod
+  def concat(cls, batches: list["RolloutBatch"]) -> "RolloutBatch":
+    """The groups of several batches (equal n) one after the other."""
+    ns = {b.n for b in batches}
+    if len(ns) != 1:
+      raise ValueError(f"concat of RolloutBatches with n={sorted(ns)}; "
+                       "expected one n")
+    return cls(prompt_ids=[p for b in batches for p in b.prompt_ids],
+               response_ids=[r for b in batches for r in b.response_ids],
+               behav_logp=[l for b in batches for l in b.behav_logp],
+               finish_reason=[f for b in batches for f in b.finish_reason],
+               n=ns.pop())
+
   def pack(self, pad_id: int = 0, prompt_len: int | None = None,
            response_len: int | None = None) -> dict[str, np.ndarray]:
     """Pads the batch into arrays the trainer can jit over.

@@ -135,6 +135,19 @@ class TrainConfig:
                       dropout=self.lora_dropout, targets=self.lora_targets,
                       base_dtype=self.lora_base_dtype)
 
+  def optim_config(self, critic: bool = False):
+    """The `rljax.train.optim.OptimConfig` of the policy (or the critic: its
+    own learning rate, no weight decay). One optimizer update per minibatch
+    and epoch, so the schedule spans steps × ppo_epochs × minibatches."""
+    from rljax.train import optim  # jax import only when needed
+    return optim.OptimConfig(
+        learning_rate=(self.critic_learning_rate if critic
+                       else self.learning_rate),
+        steps=self.steps * self.ppo_epochs * self.minibatches,
+        warmup_steps=self.warmup_steps, schedule=self.lr_schedule,
+        weight_decay=0.0 if critic else self.weight_decay,
+        max_grad_norm=self.max_grad_norm, b1=self.adam_b1, b2=self.adam_b2)
+
   def policy_loss_config(self):
     """The `rljax.core.objectives.PolicyLossConfig` of this run."""
     from rljax.core import objectives  # jax import only when needed

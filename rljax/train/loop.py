@@ -37,8 +37,11 @@ from rljax.models import lora as lora_lib
 from rljax.models import tokenizer as tokenizer_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
+from rljax.train import collect as collect_lib
+from rljax.train import optim as optim_lib
 from rljax.train import update as update_lib
 from rljax.train import rundir as rundir_lib
+from rljax.train import testing
 from rljax.train.config import TrainConfig
 from rljax.train.metrics import MetricsWriter, nonfinite_keys
 from rljax.train.tasks import Task, build_task
@@ -56,25 +59,15 @@ def _seed_for(*parts: int) -> int:
 
 def load_policy(cfg: TrainConfig, seed: int) -> models.Model:
   if cfg.model == "tiny":
-    config = models.tiny_config(vocab_size=len(_tiny_tokenizer()))
-    params = models.init_params(config, jax.random.PRNGKey(seed))
-    return models.Model(config=config, params=params,
-                        tokenizer=_tiny_tokenizer())
+    return testing.tiny_model(seed)
   model = models.load_pretrained(cfg.model)
   # Without this, a dir with no tokenizer fails later inside ChatTemplate.
   tokenizer_lib.require_tokenizer(model.tokenizer, cfg.model)
   return model
 
 
-_TINY_TOKENIZER = None
-
-
-def _tiny_tokenizer():
-  """The real SmolLM2 tokenizer, shared by the tiny random test models."""
-  global _TINY_TOKENIZER
-  if _TINY_TOKENIZER is None:
-    _TINY_TOKENIZER = models.load_tokenizer(models.default_gguf_path())
-  return _TINY_TOKENIZER
+# Older name, still used by tests outside tests/train.
+_tiny_tokenizer = testing.tiny_tokenizer
 
 
 # Jitted functions shared by every Trainer of a process (an ablation, the
@@ -82,11 +75,11 @@ def _tiny_tokenizer():
 _UPDATE_STEPS: dict = {}
 
 
-def _compiled_update(spec, opt_args, critic_args):
-  key = (spec, opt_args, critic_args)
+def _compiled_update(spec, optim, critic_optim):
+  key = (spec, optim, critic_optim)
   if key not in _UPDATE_STEPS:
-    opt = update_lib.make_optimizer(*opt_args)
-    copt = update_lib.make_optimizer(*critic_args) if critic_args else None
+    opt = optim_lib.make_optimizer(optim)
+    copt = optim_lib.make_optimizer(critic_optim) if critic_optim else None
     _UPDATE_STEPS[key] = (opt, copt, update_lib.make_update_step(spec, opt, copt))
   return _UPDATE_STEPS[key]
 
@@ -208,14 +201,10 @@ class Trainer:
       param_transform = lora_lib.LoraTransform(self.model_config, self.lora)
     self.loss_cfg = cfg.policy_loss_config()
     n_updates = cfg.ppo_epochs * cfg.minibatches
-    opt_args = (cfg.learning_rate, cfg.steps * n_updates, cfg.warmup_steps,
-                cfg.lr_schedule, cfg.weight_decay, cfg.max_grad_norm,
-                cfg.adam_b1, cfg.adam_b2)
-    critic_args = None
+    critic_optim = None
     critic_params = None
     if cfg.uses_critic:
-      critic_args = (cfg.critic_learning_rate, cfg.steps * n_updates,
-                     cfg.warmup_steps, cfg.lr_schedule, 0.0, cfg.max_grad_norm)
+      critic_optim = cfg.optim_config(critic=True)
       critic_params = models.init_critic(self.model_config, base_params,
                                          jax.random.PRNGKey(cfg.seed + 1))
     self.spec = update_lib.UpdateSpec(
@@ -227,7 +216,7 @@ class Trainer:
         uses_critic=cfg.uses_critic, value_clip=cfg.value_clip,
         value_coef=cfg.value_coef, param_transform=param_transform)
     self.optimizer, critic_opt, self.update_step = _compiled_update(
-        self.spec, opt_args, critic_args)
+        self.spec, cfg.optim_config(), critic_optim)
     self.state = update_lib.init_train_state(params, self.optimizer,
                                              critic_params, critic_opt)
     self.engine_restarts = 0
@@ -370,10 +359,10 @@ class Trainer:
     """Rollout + rewards, with dynamic-sampling refills (DAPO)."""
     cfg = self.cfg
     timing = {"time_rollout": 0.0, "time_reward": 0.0}
-    groups = []        # (prompt_ids, [responses], [logps], [finish], rewards, comps, example)
-    dropped = []
+    rounds = []
     gen_tokens = 0
-    for round_ in range(1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)):
+    max_rounds = 1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)
+    for round_ in range(max_rounds):
       if round_ == 0 and self._pending:
         rb, examples, t_gen, extra = self._pending.pop(0).result()
         self._pending_data_states.pop(0)
@@ -384,33 +373,18 @@ class Trainer:
       timing["time_rollout"] += t_gen
       gen_tokens += int(rb.response_lengths.sum())
       t0 = time.perf_counter()
-      completions = self._decode(rb)
-      scores, comps = self.task.score(completions, examples, rb.n)
+      scores, comps = self.task.score(self._decode(rb), examples, rb.n)
       timing["time_reward"] += time.perf_counter() - t0
-      keep = batch_lib.group_keep(cfg, scores)
-      n = rb.n
-      for i in range(rb.num_prompts):
-        sl = slice(i * n, (i + 1) * n)
-        g = (rb.prompt_ids[i], rb.response_ids[sl], rb.behav_logp[sl],
-             rb.finish_reason[sl], scores[sl], {k: v[sl] for k, v in comps.items()})
-        (groups if keep[i] else dropped).append(g)
-      if len(groups) >= cfg.prompts_per_step:
+      rounds.append(collect_lib.Round(rb, np.asarray(scores), comps,
+                                      batch_lib.group_keep(cfg, scores)))
+      if sum(int(np.sum(r.keep)) for r in rounds) >= cfg.prompts_per_step:
         break
-    n_kept = min(len(groups), cfg.prompts_per_step)
-    chosen = groups[:cfg.prompts_per_step]
-    chosen += dropped[:cfg.prompts_per_step - len(chosen)]
-    valid = np.repeat(np.arange(len(chosen)) < n_kept, cfg.group_size)
-    rb = RolloutBatch(
-        prompt_ids=[g[0] for g in chosen],
-        response_ids=[r for g in chosen for r in g[1]],
-        behav_logp=[l for g in chosen for l in g[2]],
-        finish_reason=[f for g in chosen for f in g[3]], n=cfg.group_size)
-    rewards = np.concatenate([g[4] for g in chosen]).astype(np.float32)
-    comps = {k: np.concatenate([g[5][k] for g in chosen]) for k in chosen[0][5]}
+    rb, valid, rewards, comps, n_kept, n_dropped = collect_lib.select(
+        rounds, cfg.prompts_per_step)
     timing["rollout_tokens"] = float(gen_tokens)
     timing["rollout_tokens_per_s"] = gen_tokens / max(timing["time_rollout"], 1e-9)
     timing["dynamic_sampling_kept_groups"] = float(n_kept)
-    timing["dynamic_sampling_filtered_groups"] = float(len(dropped))
+    timing["dynamic_sampling_filtered_groups"] = float(n_dropped)
     timing["dynamic_sampling_rounds"] = float(round_ + 1)
     return rb, valid, rewards, {**timing, **{f"reward_{k}": float(np.mean(v))
                                              for k, v in comps.items()}}
@@ -529,19 +503,24 @@ class Trainer:
     for epoch in range(cfg.ppo_epochs):
       for mb in self._minibatches(batch, step, epoch):
         self.state, m = self.update_step(self.state, mb, self.frozen_params)
-        m = {k: float(v) for k, v in jax.device_get(m).items()}
-        bad = nonfinite_keys({k: m[k] for k in ("loss", "grad_norm") if k in m})
-        if bad or m.get("applied", 1.0) < 1.0:
-          # Finite loss and gradients can still give non-finite params or
-          # optimizer moments; the update step's guard kept the old ones.
-          what = (f"{', '.join(bad)} is not finite "
-                  f"({', '.join(f'{k}={m[k]}' for k in bad)})" if bad else
-                  "the updated parameters or optimizer state are not finite")
-          where = self._dump_debug(step, mb, m, bad)
-          raise NonFiniteError(
-              f"step {step}: {what}; the update was not applied; batch and "
-              f"metrics saved to {where}")
-        upd.append(m)
+        upd.append(m)  # device arrays: the next update is dispatched at once
+    # One transfer per step (it waits for the last update).
+    upd = [{k: float(v) for k, v in m.items()} for m in jax.device_get(upd)]
+    for i, m in enumerate(upd):
+      bad = nonfinite_keys({k: m[k] for k in ("loss", "grad_norm") if k in m})
+      if bad or m.get("applied", 1.0) < 1.0:
+        # Finite loss and gradients can still give non-finite params or
+        # optimizer moments; the update step's guard kept the old ones (so
+        # the later minibatches of this step ran on finite weights).
+        what = (f"{', '.join(bad)} is not finite "
+                f"({', '.join(f'{k}={m[k]}' for k in bad)})" if bad else
+                "the updated parameters or optimizer state are not finite")
+        epoch, j = divmod(i, cfg.minibatches)
+        mb = list(self._minibatches(batch, step, epoch))[j]
+        where = self._dump_debug(step, mb, m, bad)
+        raise NonFiniteError(
+            f"step {step}: {what} (epoch {epoch}, minibatch {j}); the update "
+            f"was not applied; batch and metrics saved to {where}")
     metrics["time_update"] = time.perf_counter() - t0
     for k in upd[0]:
       vals = [u[k] for u in upd]

@@ -33,6 +33,7 @@ from rljax import models
 from rljax.core import aggregation as agg_lib
 from rljax.core import kl as kl_lib
 from rljax.core import objectives
+from rljax.train import optim as optim_lib
 
 Batch = dict[str, jax.Array]
 
@@ -71,38 +72,20 @@ class UpdateSpec:
   param_transform: Callable[..., Any] | None = None
 
 
-def make_optimizer(learning_rate: float, steps: int, warmup_steps: int = 0,
-                   schedule: str = "constant", weight_decay: float = 0.0,
-                   max_grad_norm: float = 1.0, b1: float = 0.9,
-                   b2: float = 0.999) -> optax.GradientTransformation:
-  """AdamW with global-norm clipping and a warmup + constant/cosine schedule."""
-  if schedule == "cosine":
-    lr = optax.warmup_cosine_decay_schedule(
-        0.0, learning_rate, max(warmup_steps, 1), max(steps, warmup_steps + 1))
-  elif warmup_steps > 0:
-    lr = optax.join_schedules(
-        [optax.linear_schedule(0.0, learning_rate, warmup_steps),
-         optax.constant_schedule(learning_rate)], [warmup_steps])
-  else:
-    lr = optax.constant_schedule(learning_rate)
-  tx = optax.chain(
-      optax.clip_by_global_norm(max_grad_norm) if max_grad_norm > 0
-      else optax.identity(),
-      optax.inject_hyperparams(optax.adamw)(
-          learning_rate=lr, b1=b1, b2=b2, weight_decay=weight_decay))
-  return tx
+def make_optimizer(cfg: optim_lib.OptimConfig | float, *args,
+                   **kwargs) -> optax.GradientTransformation:
+  """`optim.make_optimizer`; also takes OptimConfig's fields directly
+  (`make_optimizer(1e-3, steps=10)`), as the scripts and tests do."""
+  if not isinstance(cfg, optim_lib.OptimConfig):
+    cfg = optim_lib.OptimConfig(cfg, *args, **kwargs)
+  elif args or kwargs:
+    raise TypeError("make_optimizer(OptimConfig) takes no other arguments")
+  return optim_lib.make_optimizer(cfg)
 
 
 def current_learning_rate(opt_state) -> jax.Array:
   """The learning rate the last `update` used (inject_hyperparams state)."""
-  return opt_state[1].hyperparams["learning_rate"]
-
-
-def _learning_rate(opt_state) -> jax.Array:
-  try:
-    return current_learning_rate(opt_state)
-  except (AttributeError, IndexError, KeyError, TypeError):
-    return jnp.asarray(jnp.nan)  # an optimizer not built by make_optimizer
+  return optim_lib.learning_rate(opt_state)
 
 
 def all_finite(tree) -> jax.Array:
@@ -287,7 +270,7 @@ def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
         optimizer, grads, state.opt_state, state.params, loss)
     metrics.update(loss=loss, grad_norm=grad_norm,
                    applied=finite.astype(jnp.float32),
-                   learning_rate=_learning_rate(opt_state))
+                   learning_rate=optim_lib.learning_rate(opt_state))
     new_state = state.replace(step=state.step + 1, params=params,
                               opt_state=opt_state)
     if spec.uses_critic:

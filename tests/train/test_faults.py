@@ -27,6 +27,7 @@ import pytest
 
 from rljax.train import checkpoint as ckpt_lib
 from rljax.train import loop as loop_lib
+from rljax.train import testing
 from rljax.train import rundir as rundir_lib
 from rljax.train import update as update_lib
 from rljax.train.config import apply_preset
@@ -63,7 +64,7 @@ def config(run_dir, **kw):
 def env(tmp_path_factory):
   root = tmp_path_factory.mktemp("faults_env")
   tok_dir = str(root / "tokenizer")
-  loop_lib._tiny_tokenizer().save_pretrained(tok_dir)  # pylint: disable=protected-access
+  testing.tiny_tokenizer().save_pretrained(tok_dir)  # pylint: disable=protected-access
   e = dict(os.environ)
   e.update(
       PYTHONPATH=REPO + os.pathsep + e.get("PYTHONPATH", ""),

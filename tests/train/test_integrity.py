@@ -16,6 +16,7 @@ from rljax import data as data_lib
 from rljax import models, quant
 from rljax.train import batch as batch_lib
 from rljax.train import loop as loop_lib
+from rljax.train import testing
 from rljax.train.config import apply_preset
 from rljax.train.tasks import Task
 
@@ -60,7 +61,7 @@ def _config(algorithm, tmp_path, **kw):
 
 
 def _trainer(cfg, plan=()):
-  tokenizer = loop_lib._tiny_tokenizer()
+  tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
   task = ScriptedTask(examples[8:], examples[:8], tokenizer,
                       data_lib.ChatTemplate(tokenizer), cfg.prompts_per_step,

@@ -10,6 +10,7 @@ import pytest
 
 from rljax import data as data_lib
 from rljax.train import loop as loop_lib
+from rljax.train import testing
 from rljax.train.config import ALGORITHMS, apply_preset
 from rljax.train.metrics import read_metrics
 from rljax.train.tasks import Task
@@ -37,7 +38,7 @@ def small_config(algorithm, run_dir, **kw):
 
 
 def make_trainer(cfg):
-  tokenizer = loop_lib._tiny_tokenizer()
+  tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
   task = LetterTask(examples[8:], examples[:8], tokenizer,
                     data_lib.ChatTemplate(tokenizer), cfg.prompts_per_step,
