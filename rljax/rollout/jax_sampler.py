@@ -576,7 +576,11 @@ class JaxSampler:
 
   def update_weights(self, params: Any, quant_mode: str | None = None
                      ) -> SyncStats:
-    """Loads full-precision params, cast or quantized to `quant_mode`.
+    """Loads params; a sampler made with quant="none" runs them as given.
+
+    The trainer passes prepared rollout weights
+    (`quant.prepare_rollout_weights`) and no mode. Standalone use may pass
+    full-precision params with `quant_mode` to have them converted here.
 
     Args:
       params: params tree of the decoder (docs/CONTRACTS.md).
