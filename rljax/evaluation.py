@@ -161,7 +161,7 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
         f"than model={cfg.model!r} of its config.json")
   params = jax.tree.map(lambda x, ref: jnp.asarray(x, ref.dtype),
                         saved_params, skeleton.params)
-  quantized = cfg.rollout_quant in ("int8", "int8_wo", "fp8")
+  quantized = quant.is_quantized(cfg.rollout_quant)
   scale = float(meta.get("uaq_scale", cfg.uaq_scale if quantized else 1.0))
   if scale != 1.0:
     params = quant.unfold_uaq(skeleton.config, params, scale=scale)

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 from rljax.quant import params as qparams_lib
 from rljax.quant import qtensor
 
-# Every rollout weight format: the quantized modes, then the float ones.
+# Every rollout weight format (the one vocabulary of rljax): the float ones,
+# then the quantized `QTensor` modes.
 FLOAT_MODES = ("none", "f32", "bf16")
-ROLLOUT_MODES = qtensor.MODES + FLOAT_MODES
+ROLLOUT_MODES = FLOAT_MODES + qtensor.MODES
 
 
 def is_quantized(mode: str) -> bool:

@@ -34,8 +34,8 @@ from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
 from rljax.rollout.base import check_prompts
 
 # Accepted values of `quant`; "none" and "f32" both mean "params as given".
-QUANT_MODES = ("none", "f32", "bf16", "int8", "int8_wo", "fp8")
-_LOW_BIT_MODES = ("int8", "int8_wo", "fp8")
+QUANT_MODES = quant_lib.ROLLOUT_MODES
+_LOW_BIT_MODES = quant_lib.MODES
 
 
 # ----------------------------------------------------------------------------
