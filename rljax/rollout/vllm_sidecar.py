@@ -44,6 +44,7 @@ Example:
     stats = engine.update_weights(new_params)        # every RL step
 """
 # pylint: disable=unused-import
+# ruff: noqa: F401
 from rljax.rollout.vllm.config import SidecarError
 from rljax.rollout.vllm.config import VLLMSidecarConfig
 from rljax.rollout.vllm.config import checkpoint_quant_mode

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from typing import Any, Mapping
 
 from rljax.rollout.base import EngineFailure

@@ -9,7 +9,6 @@ import concurrent.futures
 import json
 import logging
 import os
-import re
 import secrets
 import subprocess
 import sys
