@@ -409,7 +409,7 @@ class TestInt8Sidecar:
 
   def test_int8_push_changes_output_and_restores_exactly(
       self, int8_engine, prompts, f32_params):
-    from rljax import quant  # pylint: disable=g-import-not-at-top
+    from rljax import models  # pylint: disable=g-import-not-at-top
     config, params = f32_params
     base_ids, base_logp = _alone(int8_engine, prompts, GREEDY)
     # A params tree: quantized to int8 codes + scales at sync.
