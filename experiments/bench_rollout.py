@@ -206,15 +206,14 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
 
 
 def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
-  from rljax import quant as quant_lib  # pylint: disable=g-import-not-at-top
   from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
   ckpt = os.path.join(workdir, f"vllm-{quant}")
   if quant == "bf16":
     models.save_hf(model.config, model.params, ckpt, model.tokenizer,
                    dtype="bfloat16")
   elif quant == "int8":
-    quant_lib.export_compressed_tensors_int8(model.config, model.params, ckpt,
-                                             model.tokenizer)
+    models.export_compressed_tensors_int8(model.config, model.params, ckpt,
+                                          model.tokenizer)
   else:
     raise ValueError(f"--vllm_quants has {quant!r}; expected bf16 or int8 "
                      "(vLLM has no FP8 on CPU; on GPU add an fp8 export)")

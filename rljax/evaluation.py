@@ -131,7 +131,6 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
   s, which is unfolded here with the scale the checkpoint records.
   """
   from rljax import quant
-  from rljax.train import loop as loop_lib  # model loading; builds nothing
   from rljax.train.checkpoint import RunCheckpointer
   from rljax.train.config import TrainConfig, field_names
   with open(os.path.join(run_dir, "config.json")) as f:
@@ -154,7 +153,7 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
     state, meta = ckpt.restore(step, None)
   finally:
     ckpt.close()
-  skeleton = loop_lib.load_policy(cfg, cfg.seed)
+  skeleton = models.load_named(cfg.model, cfg.seed)
   saved_params = state["params"]
   if jax.tree.structure(saved_params) != jax.tree.structure(skeleton.params):
     raise ValueError(
@@ -162,7 +161,7 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
         f"than model={cfg.model!r} of its config.json")
   params = jax.tree.map(lambda x, ref: jnp.asarray(x, ref.dtype),
                         saved_params, skeleton.params)
-  quantized = cfg.rollout_quant in ("int8", "int8_wo", "fp8")
+  quantized = quant.is_quantized(cfg.rollout_quant)
   scale = float(meta.get("uaq_scale", cfg.uaq_scale if quantized else 1.0))
   if scale != 1.0:
     params = quant.unfold_uaq(skeleton.config, params, scale=scale)

@@ -15,9 +15,10 @@ import os
 import re
 from typing import Any
 
+from rljax.data import extraction
 from rljax.data.loaders import OnError, load_file
 from rljax.data.records import Compose, FieldMap, LoadedDataset
-from rljax.rewards import equivalence, extraction
+from rljax.data.numbers import parse_plain_number
 
 __all__ = [
     "AIME24", "AMC23", "ASDIV", "DATASET_SPECS", "DEEPSCALER", "GSM8K", "MATH500", "MINERVA_MATH",
@@ -53,7 +54,7 @@ def number_answer(value: Any) -> str | None:
         value = str(value)
     if not isinstance(value, str) or not value.strip():
         return None
-    parsed = equivalence.parse_plain_number(value)
+    parsed = parse_plain_number(value)
     if parsed is None:
         return value.strip()
     number = parsed[0]  # a Fraction with a power-of-ten denominator

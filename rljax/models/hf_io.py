@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-import safetensors.numpy
 from safetensors import safe_open
 
 from rljax.models import decoder
+from rljax.models import safetensors_io
 from rljax.models.config import ModelConfig
 from rljax.quant.qtensor import QTensor
 
@@ -234,22 +234,6 @@ def from_hf_state_dict(config: ModelConfig,
 
 
 # ---------------------------------------------------------- safetensors dir
-def _safetensors_files(path: str) -> list[str]:
-  index = os.path.join(path, "model.safetensors.index.json")
-  if os.path.isfile(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
-    return sorted({os.path.join(path, v) for v in weight_map.values()})
-  single = os.path.join(path, "model.safetensors")
-  if os.path.isfile(single):
-    return [single]
-  files = sorted(os.path.join(path, f) for f in os.listdir(path)
-                 if f.endswith(".safetensors"))
-  if not files:
-    raise FileNotFoundError(f"no *.safetensors files in {path!r}")
-  return files
-
-
 class LazyStateDict(Mapping):
   """Tensors of safetensors files, read from disk on access.
 
@@ -285,7 +269,7 @@ class LazyStateDict(Mapping):
 def load_hf_state_dict(path: str | os.PathLike) -> Mapping[str, np.ndarray]:
   """All tensors of an HF safetensors dir (single file or sharded index),
   as a lazily-read mapping name -> numpy array."""
-  return LazyStateDict(_safetensors_files(os.fspath(path)))
+  return LazyStateDict(safetensors_io.checkpoint_files(path))
 
 
 def load_hf(path: str | os.PathLike, dtype=jnp.float32
@@ -297,19 +281,6 @@ def load_hf(path: str | os.PathLike, dtype=jnp.float32
   config = ModelConfig.from_hf(path)
   return config, from_hf_state_dict(config, load_hf_state_dict(path), dtype,
                                     source=path)
-
-
-def _shards(tensors: dict[str, np.ndarray], max_shard_bytes: int
-            ) -> Iterator[dict[str, np.ndarray]]:
-  shard, size = {}, 0
-  for name, array in tensors.items():
-    if shard and size + array.nbytes > max_shard_bytes:
-      yield shard
-      shard, size = {}, 0
-    shard[name] = array
-    size += array.nbytes
-  if shard:
-    yield shard
 
 
 def save_hf(config: ModelConfig, params: Mapping[str, Any],
@@ -340,25 +311,10 @@ def save_hf(config: ModelConfig, params: Mapping[str, Any],
     tensors[name] = np.ascontiguousarray(array)
 
   for stale in os.listdir(out_dir):
-    if stale.endswith(".safetensors") or stale == "model.safetensors.index.json":
+    if stale.endswith(".safetensors") or stale == safetensors_io.INDEX_FILE:
       os.remove(os.path.join(out_dir, stale))
-  shards = list(_shards(tensors, max_shard_bytes))
-  metadata = {"format": "pt"}
-  if len(shards) == 1:
-    safetensors.numpy.save_file(shards[0],
-                                os.path.join(out_dir, "model.safetensors"),
-                                metadata=metadata)
-  else:
-    weight_map = {}
-    for k, shard in enumerate(shards, start=1):
-      file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-      safetensors.numpy.save_file(shard, os.path.join(out_dir, file),
-                                  metadata=metadata)
-      weight_map.update({name: file for name in shard})
-    index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
-             "weight_map": weight_map}
-    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-      json.dump(index, f, indent=2)
+  safetensors_io.write_checkpoint(tensors, out_dir, max_shard_bytes,
+                                 single_file=True)
 
   hf_config = config.to_hf()
   hf_config["torch_dtype"] = dtype

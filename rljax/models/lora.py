@@ -50,6 +50,7 @@ from jaxtyping import PRNGKeyArray
 from rljax.models import decoder, hf_io
 from rljax.models.config import ModelConfig
 from rljax.quant import quantizers
+from rljax.quant import uaq
 from rljax.quant.qtensor import QTensor
 
 Params = Mapping[str, Any]
@@ -231,7 +232,6 @@ def fold_adapters(lora: LoraConfig, adapters: Params, powers: Mapping
 def uaq_kernel_factors(scale: float, fold_vo: bool = False,
                        fold_up_down: bool = False) -> dict:
   """(module, "kernel") -> s^k, the factor UAQ's fold multiplies it by."""
-  from rljax.quant import uaq  # pylint: disable=g-import-not-at-top
   return {key: float(scale) ** k
           for key, k in uaq.uaq_powers(fold_vo, fold_up_down).items()
           if key[1] == "kernel"}

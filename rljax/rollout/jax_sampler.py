@@ -36,8 +36,8 @@ from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
 from rljax.rollout.base import check_prompts
 
 # Accepted values of `quant`; "none" and "f32" both mean "params as given".
-QUANT_MODES = ("none", "f32", "bf16", "int8", "int8_wo", "fp8")
-_LOW_BIT_MODES = ("int8", "int8_wo", "fp8")
+QUANT_MODES = quant_lib.ROLLOUT_MODES
+_LOW_BIT_MODES = quant_lib.MODES
 
 
 # ----------------------------------------------------------------------------
@@ -572,7 +572,11 @@ class JaxSampler:
 
   def update_weights(self, params: Any, quant_mode: str | None = None
                      ) -> SyncStats:
-    """Loads full-precision params, cast or quantized to `quant_mode`.
+    """Loads params; a sampler made with quant="none" runs them as given.
+
+    The trainer passes prepared rollout weights
+    (`quant.prepare_rollout_weights`) and no mode. Standalone use may pass
+    full-precision params with `quant_mode` to have them converted here.
 
     Args:
       params: params tree of the decoder (docs/CONTRACTS.md).

@@ -19,35 +19,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
-import json
 import os
 import shutil
-import struct
 import tempfile
 from typing import Any, Mapping
 
 import ml_dtypes
 import numpy as np
 
-from rljax.quant import safetensors_io
+from rljax.models import safetensors_io
 
-INDEX_FILE = "model.safetensors.index.json"
-
-# safetensors dtype tag -> numpy dtype.
-_DTYPES = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "I16": np.dtype(np.int16),
-    "I32": np.dtype(np.int32),
-    "I64": np.dtype(np.int64),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype(np.float32),
-    "F64": np.dtype(np.float64),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-}
+TensorSpec = safetensors_io.TensorSpec
 
 # Dtypes a float tensor may be cast to. Everything else (int8 / fp8 codes of a
 # quantized checkpoint) must arrive in exactly the checkpoint's dtype: casting
@@ -59,61 +41,6 @@ _FLOAT_DTYPES = frozenset(np.dtype(d) for d in (
 def is_float_dtype(dtype: Any) -> bool:
   """True for the float dtypes a weight may be cast between (bf16 included)."""
   return np.dtype(dtype) in _FLOAT_DTYPES
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-  """Shape and dtype of one checkpoint tensor."""
-  shape: tuple[int, ...]
-  dtype: np.dtype
-
-  @property
-  def nbytes(self) -> int:
-    return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-
-def read_safetensors_header(path: str | os.PathLike) -> dict[str, TensorSpec]:
-  """Tensor name -> TensorSpec, from the JSON header of a `.safetensors` file.
-
-  Reads only the header (not the data), so it is cheap for any model size.
-  """
-  path = os.fspath(path)
-  with open(path, "rb") as f:
-    raw_len = f.read(8)
-    if len(raw_len) != 8:
-      raise ValueError(f"{path!r} is not a safetensors file (shorter than 8 "
-                       "bytes)")
-    (header_len,) = struct.unpack("<Q", raw_len)
-    header = json.loads(f.read(header_len))
-  specs = {}
-  for name, entry in header.items():
-    if name == "__metadata__":
-      continue
-    tag = entry["dtype"]
-    if tag not in _DTYPES:
-      raise ValueError(
-          f"{path!r}: tensor {name!r} has safetensors dtype {tag!r}; expected "
-          f"one of {sorted(_DTYPES)}")
-    specs[name] = TensorSpec(tuple(int(d) for d in entry["shape"]),
-                             _DTYPES[tag])
-  return specs
-
-
-def safetensors_files(model_dir: str | os.PathLike) -> list[str]:
-  """The weight files of a checkpoint dir (from its index if it has one)."""
-  model_dir = os.fspath(model_dir)
-  index = os.path.join(model_dir, INDEX_FILE)
-  if os.path.isfile(index):
-    with open(index) as f:
-      names = sorted(set(json.load(f)["weight_map"].values()))
-  else:
-    names = sorted(n for n in os.listdir(model_dir)
-                   if n.endswith(".safetensors"))
-  if not names:
-    raise FileNotFoundError(
-        f"no .safetensors files in {model_dir!r}; expected an HF checkpoint "
-        "directory")
-  return [os.path.join(model_dir, n) for n in names]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +58,8 @@ class CheckpointManifest:
   def from_dir(cls, model_dir: str | os.PathLike) -> "CheckpointManifest":
     """Reads the manifest of an HF safetensors checkpoint directory."""
     specs: dict[str, TensorSpec] = {}
-    for path in safetensors_files(model_dir):
-      for name, spec in read_safetensors_header(path).items():
+    for path in safetensors_io.checkpoint_files(model_dir):
+      for name, spec in safetensors_io.read_header(path).items():
         if name in specs:
           raise ValueError(f"tensor {name!r} appears in two shards of "
                            f"{os.fspath(model_dir)!r}")
@@ -218,7 +145,7 @@ def prepare_tensors(state_dict: Mapping[str, Any],
             f"{context}: tensor {name!r} has dtype {array.dtype}; expected "
             f"{spec.dtype} (the engine's checkpoint stores it so; quantized "
             "codes must be produced by the quantizer, e.g. "
-            "rljax.quant.compressed_tensors_state_dict)")
+            "rljax.models.compressed_tensors_state_dict)")
       if check_finite and array.dtype == np.float32:
         _check_finite(name, array, context)  # cheaper before the cast
         array = array.astype(spec.dtype)
@@ -237,56 +164,6 @@ def _check_finite(name: str, array: np.ndarray, context: str) -> None:
     bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
     raise ValueError(f"{context}: tensor {name!r} has {bad} non-finite "
                      "value(s) (NaN/inf); refusing to load them")
-
-
-def shard_tensors(tensors: Mapping[str, np.ndarray], max_shard_bytes: int
-                  ) -> list[dict[str, np.ndarray]]:
-  """Splits tensors (in name order) into shards of at most max_shard_bytes.
-
-  A tensor larger than the limit gets a shard of its own.
-  """
-  if max_shard_bytes < 1:
-    raise ValueError(f"max_shard_bytes={max_shard_bytes}; expected >= 1")
-  shards: list[dict[str, np.ndarray]] = []
-  shard: dict[str, np.ndarray] = {}
-  size = 0
-  for name in sorted(tensors):
-    array = tensors[name]
-    if shard and size + array.nbytes > max_shard_bytes:
-      shards.append(shard)
-      shard, size = {}, 0
-    shard[name] = array
-    size += array.nbytes
-  if shard:
-    shards.append(shard)
-  return shards
-
-
-def write_checkpoint(tensors: Mapping[str, np.ndarray],
-                     out_dir: str | os.PathLike,
-                     max_shard_bytes: int = 1 << 30) -> int:
-  """Writes tensors as `model-0000k-of-0000n.safetensors` + index.
-
-  Args:
-    tensors: name -> numpy array, already in checkpoint dtype and shape.
-    out_dir: an existing, empty directory.
-    max_shard_bytes: shard size limit.
-
-  Returns:
-    Bytes of tensor data written.
-  """
-  out_dir = os.fspath(out_dir)
-  shards = shard_tensors(tensors, max_shard_bytes)
-  weight_map = {}
-  total = 0
-  for k, shard in enumerate(shards, start=1):
-    file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-    safetensors_io.save_safetensors(os.path.join(out_dir, file), shard)
-    weight_map.update({name: file for name in shard})
-    total += sum(a.nbytes for a in shard.values())
-  with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
-    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
-  return total
 
 
 def default_sync_root() -> str:

@@ -35,6 +35,7 @@ from rljax.core import kl as kl_lib
 from rljax.core import shaping
 from rljax.models import lora as lora_lib
 from rljax.models import tokenizer as tokenizer_lib
+from rljax.rollout import factory as rollout_factory
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train import collect as collect_lib
@@ -237,21 +238,15 @@ class Trainer:
   # -- rollout engine ---------------------------------------------------------
 
   def _make_engine(self):
+    # The trainer prepares the rollout weights (so the diagnostics see
+    # exactly what the engine runs); every engine loads them as given.
     cfg = self.cfg
-    if cfg.engine == "jax":
-      # The trainer quantizes (so the diagnostics see exactly what the engine
-      # runs) and hands the sampler ready-made params.
-      return self._new_jax_sampler()
-    from rljax.rollout import vllm_sidecar
-    return vllm_sidecar.engine_for_model(
-        self.model_config, self.policy_params(),
-        os.path.join(cfg.run_dir, "vllm_start"), quant=cfg.rollout_quant,
-        tokenizer=self.tokenizer, urls=cfg.vllm_urls,
-        config=vllm_sidecar.VLLMSidecarConfig(
-            max_model_len=batch_lib.bucket(cfg.max_prompt_tokens)
-            + cfg.max_new_tokens,
-            # Server logs belong to the run, not to a shared temp dir.
-            log_dir=os.path.join(cfg.run_dir, "vllm_logs")))
+    return rollout_factory.make_engine(
+        cfg.engine, self.model_config, self.policy_params(),
+        quant=cfg.rollout_quant,
+        max_prompt_len=batch_lib.bucket(cfg.max_prompt_tokens),
+        max_new_tokens=cfg.max_new_tokens, pad_id=self._pad_id(),
+        tokenizer=self.tokenizer, run_dir=cfg.run_dir, vllm_urls=cfg.vllm_urls)
 
   def _logprobs(self, params, tokens, attention_mask):
     return _sequence_logprobs(self.model_config, params, tokens,
@@ -263,10 +258,10 @@ class Trainer:
                             attention_mask)
 
   def _new_jax_sampler(self):
-    from rljax.rollout.jax_sampler import JaxSampler
-    return JaxSampler(self.model_config, None, quant="none",
-                      max_prompt_len=batch_lib.bucket(self.cfg.max_prompt_tokens),
-                      pad_id=self._pad_id())
+    return rollout_factory.make_engine(
+        "jax", self.model_config, None, quant="none",
+        max_prompt_len=batch_lib.bucket(self.cfg.max_prompt_tokens),
+        max_new_tokens=self.cfg.max_new_tokens, pad_id=self._pad_id())
 
   def _decode(self, rb: RolloutBatch) -> list[str]:
     return [self.tokenizer.decode(r, skip_special_tokens=True)
@@ -291,27 +286,17 @@ class Trainer:
     t0 = time.perf_counter()
     params = self.policy_params()
     cfg = self.cfg
-    diag = {}
-    if self.quantized:
-      rparams = quant.quantize_params(self.model_config, params,
-                                      mode=cfg.rollout_quant,
-                                      fake=cfg.fake_quant)
-      diag = self.diagnostics(params, rparams)
-    elif cfg.rollout_quant == "bf16":
-      rparams = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-    else:
-      rparams = jax.tree.map(jnp.copy, params)
+    rparams = quant.prepare_rollout_weights(
+        self.model_config, params, cfg.rollout_quant, fake=cfg.fake_quant)
+    diag = self.diagnostics(params, rparams) if self.quantized else {}
     _require_finite(rparams, f"the rollout weights after step {self.step_num}")
     diag["time_quantize"] = time.perf_counter() - t0
     return rparams, diag
 
   def _push(self, rparams, diag: dict) -> dict[str, float]:
     t0 = time.perf_counter()
-    # The JAX sampler runs the tree as given; a vLLM engine keeps the format
-    # it was started with (bf16 or INT8 compressed-tensors).
-    mode = "none" if self.cfg.engine == "jax" else None
     stats = self._recovering(
-        "weight sync", lambda: self.engine.update_weights(rparams, mode))
+        "weight sync", lambda: self.engine.update_weights(rparams))
     out = dict(diag)
     out["time_sync"] = time.perf_counter() - t0 + diag.pop("time_quantize", 0.0)
     out["sync_bytes"] = float(stats.bytes)
@@ -338,20 +323,15 @@ class Trainer:
     return rb, examples, time.perf_counter() - t0
 
   def _recovering(self, what: str, call):
-    """Runs an engine call; if a vLLM sidecar died or hung, restarts it (it
-    reloads the weights of its last sync) and tries once more. A second
-    failure ends the run with the sidecar's own message."""
-    if self.cfg.engine == "jax":
-      return call()
-    from rljax.rollout.vllm_sidecar import SidecarError
-    try:
-      return call()
-    except SidecarError as first:
+    """Runs an engine call; if the engine died or hung (a vLLM sidecar),
+    restarts it (it reloads the weights of its last sync) and tries once
+    more. A second failure ends the run with the engine's own message."""
+    def on_restart(what, first):
       self.engine_restarts += 1
-      print(f"[rljax] {what}: vLLM sidecar failed ({str(first)[:300]}); "
+      print(f"[rljax] {what}: rollout engine failed ({str(first)[:300]}); "
             f"restarting it (restart #{self.engine_restarts})", flush=True)
-      self.engine.restart()
-      return call()
+    return rollout_factory.call_with_restart(self.engine, what, call,
+                                             on_restart)
 
   # -- one step ---------------------------------------------------------------
 

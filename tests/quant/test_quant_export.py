@@ -1,4 +1,4 @@
-"""compressed-tensors export for vLLM (rljax.quant.export)."""
+"""compressed-tensors export for vLLM (rljax.models.quant_export)."""
 import json
 import os
 import shutil
@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from rljax import models
 from rljax import quant
 
 import quant_testing
@@ -57,8 +58,8 @@ class ExportTest(parameterized.TestCase):
   def test_round_trip_reproduces_qtensors(self, mode, per_tensor):
     qparams = quant.quantize_params(self.config, self.params, mode,
                                     per_tensor=per_tensor)
-    export = (quant.export_compressed_tensors_int8 if mode == "int8" else
-              quant.export_compressed_tensors_fp8)
+    export = (models.export_compressed_tensors_int8 if mode == "int8" else
+              models.export_compressed_tensors_fp8)
     export(self.config, qparams, self.out)
     tensors = _load_safetensors(os.path.join(self.out, "model.safetensors"))
     code_dtype = np.int8 if mode == "int8" else ml_dtypes.float8_e4m3fn
@@ -90,7 +91,7 @@ class ExportTest(parameterized.TestCase):
                    7 * self.config.num_layers)
 
   def test_config_json(self):
-    quant.export_compressed_tensors_int8(self.config, self.params, self.out,
+    models.export_compressed_tensors_int8(self.config, self.params, self.out,
                                          tokenizer=_FakeTokenizer())
     with open(os.path.join(self.out, "config.json")) as f:
       cfg = json.load(f)
@@ -109,7 +110,7 @@ class ExportTest(parameterized.TestCase):
   def test_config_parses_with_compressed_tensors(self, mode, per_tensor):
     ct = pytest.importorskip("compressed_tensors.quantization")
     qc = ct.QuantizationConfig.model_validate(
-        quant.quantization_config(mode, per_tensor=per_tensor))
+        models.quantization_config(mode, per_tensor=per_tensor))
     args = qc.config_groups["group_0"]
     self.assertEqual(args.weights.strategy, "tensor" if per_tensor else "channel")
     self.assertEqual(args.input_activations.strategy, "token")
@@ -117,8 +118,8 @@ class ExportTest(parameterized.TestCase):
     self.assertEqual(args.weights.type, "int" if mode == "int8" else "float")
 
   def test_full_precision_params_are_quantized_the_same_way(self):
-    direct = quant.compressed_tensors_state_dict(self.config, self.params)
-    via_q = quant.compressed_tensors_state_dict(
+    direct = models.compressed_tensors_state_dict(self.config, self.params)
+    via_q = models.compressed_tensors_state_dict(
         self.config, quant.quantize_params(self.config, self.params, "int8"))
     self.assertEqual(sorted(direct), sorted(via_q))
     for name in direct:
@@ -126,7 +127,7 @@ class ExportTest(parameterized.TestCase):
 
   def test_tied_embeddings_export_no_lm_head(self):
     config, params = quant_testing.tiny_model(tie_word_embeddings=True)
-    tensors = quant.compressed_tensors_state_dict(config, params)
+    tensors = models.compressed_tensors_state_dict(config, params)
     self.assertNotIn("lm_head.weight", tensors)
     self.assertEqual(tensors["model.layers.1.mlp.down_proj.weight"].dtype,
                      np.int8)
@@ -134,7 +135,7 @@ class ExportTest(parameterized.TestCase):
   def test_quantized_lm_head_is_exported_and_not_ignored(self):
     q = quant.quantize_params(self.config, self.params, "int8",
                               include_lm_head=True)
-    quant.export_compressed_tensors_int8(self.config, q, self.out)
+    models.export_compressed_tensors_int8(self.config, q, self.out)
     tensors = _load_safetensors(os.path.join(self.out, "model.safetensors"))
     self.assertEqual(tensors["lm_head.weight"].dtype, np.int8)
     self.assertIn("lm_head.weight_scale", tensors)
@@ -144,20 +145,20 @@ class ExportTest(parameterized.TestCase):
   def test_bad_arguments(self):
     fp8 = quant.quantize_params(self.config, self.params, "fp8")
     with self.assertRaisesRegex(ValueError, "mode='fp8'"):
-      quant.export_compressed_tensors_int8(self.config, fp8, self.out)
+      models.export_compressed_tensors_int8(self.config, fp8, self.out)
     with self.assertRaisesRegex(ValueError, "mode='int8_wo'"):
-      quant.compressed_tensors_state_dict(self.config, self.params, "int8_wo")
+      models.compressed_tensors_state_dict(self.config, self.params, "int8_wo")
     with self.assertRaisesRegex(ValueError, "dtype='int4'"):
-      quant.compressed_tensors_state_dict(self.config, self.params,
+      models.compressed_tensors_state_dict(self.config, self.params,
                                           dtype="int4")
     with self.assertRaisesRegex(TypeError, "save_pretrained"):
-      quant.export_compressed_tensors_int8(self.config, self.params, self.out,
+      models.export_compressed_tensors_int8(self.config, self.params, self.out,
                                            tokenizer=object())
     partial = dict(fp8)
     partial["layers"] = dict(fp8["layers"],
                              o_proj=self.params["layers"]["o_proj"])
     with self.assertRaisesRegex(ValueError, "not quantized"):
-      quant.compressed_tensors_state_dict(self.config, partial, "fp8")
+      models.compressed_tensors_state_dict(self.config, partial, "fp8")
 
 
 if __name__ == "__main__":

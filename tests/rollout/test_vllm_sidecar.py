@@ -2,7 +2,7 @@
 
 The checkpoints are the project's own exports of the embedded GGUF model
 (`models.load_pretrained` -> `models.save_hf` in bf16, and
-`quant.export_compressed_tensors_int8`), cached across runs in pytest's cache
+`models.export_compressed_tensors_int8`), cached across runs in pytest's cache
 dir. One engine per test class (an engine start takes ~30-60 s on 2 cores).
 """
 import dataclasses
@@ -54,7 +54,7 @@ def checkpoints(pytestconfig, tmp_path_factory):
   # INT8 from the bf16 checkpoint's values, so that both engines run the same
   # model and `f32_params` re-quantizes to exactly the exported codes.
   config, params = models.load_hf(dirs["bf16"])
-  quant.export_compressed_tensors_int8(config, params, dirs["int8"],
+  models.export_compressed_tensors_int8(config, params, dirs["int8"],
                                        tokenizer=model.tokenizer)
   with open(marker, "w") as f:
     json.dump({"version": _CACHE_VERSION}, f)
@@ -409,7 +409,7 @@ class TestInt8Sidecar:
 
   def test_int8_push_changes_output_and_restores_exactly(
       self, int8_engine, prompts, f32_params):
-    from rljax import quant  # pylint: disable=g-import-not-at-top
+    from rljax import models  # pylint: disable=g-import-not-at-top
     config, params = f32_params
     base_ids, base_logp = _alone(int8_engine, prompts, GREEDY)
     # A params tree: quantized to int8 codes + scales at sync.
@@ -420,7 +420,7 @@ class TestInt8Sidecar:
     changed_ids, _ = _alone(int8_engine, prompts, GREEDY)
     assert changed_ids != base_ids
     # Back as an HF state dict of codes and scales (the export's tensors).
-    state_dict = quant.compressed_tensors_state_dict(config, params, "int8")
+    state_dict = models.compressed_tensors_state_dict(config, params, "int8")
     int8_engine.update_weights(state_dict)
     restored_ids, restored_logp = _alone(int8_engine, prompts, GREEDY)
     assert restored_ids == base_ids

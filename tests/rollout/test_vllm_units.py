@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from rljax.models import safetensors_io
 from rljax.rollout import base
 from rljax.rollout import vllm_client
 from rljax.rollout import vllm_sidecar
 from rljax.rollout import weight_sync
+from rljax.rollout.vllm import sidecar as vllm_sidecar_impl
 from rljax.rollout.vllm_sidecar import SidecarError
 from rljax.rollout.vllm_sidecar import VLLMSidecar
 from rljax.rollout.vllm_sidecar import VLLMSidecarConfig
@@ -31,7 +33,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 def _manifest(**specs):
   return weight_sync.CheckpointManifest(
-      {name: weight_sync.TensorSpec(shape, np.dtype(dtype))
+      {name: safetensors_io.TensorSpec(shape, np.dtype(dtype))
        for name, (shape, dtype) in specs.items()}, source="test-ckpt")
 
 
@@ -119,13 +121,13 @@ class TestCheckpointFiles:
   def test_sharded_write_round_trips(self, tmp_path):
     tensors = weight_sync.prepare_tensors(_int8_state_dict(), _int8_manifest())
     # 24, 6 and 12 bytes (name order) with a 10-byte limit: three shards.
-    nbytes = weight_sync.write_checkpoint(tensors, tmp_path,
+    nbytes = safetensors_io.write_checkpoint(tensors, tmp_path,
                                           max_shard_bytes=10)
     assert nbytes == 24 + 6 + 12
     files = sorted(f for f in os.listdir(tmp_path) if f.endswith(
         ".safetensors"))
     assert files == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
-    with open(tmp_path / weight_sync.INDEX_FILE) as f:
+    with open(tmp_path / safetensors_io.INDEX_FILE) as f:
       index = json.load(f)
     assert set(index["weight_map"]) == set(tensors)
     loaded = {}
@@ -141,7 +143,7 @@ class TestCheckpointFiles:
   def test_shards_never_split_a_tensor(self):
     tensors = {"a": np.zeros(10, np.int8), "b": np.zeros(3, np.int8),
                "c": np.zeros(3, np.int8)}
-    shards = weight_sync.shard_tensors(tensors, max_shard_bytes=6)
+    shards = safetensors_io.shard(tensors, max_shard_bytes=6)
     assert [sorted(s) for s in shards] == [["a"], ["b", "c"]]
 
   def test_empty_dir_is_an_error(self, tmp_path):
@@ -297,17 +299,17 @@ class TestServerCommand:
                                       "rljax_vllm_ext"))
 
   def test_chunked_prefill_off_on_the_cpu_build(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
     cmd = self._command(max_model_len=8192)
     assert "--no-enable-chunked-prefill" in cmd
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "8192"
-    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: False)
+    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: False)
     cmd = self._command()
     assert not any("chunked-prefill" in a for a in cmd)
     assert "--enable-chunked-prefill" in self._command(chunked_prefill=True)
 
   def test_extra_args_win(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
     cmd = self._command(extra_args=("--max-num-batched-tokens", "999"))
     assert cmd.count("--max-num-batched-tokens") == 1
     assert cmd[-2:] == ["--max-num-batched-tokens", "999"]
@@ -778,13 +780,13 @@ class TestBatchInvariantOption:
     return sidecar._environment()  # pylint: disable=protected-access
 
   def test_sets_vllm_batch_invariant_on_gpu_builds(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: False)
+    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: False)
     assert self._env(batch_invariant=True)["VLLM_BATCH_INVARIANT"] == "1"
     assert "VLLM_BATCH_INVARIANT" not in self._env() or os.environ.get(
         "VLLM_BATCH_INVARIANT")
 
   def test_refused_on_the_cpu_build(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
     with pytest.raises(ValueError, match=r"batch_invariant=True.*CPU build"):
       self._env(batch_invariant=True)
 

@@ -18,8 +18,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from rljax.models import hf_io
+from rljax.models import safetensors_io
 from rljax.quant import params as qparams_lib
-from rljax.quant import safetensors_io
 from rljax.quant.qtensor import QTensor
 
 Params = dict[str, Any]
@@ -109,8 +110,6 @@ def compressed_tensors_state_dict(config: Any, qparams: Params,
       "model.embed_tokens.weight": bf16 [V, D], ...}`; the weight-sync path
     sends this without writing config.json.
   """
-  from rljax import models  # late: models imports rljax.quant.qtensor
-
   if mode not in _FORMATS:
     raise ValueError(
         f"compressed_tensors_state_dict: mode={mode!r}; expected one of "
@@ -122,9 +121,9 @@ def compressed_tensors_state_dict(config: Any, qparams: Params,
   qparams = _as_qparams(config, qparams, mode, per_tensor)
   qts = _check_qparams(qparams, mode)
   per_tensor = _is_per_tensor(qts)
-  # models.to_hf_state_dict writes a QTensor kernel as its codes `.T` plus a
+  # hf_io.to_hf_state_dict writes a QTensor kernel as its codes `.T` plus a
   # float32 `weight_scale` [out, 1]: the compressed-tensors layout.
-  hf = models.to_hf_state_dict(config, qparams)
+  hf = hf_io.to_hf_state_dict(config, qparams)
   code_dtype = np.dtype(np.int8 if mode == "int8" else ml_dtypes.float8_e4m3fn)
   out: dict[str, np.ndarray] = {}
   for name, tensor in hf.items():

@@ -1,0 +1,50 @@
+"""The weights a rollout engine runs: Q(θ), or θ in the rollout dtype.
+
+QuRL (§3) samples from a quantized actor π_{Q(θ)}: the trainer prepares
+these weights once per sync, here, so the quantization diagnostics measure
+exactly the tree every engine then loads as given (no engine converts).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rljax.quant import params as qparams_lib
+from rljax.quant import qtensor
+
+# Every rollout weight format (the one vocabulary of rljax): the float ones,
+# then the quantized `QTensor` modes.
+FLOAT_MODES = ("none", "f32", "bf16")
+ROLLOUT_MODES = FLOAT_MODES + qtensor.MODES
+
+
+def is_quantized(mode: str) -> bool:
+  """True for the modes whose rollout weights are `QTensor`s."""
+  return mode in qtensor.MODES
+
+
+def prepare_rollout_weights(config: Any, params: Any, mode: str,
+                            fake: bool = False) -> Any:
+  """The rollout tree for `mode`, in fresh buffers.
+
+  Args:
+    config: the decoder config.
+    params: full-precision θ (UAQ-folded when the run uses it).
+    mode: one of `ROLLOUT_MODES`: "int8" / "int8_wo" / "fp8" quantize the
+      projection kernels (`quantize_params`); "bf16" casts every leaf;
+      "none" / "f32" copy θ as is.
+    fake: quantize-dequantize emulation of the quantized matmuls.
+
+  Returns:
+    A tree sharing no buffer with `params` (the update step donates θ's).
+  """
+  if mode not in ROLLOUT_MODES:
+    raise ValueError(f"prepare_rollout_weights: mode={mode!r}; expected one "
+                     f"of {ROLLOUT_MODES}")
+  if is_quantized(mode):
+    return qparams_lib.quantize_params(config, params, mode=mode, fake=fake)
+  if mode == "bf16":
+    return jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  return jax.tree.map(jnp.copy, params)

@@ -1,0 +1,64 @@
+"""One way to build the rollout engine a run names, and to recover it.
+
+Every engine built here loads prepared weights as given
+(`quant.prepare_rollout_weights`): the JAX sampler runs the tree it gets, a
+vLLM engine writes it in the checkpoint format it was started with.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from rljax.rollout.base import EngineFailure
+
+ENGINES = ("jax", "vllm")
+
+
+def make_engine(engine: str, model_config: Any, params: Any, *,
+                quant: str, max_prompt_len: int, max_new_tokens: int,
+                pad_id: int, tokenizer: Any = None, run_dir: str = ".",
+                vllm_urls: Sequence[str] | None = None):
+  """The rollout engine `engine` for a model.
+
+  Args:
+    engine: "jax" (in-process sampler) or "vllm" (sidecar server(s)).
+    model_config: the decoder config.
+    params: full-precision θ; a vLLM engine starts from its export in
+      `quant` format, the JAX sampler waits for `update_weights`.
+    quant: the rollout weight format (`quant.ROLLOUT_MODES`).
+    max_prompt_len: longest (bucketed) prompt.
+    max_new_tokens: longest response.
+    pad_id: the tokenizer's pad id (JAX sampler).
+    tokenizer: written next to a vLLM export.
+    run_dir: where a vLLM engine keeps its start checkpoint and logs.
+    vllm_urls: already running vLLM servers to use instead of launching.
+  """
+  if engine == "jax":
+    from rljax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
+    return JaxSampler(model_config, None, quant="none",
+                      max_prompt_len=max_prompt_len, pad_id=pad_id)
+  if engine == "vllm":
+    from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
+    return vllm_sidecar.engine_for_model(
+        model_config, params, os.path.join(run_dir, "vllm_start"),
+        quant=quant, tokenizer=tokenizer, urls=vllm_urls,
+        config=vllm_sidecar.VLLMSidecarConfig(
+            max_model_len=max_prompt_len + max_new_tokens,
+            # Server logs belong to the run, not to a shared temp dir.
+            log_dir=os.path.join(run_dir, "vllm_logs")))
+  raise ValueError(f"make_engine: engine={engine!r}; expected one of "
+                   f"{ENGINES}")
+
+
+def call_with_restart(engine: Any, what: str, call, on_restart=None):
+  """Runs `call()`; if the engine failed in a way a restart repairs
+  (`EngineFailure`: a vLLM sidecar died or hung), restarts it (it reloads
+  the weights of its last sync) and tries once more. A second failure
+  propagates with the engine's own message."""
+  try:
+    return call()
+  except EngineFailure as first:
+    if on_restart is not None:
+      on_restart(what, first)
+    engine.restart()
+    return call()
