@@ -13,8 +13,11 @@ _ROOT = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "rljax")
 
 # Lowest first. A folder may import itself and any folder before it.
-LAYERS = ("core", "quant", "models", "data", "rewards", "rollout", "train",
-          "evaluation")
+# `distributed` (jax.distributed start-up) imports nothing of rljax; `study`
+# (ablation runs with per-problem held-out records) and `instrument` (the
+# small from-scratch decoder for long-horizon studies) drive the trainer.
+LAYERS = ("distributed", "core", "quant", "models", "data", "rewards",
+          "rollout", "train", "evaluation", "study", "instrument")
 # Command-line entry points: they run training, then evaluation, so they sit
 # above every folder (the training loop itself never imports evaluation).
 ENTRY_POINTS = ("rljax.train.driver", "rljax.train.flags")

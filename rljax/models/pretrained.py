@@ -46,7 +46,7 @@ def default_gguf_path() -> str:
 _TINY_TOKENIZER = None
 
 
-def _tiny_tokenizer():
+def tiny_tokenizer():
   """The real SmolLM2 tokenizer, shared by the tiny random test models."""
   global _TINY_TOKENIZER
   if _TINY_TOKENIZER is None:
@@ -59,7 +59,7 @@ def load_named(name: str, seed: int = 0) -> Model:
   with the real SmolLM2 tokenizer, for tests), or a path / preset that
   `load_pretrained` reads, which must come with a tokenizer."""
   if name == "tiny":
-    tok = _tiny_tokenizer()
+    tok = tiny_tokenizer()
     config = tiny_config(vocab_size=len(tok))
     params = decoder.init_params(config, jax.random.PRNGKey(seed))
     return Model(config=config, params=params, tokenizer=tok)

@@ -34,7 +34,6 @@ from rljax.core import advantages as adv_lib
 from rljax.core import kl as kl_lib
 from rljax.core import shaping
 from rljax.models import lora as lora_lib
-from rljax.models import tokenizer as tokenizer_lib
 from rljax.rollout import factory as rollout_factory
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
@@ -59,12 +58,7 @@ def _seed_for(*parts: int) -> int:
 
 
 def load_policy(cfg: TrainConfig, seed: int) -> models.Model:
-  if cfg.model == "tiny":
-    return testing.tiny_model(seed)
-  model = models.load_pretrained(cfg.model)
-  # Without this, a dir with no tokenizer fails later inside ChatTemplate.
-  tokenizer_lib.require_tokenizer(model.tokenizer, cfg.model)
-  return model
+  return models.load_named(cfg.model, seed)
 
 
 # Older name, still used by tests outside tests/train.

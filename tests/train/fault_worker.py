@@ -44,6 +44,7 @@ def main(argv) -> None:
   from rljax import data as data_lib
   from rljax.train import checkpoint as ckpt_lib
   from rljax.train import loop as loop_lib
+  from rljax.models import pretrained
   from rljax.train import testing
   from rljax.train.config import apply_preset
   from rljax.train.tasks import Task
@@ -80,7 +81,7 @@ def main(argv) -> None:
   tok_dir = os.environ.get("RLJAX_TEST_TOKENIZER_DIR")
   if tok_dir:
     from transformers import AutoTokenizer
-    testing._TOKENIZER = AutoTokenizer.from_pretrained(tok_dir)  # pylint: disable=protected-access
+    pretrained._TINY_TOKENIZER = AutoTokenizer.from_pretrained(tok_dir)  # pylint: disable=protected-access
   cfg = apply_preset(overrides.pop("algorithm", "grpo"), **overrides)
   tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
