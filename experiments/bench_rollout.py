@@ -440,7 +440,7 @@ def run_shape(model, shape, args, checkpoint=lambda rows: None
             f"{rows[-1]['load']:.1f}", flush=True)
   if "vllm" in _ENGINES.value:
     try:
-      import vllm  # pylint: disable=g-import-not-at-top,unused-import
+      import vllm  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
     except ImportError as e:
       print(f"[vllm] skipped: vllm is not importable ({e})")
     else:

@@ -8,10 +8,8 @@ import os
 import subprocess
 import sys
 
-import jax
 import pytest
 
-from rljax import models
 from rljax.train import loop as loop_lib
 from rljax.train.checkpoint import RunCheckpointer
 from rljax.train.config import apply_preset

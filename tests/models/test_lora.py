@@ -6,7 +6,6 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from rljax import models, quant

@@ -47,7 +47,7 @@ def checkpoints(pytestconfig, tmp_path_factory):
     with open(marker) as f:
       if json.load(f).get("version") == _CACHE_VERSION:
         return dirs
-  from rljax import models, quant  # pylint: disable=g-import-not-at-top
+  from rljax import models  # pylint: disable=g-import-not-at-top
   model = models.load_pretrained("smollm2-135m-instruct")
   models.save_hf(model.config, model.params, dirs["bf16"],
                  tokenizer=model.tokenizer, dtype="bfloat16")
@@ -88,7 +88,7 @@ def f32_params(checkpoints):
 
 def _hf_state_dict(model_dir):
   """name -> numpy array of a checkpoint dir (ml_dtypes registers bf16)."""
-  import ml_dtypes  # pylint: disable=g-import-not-at-top,unused-import
+  import ml_dtypes  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
   out = {}
   for name in sorted(os.listdir(model_dir)):

@@ -8,7 +8,6 @@ reward penalty's estimator, REINFORCE++-baseline whitening with filler
 groups, and UAQ fold → train → HF export → reload.
 """
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
