@@ -40,6 +40,7 @@ A run whose `model` is `instrument:<dir>` trains the small from-scratch
 decoder of experiments/long_horizon.py (`rljax.instrument`) instead of a
 pretrained model; everything else is the same.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,26 +58,45 @@ from rljax.train.config import TrainConfig
 from rljax.train.metrics import read_metrics
 
 train_flags.define_train_flags(
-    algorithm="grpo", task="arithmetic", task_difficulty="easy",
-    rollout_quant="int8", steps=20, eval_size=64, checkpoint_every=5,
-    export_hf=False, run_dir="runs/ablate")
+  algorithm="grpo",
+  task="arithmetic",
+  task_difficulty="easy",
+  rollout_quant="int8",
+  steps=20,
+  eval_size=64,
+  checkpoint_every=5,
+  export_hf=False,
+  run_dir="runs/ablate",
+)
 _GRID = flags.DEFINE_string(
-    "grid", "", "Semicolon-separated FIELD=v1,v2 axes; the cross product runs.")
+  "grid", "", "Semicolon-separated FIELD=v1,v2 axes; the cross product runs."
+)
 _CONFIGS = flags.DEFINE_string(
-    "configs", "", "JSON file: a list of {name, field: value, ...} runs.")
+  "configs", "", "JSON file: a list of {name, field: value, ...} runs."
+)
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds, each run once per seed.")
-_OUT_DIR = flags.DEFINE_string("out_dir", "runs/ablate", "Where runs and the table go.")
+_OUT_DIR = flags.DEFINE_string(
+  "out_dir", "runs/ablate", "Where runs and the table go."
+)
 _ORDER = flags.DEFINE_enum(
-    "order", "seed", ["seed", "run"],
-    "seed: every config for one seed before the next seed (an interrupted "
-    "study holds complete paired seeds); run: the seeds of a config together.")
-_ONLY = flags.DEFINE_list("only", [], "Run only these run names (all are "
-                          "still tabled from disk).")
+  "order",
+  "seed",
+  ["seed", "run"],
+  "seed: every config for one seed before the next seed (an interrupted "
+  "study holds complete paired seeds); run: the seeds of a config together.",
+)
+_ONLY = flags.DEFINE_list(
+  "only", [], "Run only these run names (all are still tabled from disk)."
+)
 _MAX_RUNS = flags.DEFINE_integer(
-    "max_runs", 0, "Train at most this many runs in this invocation (0 = all).")
+  "max_runs", 0, "Train at most this many runs in this invocation (0 = all)."
+)
 _STOP_AFTER_S = flags.DEFINE_float(
-    "stop_after_s", 0.0, "Start no new run after this many seconds (0 = no "
-    "limit); a run already started finishes.")
+  "stop_after_s",
+  0.0,
+  "Start no new run after this many seconds (0 = no "
+  "limit); a run already started finishes.",
+)
 
 
 def _parse_value(field: dataclasses.Field, text: str):
@@ -105,8 +125,9 @@ def grid_runs(grid: str) -> list[dict]:
     name = name.strip()
     if name not in fields:
       raise ValueError(f"--grid field {name!r} is not a TrainConfig field")
-    axes.append([(name, _parse_value(fields[name], v.strip()))
-                 for v in values.split(",")])
+    axes.append(
+      [(name, _parse_value(fields[name], v.strip())) for v in values.split(",")]
+    )
   runs = []
   for combo in itertools.product(*axes):
     run = dict(combo)
@@ -122,24 +143,29 @@ def load_config_file(path: str) -> tuple[dict, list[dict], list | None]:
   if isinstance(data, list):
     data = {"runs": data}
   if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-    raise ValueError(f"{path}: expected a list of runs or an object with a "
-                     f"'runs' list; got {type(data).__name__}")
+    raise ValueError(
+      f"{path}: expected a list of runs or an object with a "
+      f"'runs' list; got {type(data).__name__}"
+    )
   fields = TrainConfig.__dataclass_fields__
   shared = data.get("base", {})
   for where, entry in [("base", shared)] + [
-      (f"runs[{i}]", r) for i, r in enumerate(data["runs"])]:
+    (f"runs[{i}]", r) for i, r in enumerate(data["runs"])
+  ]:
     for key in entry:
       if key not in fields and not (key == "name" and where != "base"):
-        raise ValueError(f"{path}: {where} has {key!r}, which is not a "
-                         f"TrainConfig field")
+        raise ValueError(
+          f"{path}: {where} has {key!r}, which is not a TrainConfig field"
+        )
   for i, r in enumerate(data["runs"]):
     if not r.get("name"):
       raise ValueError(f"{path}: runs[{i}] has no 'name'")
   return shared, data["runs"], data.get("seeds")
 
 
-def plan_runs(runs: list[dict], shared: dict, seeds: list, out_dir: str,
-              order: str = "run") -> list[tuple[dict, str, TrainConfig]]:
+def plan_runs(
+  runs: list[dict], shared: dict, seeds: list, out_dir: str, order: str = "run"
+) -> list[tuple[dict, str, TrainConfig]]:
   """(run, seed, resolved config) of every run, all validated up front.
 
   One resolution for every run (`config.resolve`): preset ← script defaults
@@ -149,14 +175,18 @@ def plan_runs(runs: list[dict], shared: dict, seeds: list, out_dir: str,
   """
   if order not in ("run", "seed"):
     raise ValueError(f"order={order!r}: expected 'run' or 'seed'")
-  pairs = ([(run, seed) for run in runs for seed in seeds] if order == "run"
-           else [(run, seed) for seed in seeds for run in runs])
+  pairs = (
+    [(run, seed) for run in runs for seed in seeds]
+    if order == "run"
+    else [(run, seed) for seed in seeds for run in runs]
+  )
   plan = []
   for run, seed in pairs:
     cell = {k: v for k, v in run.items() if k != "name"}
     run_dir = os.path.join(out_dir, f"{run['name']}_s{seed}")
     cfg = train_flags.config_from_flags(
-        shared, cell, {"seed": int(seed), "run_dir": run_dir, "resume": True})
+      shared, cell, {"seed": int(seed), "run_dir": run_dir, "resume": True}
+    )
     plan.append((run, seed, cfg))
   return plan
 
@@ -186,8 +216,15 @@ def collect(plan) -> list[dict]:
     status = run_status(cfg.run_dir)
     if status == "pending":
       continue
-    results.append({"name": run["name"], "seed": int(seed), "status": status,
-                    "target_steps": cfg.steps, **summarize(cfg.run_dir)})
+    results.append(
+      {
+        "name": run["name"],
+        "seed": int(seed),
+        "status": status,
+        "target_steps": cfg.steps,
+        **summarize(cfg.run_dir),
+      }
+    )
   return results
 
 
@@ -196,17 +233,23 @@ def run_one(cfg: TrainConfig) -> dict:
   per-problem held-out records (`rljax.study`, for paired statistics)."""
   if cfg.model.startswith("instrument:"):
     from rljax import instrument
+
     return instrument.run_experiment(cfg, cfg.model.split(":", 1)[1])
   from rljax import study
+
   return study.run(cfg)
 
 
 def write_progress(plan, out_dir: str, stopped: str) -> dict:
   status = [run_status(cfg.run_dir) for _, _, cfg in plan]
-  progress = {"runs": len(plan), "done": status.count("done"),
-              "partial": status.count("partial"),
-              "pending": status.count("pending"), "stopped": stopped,
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+  progress = {
+    "runs": len(plan),
+    "done": status.count("done"),
+    "partial": status.count("partial"),
+    "pending": status.count("pending"),
+    "stopped": stopped,
+    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+  }
   with open(os.path.join(out_dir, "progress.json"), "w") as f:
     json.dump(progress, f, indent=1)
   return progress
@@ -238,24 +281,26 @@ def summarize(run_dir: str) -> dict:
   def mean(key, part):
     vals = [r[key] for r in part if isinstance(r.get(key), (int, float))]
     return float(np.mean(vals)) if vals else None
+
   q = max(1, len(train) // 4)
   return {
-      "steps": len(train),
-      "eval_before": evals[0]["eval_accuracy"] if evals else None,
-      "eval_final": evals[-1]["eval_accuracy"] if evals else None,
-      "eval_best": max(e["eval_accuracy"] for e in evals) if evals else None,
-      "reward_first_q": mean("reward_mean", train[:q]),
-      "reward_last_q": mean("reward_mean", train[-q:]),
-      "behav_prox_kl": mean("behav_prox_kl", train),
-      "max_rho": max((r.get("max_prox_behav_ratio", 0.0) for r in train),
-                     default=None),
-      "clip_low": mean("clip_fraction_low", train),
-      "clip_high": mean("clip_fraction_high", train),
-      "tis_truncated": mean("tis_truncated_fraction", train),
-      "acr_active": mean("acr_active_fraction", train),
-      "changed_codes": mean("quant/quantized_change_fraction", train),
-      "rollout_tok_s": mean("rollout_tokens_per_s", train),
-      "s_per_step": mean("time_step", train),
+    "steps": len(train),
+    "eval_before": evals[0]["eval_accuracy"] if evals else None,
+    "eval_final": evals[-1]["eval_accuracy"] if evals else None,
+    "eval_best": max(e["eval_accuracy"] for e in evals) if evals else None,
+    "reward_first_q": mean("reward_mean", train[:q]),
+    "reward_last_q": mean("reward_mean", train[-q:]),
+    "behav_prox_kl": mean("behav_prox_kl", train),
+    "max_rho": max(
+      (r.get("max_prox_behav_ratio", 0.0) for r in train), default=None
+    ),
+    "clip_low": mean("clip_fraction_low", train),
+    "clip_high": mean("clip_fraction_high", train),
+    "tis_truncated": mean("tis_truncated_fraction", train),
+    "acr_active": mean("acr_active_fraction", train),
+    "changed_codes": mean("quant/quantized_change_fraction", train),
+    "rollout_tok_s": mean("rollout_tokens_per_s", train),
+    "s_per_step": mean("time_step", train),
   }
 
 
@@ -268,10 +313,26 @@ def _fmt(v) -> str:
 
 
 def write_table(results: list[dict], out_dir: str) -> str:
-  cols = ["name", "seed", "status", "steps", "eval_before", "eval_final",
-          "eval_best", "reward_first_q", "reward_last_q", "behav_prox_kl",
-          "max_rho", "clip_low", "clip_high", "tis_truncated", "acr_active",
-          "changed_codes", "rollout_tok_s", "s_per_step"]
+  cols = [
+    "name",
+    "seed",
+    "status",
+    "steps",
+    "eval_before",
+    "eval_final",
+    "eval_best",
+    "reward_first_q",
+    "reward_last_q",
+    "behav_prox_kl",
+    "max_rho",
+    "clip_low",
+    "clip_high",
+    "tis_truncated",
+    "acr_active",
+    "changed_codes",
+    "rollout_tok_s",
+    "s_per_step",
+  ]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   for r in results:
     lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
@@ -280,16 +341,22 @@ def write_table(results: list[dict], out_dir: str) -> str:
   for r in results:
     if r.get("status", "done") == "done":
       by_name.setdefault(r["name"], []).append(r)
-  agg = ["", "| config | seeds | eval_final mean ± std | eval_best mean | "
-         "reward_last_q mean ± std |", "|---|---|---|---|---|"]
+  agg = [
+    "",
+    "| config | seeds | eval_final mean ± std | eval_best mean | "
+    "reward_last_q mean ± std |",
+    "|---|---|---|---|---|",
+  ]
   for name, rs in by_name.items():
     ef = [r["eval_final"] for r in rs if r["eval_final"] is not None]
     eb = [r["eval_best"] for r in rs if r["eval_best"] is not None]
     rl = [r["reward_last_q"] for r in rs if r["reward_last_q"] is not None]
-    agg.append(f"| {name} | {len(rs)} | "
-               f"{_fmt(np.mean(ef) if ef else None)} ± {_fmt(np.std(ef) if ef else None)} | "
-               f"{_fmt(np.mean(eb) if eb else None)} | "
-               f"{_fmt(np.mean(rl) if rl else None)} ± {_fmt(np.std(rl) if rl else None)} |")
+    agg.append(
+      f"| {name} | {len(rs)} | "
+      f"{_fmt(np.mean(ef) if ef else None)} ± {_fmt(np.std(ef) if ef else None)} | "
+      f"{_fmt(np.mean(eb) if eb else None)} | "
+      f"{_fmt(np.mean(rl) if rl else None)} ± {_fmt(np.std(rl) if rl else None)} |"
+    )
   text = "\n".join(lines + agg) + "\n"
   with open(os.path.join(out_dir, "table.md"), "w") as f:
     f.write(text)
@@ -312,20 +379,33 @@ def main(argv):
   run_study(runs, shared, seeds, _OUT_DIR.value)
 
 
-def run_study(runs: list[dict], shared: dict, seeds: list, out_dir: str
-              ) -> dict:
+def run_study(
+  runs: list[dict], shared: dict, seeds: list, out_dir: str
+) -> dict:
   """Trains what is not done yet of runs × seeds (this script's flags pick
   order and parts), rebuilds the table from disk; returns the progress."""
   plan = plan_runs(runs, shared, seeds, out_dir, order=_ORDER.value)
   unknown = set(_ONLY.value) - {run["name"] for run in runs}
   if unknown:
-    raise app.UsageError(f"--only names {sorted(unknown)}, which are not runs "
-                         f"of this ablation: {[r['name'] for r in runs]}")
+    raise app.UsageError(
+      f"--only names {sorted(unknown)}, which are not runs "
+      f"of this ablation: {[r['name'] for r in runs]}"
+    )
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "ablation.json"), "w") as f:
-    json.dump({"base": shared, "runs": runs, "seeds": seeds,
-               "resolved": {f"{run['name']}_s{seed}": dataclasses.asdict(cfg)
-                            for run, seed, cfg in plan}}, f, indent=1)
+    json.dump(
+      {
+        "base": shared,
+        "runs": runs,
+        "seeds": seeds,
+        "resolved": {
+          f"{run['name']}_s{seed}": dataclasses.asdict(cfg)
+          for run, seed, cfg in plan
+        },
+      },
+      f,
+      indent=1,
+    )
   t0, trained, stopped = time.monotonic(), 0, "complete"
   for run, seed, cfg in plan:
     if _ONLY.value and run["name"] not in _ONLY.value:
@@ -340,18 +420,27 @@ def run_study(runs: list[dict], shared: dict, seeds: list, out_dir: str
       break
     step = latest_checkpoint(cfg.run_dir)
     if step is not None:
-      print(f"[ablate] resuming {run['name']} seed={seed} from step {step}",
-            flush=True)
+      print(
+        f"[ablate] resuming {run['name']} seed={seed} from step {step}",
+        flush=True,
+      )
     else:
       print(f"[ablate] {run['name']} seed={seed}", flush=True)
     cpu0, w0 = _cpu_seconds(), time.monotonic()
     run_one(cfg)
     trained += 1
     with open(os.path.join(out_dir, "cpu_log.jsonl"), "a") as f:
-      f.write(json.dumps({"run": f"{run['name']}_s{seed}",
-                          "resumed_from": step,
-                          "cpu_s": _cpu_seconds() - cpu0,
-                          "wall_s": time.monotonic() - w0}) + "\n")
+      f.write(
+        json.dumps(
+          {
+            "run": f"{run['name']}_s{seed}",
+            "resumed_from": step,
+            "cpu_s": _cpu_seconds() - cpu0,
+            "wall_s": time.monotonic() - w0,
+          }
+        )
+        + "\n"
+      )
     print(write_table(collect(plan), out_dir), flush=True)
   results = collect(plan)
   print(write_table(results, out_dir), flush=True)
@@ -360,9 +449,13 @@ def run_study(runs: list[dict], shared: dict, seeds: list, out_dir: str
   done = [r for r in results if r["status"] == "done"]
   if done:
     from rljax.train.plots import plot_runs
-    plot_runs([os.path.join(out_dir, f"{r['name']}_s{r['seed']}")
-               for r in done], os.path.join(out_dir, "plots.png"),
-              labels=[f"{r['name']} s{r['seed']}" for r in done], smooth=3)
+
+    plot_runs(
+      [os.path.join(out_dir, f"{r['name']}_s{r['seed']}") for r in done],
+      os.path.join(out_dir, "plots.png"),
+      labels=[f"{r['name']} s{r['seed']}" for r in done],
+      smooth=3,
+    )
   return progress
 
 

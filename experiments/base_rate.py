@@ -11,6 +11,7 @@ that starts at 15-40%), through the trainer's own evaluation path
 Every flag of the trainer applies (the model, the template's token budget);
 each difficulty is evaluated in a scratch run directory under --run_dir.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,31 +24,46 @@ from absl import app, flags
 from rljax.train import flags as train_flags
 
 train_flags.define_train_flags(
-    task="arithmetic", eval_size=256, steps=1, export_hf=False,
-    tensorboard=False, reward_workers=0, run_dir="runs/base_rate")
-_DIFFS = flags.DEFINE_list("difficulties", ["medium"],
-                           "Difficulties (levels or specs) to evaluate.")
+  task="arithmetic",
+  eval_size=256,
+  steps=1,
+  export_hf=False,
+  tensorboard=False,
+  reward_workers=0,
+  run_dir="runs/base_rate",
+)
+_DIFFS = flags.DEFINE_list(
+  "difficulties", ["medium"], "Difficulties (levels or specs) to evaluate."
+)
 _OUT = flags.DEFINE_string("out", "", "JSON file for the results ('' = none).")
 
 
 def main(argv):
   del argv
   from rljax.train.loop import Trainer
+
   base = train_flags.config_from_flags()
   results = []
   for diff in _DIFFS.value:
     run_dir = os.path.join(base.run_dir, diff)
-    cfg = dataclasses.replace(base, task_difficulty=diff, run_dir=run_dir,
-                              resume=True)
+    cfg = dataclasses.replace(
+      base, task_difficulty=diff, run_dir=run_dir, resume=True
+    )
     t0 = time.perf_counter()
     trainer = Trainer(cfg, show_progress=False)
     try:
       ev = trainer.evaluate()
     finally:
       trainer.close()
-    row = {"model": cfg.model, "task": cfg.task, "difficulty": diff,
-           "problems": cfg.eval_size, "max_new_tokens": cfg.max_new_tokens,
-           "accuracy": ev["eval_accuracy"], "wall_s": time.perf_counter() - t0}
+    row = {
+      "model": cfg.model,
+      "task": cfg.task,
+      "difficulty": diff,
+      "problems": cfg.eval_size,
+      "max_new_tokens": cfg.max_new_tokens,
+      "accuracy": ev["eval_accuracy"],
+      "wall_s": time.perf_counter() - t0,
+    }
     results.append(row)
     print(json.dumps(row), flush=True)
   if _OUT.value:

@@ -31,6 +31,7 @@ Usage:
       --plot=docs/figures/rollout_tokens_per_s.png \
       --markdown=docs/performance/rollout_table.md
 """
+
 from __future__ import annotations
 
 import functools
@@ -55,74 +56,106 @@ from rljax.rollout.jax_sampler import JaxSampler
 
 _ENGINES = flags.DEFINE_list("engines", ["jax"], "Engines: jax, vllm.")
 _JAX_QUANTS = flags.DEFINE_list(
-    "jax_quants", ["f32", "bf16", "int8", "int8h"],
-    "JAX sampler weight formats: f32, bf16, int8, int8h (int8 with the LM "
-    "head in int8 too), int8_wo, fp8 (emulated off GPU).")
+  "jax_quants",
+  ["f32", "bf16", "int8", "int8h"],
+  "JAX sampler weight formats: f32, bf16, int8, int8h (int8 with the LM "
+  "head in int8 too), int8_wo, fp8 (emulated off GPU).",
+)
 _VLLM_QUANTS = flags.DEFINE_list(
-    "vllm_quants", ["bf16", "int8"], "vLLM checkpoint formats: bf16, int8.")
-_MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct",
-                             "load_pretrained path or name.")
+  "vllm_quants", ["bf16", "int8"], "vLLM checkpoint formats: bf16, int8."
+)
+_MODEL = flags.DEFINE_string(
+  "model", "smollm2-135m-instruct", "load_pretrained path or name."
+)
 _PROMPTS = flags.DEFINE_integer("prompts", 16, "Prompts per rollout.")
 _SAMPLES = flags.DEFINE_integer("samples", 8, "Samples per prompt.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 256, "Tokens per sample.")
 _SHAPES = flags.DEFINE_list(
-    "shapes", [], "Shapes PxNxT (prompts x samples x new tokens) run one after "
-    "the other; overrides --prompts/--samples/--new_tokens.")
+  "shapes",
+  [],
+  "Shapes PxNxT (prompts x samples x new tokens) run one after "
+  "the other; overrides --prompts/--samples/--new_tokens.",
+)
 _SMALL = flags.DEFINE_bool(
-    "small", False, "Quick shape: 4 prompts x 4 samples x 32 tokens.")
+  "small", False, "Quick shape: 4 prompts x 4 samples x 32 tokens."
+)
 _PLOT = flags.DEFINE_string(
-    "plot", None, "Write a tokens/s vs batch plot (PNG) here.")
+  "plot", None, "Write a tokens/s vs batch plot (PNG) here."
+)
 _MARKDOWN = flags.DEFINE_string(
-    "markdown", None, "Write the tables and ratios as Markdown here.")
+  "markdown", None, "Write the tables and ratios as Markdown here."
+)
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _MAX_BATCH = flags.DEFINE_integer(
-    "max_batch", 0, "JAX sampler rows per program (0: the whole rollout).")
+  "max_batch", 0, "JAX sampler rows per program (0: the whole rollout)."
+)
 _KL_ROWS = flags.DEFINE_integer(
-    "kl_rows", 32, "Responses (spread over the groups) used for the KL; 0 "
-    "skips it.")
-_KL_CHUNK = flags.DEFINE_integer("kl_chunk", 4,
-                                 "Rows per forward pass of the KL.")
-_VLLM_KV_GIB = flags.DEFINE_float("vllm_kv_gib", 1.0,
-                                  "VLLM_CPU_KVCACHE_SPACE of the sidecar.")
+  "kl_rows",
+  32,
+  "Responses (spread over the groups) used for the KL; 0 skips it.",
+)
+_KL_CHUNK = flags.DEFINE_integer(
+  "kl_chunk", 4, "Rows per forward pass of the KL."
+)
+_VLLM_KV_GIB = flags.DEFINE_float(
+  "vllm_kv_gib", 1.0, "VLLM_CPU_KVCACHE_SPACE of the sidecar."
+)
 _VLLM_BATCHED_TOKENS = flags.DEFINE_integer(
-    "vllm_max_batched_tokens", 16384,
-    "vLLM --max-num-batched-tokens. Large enough that no prompt is prefilled "
-    "in chunks: vllm-cpu 0.32 crashes on a chunked prefill of a seeded request "
-    "('CPU Generator does not use offset').")
+  "vllm_max_batched_tokens",
+  16384,
+  "vLLM --max-num-batched-tokens. Large enough that no prompt is prefilled "
+  "in chunks: vllm-cpu 0.32 crashes on a chunked prefill of a seeded request "
+  "('CPU Generator does not use offset').",
+)
 _OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
 _FROM_JSON = flags.DEFINE_string(
-    "from_json", None, "Run nothing: redraw --plot / --markdown from the JSON "
-    "a previous run wrote with --out.")
+  "from_json",
+  None,
+  "Run nothing: redraw --plot / --markdown from the JSON "
+  "a previous run wrote with --out.",
+)
 _DECODE_AB = flags.DEFINE_string(
-    "decode_ab", None, "Run nothing else: time one decode step of a random "
-    "SmolLM2-135M at PxN (e.g. 16x8) with a 64-slot prompt and 128 own "
-    "slots, the per-row repeated cache (forward_with_cache) against the "
-    "shared prefix cache (decode_with_prefix_cache), alternating in one "
-    "process; prints wall and CPU ms.")
+  "decode_ab",
+  None,
+  "Run nothing else: time one decode step of a random "
+  "SmolLM2-135M at PxN (e.g. 16x8) with a 64-slot prompt and 128 own "
+  "slots, the per-row repeated cache (forward_with_cache) against the "
+  "shared prefix cache (decode_with_prefix_cache), alternating in one "
+  "process; prints wall and CPU ms.",
+)
 
-_QUESTIONS = ("What is {a}+{b}?", "Compute {a} times {b}.",
-              "If I have {a} apples and eat {b}, how many are left?",
-              "Write a short poem about the number {a}.",
-              "Explain why {a} is or is not a prime number.",
-              "What is {a} minus {b}? Answer step by step.")
+_QUESTIONS = (
+  "What is {a}+{b}?",
+  "Compute {a} times {b}.",
+  "If I have {a} apples and eat {b}, how many are left?",
+  "Write a short poem about the number {a}.",
+  "Explain why {a} is or is not a prime number.",
+  "What is {a} minus {b}? Answer step by step.",
+)
 
 
-def make_prompts(tokenizer, num: int, seed: int, vocab_size: int
-                 ) -> list[list[int]]:
+def make_prompts(
+  tokenizer, num: int, seed: int, vocab_size: int
+) -> list[list[int]]:
   """Chat-templated small math/writing questions (random ids without a
   tokenizer), generated here so the benchmark needs no dataset."""
   rng = np.random.default_rng(seed)
   if tokenizer is None:
-    return [rng.integers(3, vocab_size, size=int(rng.integers(20, 60))).tolist()
-            for _ in range(num)]
+    return [
+      rng.integers(3, vocab_size, size=int(rng.integers(20, 60))).tolist()
+      for _ in range(num)
+    ]
   prompts = []
   for i in range(num):
     text = _QUESTIONS[i % len(_QUESTIONS)].format(
-        a=int(rng.integers(2, 100)), b=int(rng.integers(2, 100)))
+      a=int(rng.integers(2, 100)), b=int(rng.integers(2, 100))
+    )
     chat = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False,
-        add_generation_prompt=True)
+      [{"role": "user", "content": text}],
+      tokenize=False,
+      add_generation_prompt=True,
+    )
     prompts.append(tokenizer.encode(chat, add_special_tokens=False))
   return prompts
 
@@ -140,9 +173,16 @@ def _kl_and_logp(configs, params_q, params_f, tokens, mask, temperature):
   return kl, logp_f
 
 
-def policy_mismatch(config, params_q, params_f32, batch: base.RolloutBatch,
-                    temperature: float, num_rows: int, chunk: int,
-                    f32_config=None) -> tuple[float, float]:
+def policy_mismatch(
+  config,
+  params_q,
+  params_f32,
+  batch: base.RolloutBatch,
+  temperature: float,
+  num_rows: int,
+  chunk: int,
+  f32_config=None,
+) -> tuple[float, float]:
   """(exact KL or nan, k1 KL) of the engine's samples to the f32 policy.
 
   params_q None means the engine's logits are not available (vLLM): only the
@@ -150,26 +190,35 @@ def policy_mismatch(config, params_q, params_f32, batch: base.RolloutBatch,
   """
   if num_rows <= 0:
     return float("nan"), float("nan")
-  rows = np.linspace(0, batch.num_samples - 1, min(num_rows,
-                                                   batch.num_samples))
+  rows = np.linspace(0, batch.num_samples - 1, min(num_rows, batch.num_samples))
   rows = np.unique(rows.astype(int))
   packed = batch.pack()
   exact_sum, k1_sum, count = 0.0, 0.0, 0.0
   for start in range(0, len(rows), chunk):
-    idx = rows[start:start + chunk]
+    idx = rows[start : start + chunk]
     pad = chunk - len(idx)  # Keep one shape: one compile.
     idx_full = np.concatenate([idx, np.repeat(idx[-1:], pad)])
     tokens = jnp.asarray(packed["tokens"][idx_full])
     mask = jnp.asarray(packed["attention_mask"][idx_full])
-    configs = (config if params_q is not None else f32_config or config,
-               f32_config or config)
+    configs = (
+      config if params_q is not None else f32_config or config,
+      f32_config or config,
+    )
     kl, logp_f = _kl_and_logp(
-        configs, params_q if params_q is not None else params_f32, params_f32,
-        tokens, mask, jnp.float32(temperature))
+      configs,
+      params_q if params_q is not None else params_f32,
+      params_f32,
+      tokens,
+      mask,
+      jnp.float32(temperature),
+    )
     resp = packed["response_mask"][idx]
-    exact_sum += float(np.sum(np.asarray(kl)[:len(idx)] * resp))
-    k1_sum += float(np.sum(
-        (packed["behav_logp"][idx] - np.asarray(logp_f)[:len(idx)]) * resp))
+    exact_sum += float(np.sum(np.asarray(kl)[: len(idx)] * resp))
+    k1_sum += float(
+      np.sum(
+        (packed["behav_logp"][idx] - np.asarray(logp_f)[: len(idx)]) * resp
+      )
+    )
     count += float(resp.sum())
   exact = exact_sum / count if params_q is not None else float("nan")
   return exact, k1_sum / count
@@ -179,10 +228,14 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   backend = jax.default_backend()
   mode = {"f32": "none", "int8h": "int8"}.get(quant, quant)
   sampler = JaxSampler(
-      model.config, quant=mode, fake_quant=(quant == "fp8" and backend != "gpu"),
-      max_prompt_len=max(len(p) for p in prompts),
-      max_batch=args["max_batch"], pad_id=0,
-      head_quant="int8" if quant == "int8h" else "none")
+    model.config,
+    quant=mode,
+    fake_quant=(quant == "fp8" and backend != "gpu"),
+    max_prompt_len=max(len(p) for p in prompts),
+    max_batch=args["max_batch"],
+    pad_id=0,
+    head_quant="int8" if quant == "int8h" else "none",
+  )
   sampler.update_weights(model.params)  # the first sync also traces ops
   sync = sampler.update_weights(model.params)
   compile_s = sampler.warmup(prompts, sampling)
@@ -191,37 +244,58 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   batch = sampler.generate(prompts, sampling)
   cpu_s = time.process_time() - cpu0
   load = max(load, os.getloadavg()[0])
-  kl, k1 = policy_mismatch(sampler.rollout_config, sampler.params,
-                           model.params, batch, sampling.temperature,
-                           args["kl_rows"], args["kl_chunk"],
-                           f32_config=model.config)
+  kl, k1 = policy_mismatch(
+    sampler.rollout_config,
+    sampler.params,
+    model.params,
+    batch,
+    sampling.temperature,
+    args["kl_rows"],
+    args["kl_chunk"],
+    f32_config=model.config,
+  )
   row = _row("jax", quant, batch, sync, kl, k1, sampling)
-  row.update(compile_s=compile_s, fake_quant=sampler.fake_quant,
-             backend=backend, load=load, cpu_s=cpu_s,
-             tokens_per_cpu_s=row["tokens"] / max(cpu_s, 1e-9),
-             sync_phases={"quantize_s": float(sync.seconds), "transfer_s": 0.0,
-                          "reload_s": 0.0})
+  row.update(
+    compile_s=compile_s,
+    fake_quant=sampler.fake_quant,
+    backend=backend,
+    load=load,
+    cpu_s=cpu_s,
+    tokens_per_cpu_s=row["tokens"] / max(cpu_s, 1e-9),
+    sync_phases={
+      "quantize_s": float(sync.seconds),
+      "transfer_s": 0.0,
+      "reload_s": 0.0,
+    },
+  )
   sampler.close()
   return row
 
 
 def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
   from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
+
   ckpt = os.path.join(workdir, f"vllm-{quant}")
   if quant == "bf16":
-    models.save_hf(model.config, model.params, ckpt, model.tokenizer,
-                   dtype="bfloat16")
+    models.save_hf(
+      model.config, model.params, ckpt, model.tokenizer, dtype="bfloat16"
+    )
   elif quant == "int8":
-    models.export_compressed_tensors_int8(model.config, model.params, ckpt,
-                                          model.tokenizer)
+    models.export_compressed_tensors_int8(
+      model.config, model.params, ckpt, model.tokenizer
+    )
   else:
-    raise ValueError(f"--vllm_quants has {quant!r}; expected bf16 or int8 "
-                     "(vLLM has no FP8 on CPU; on GPU add an fp8 export)")
+    raise ValueError(
+      f"--vllm_quants has {quant!r}; expected bf16 or int8 "
+      "(vLLM has no FP8 on CPU; on GPU add an fp8 export)"
+    )
   max_len = max(len(p) for p in prompts) + sampling.max_new_tokens + 16
   config = vllm_sidecar.VLLMSidecarConfig(
-      max_model_len=max(256, max_len), cpu_kvcache_gib=args["vllm_kv_gib"],
-      max_concurrent_requests=len(prompts),
-      extra_args=("--max-num-batched-tokens", str(args["vllm_batched_tokens"])))
+    max_model_len=max(256, max_len),
+    cpu_kvcache_gib=args["vllm_kv_gib"],
+    max_concurrent_requests=len(prompts),
+    extra_args=("--max-num-batched-tokens", str(args["vllm_batched_tokens"])),
+  )
   with vllm_sidecar.VLLMSidecar(ckpt, config, model_config=model.config) as eng:
     sync = eng.update_weights(model.params)
     start = time.perf_counter()
@@ -234,14 +308,25 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
     load = max(load, os.getloadavg()[0])
     startup_s = eng.startup_seconds
     phases = dict(getattr(eng, "last_sync_timing", None) or {})
-  _, k1 = policy_mismatch(model.config, None, model.params, batch,
-                          sampling.temperature, args["kl_rows"],
-                          args["kl_chunk"])
+  _, k1 = policy_mismatch(
+    model.config,
+    None,
+    model.params,
+    batch,
+    sampling.temperature,
+    args["kl_rows"],
+    args["kl_chunk"],
+  )
   row = _row("vllm", quant, batch, sync, k1, k1, sampling)
-  row.update(compile_s=compile_s, startup_s=startup_s, kl_method="k1",
-             load=load, cpu_s=cpu_s,
-             tokens_per_cpu_s=row["tokens"] / max(cpu_s, 1e-9), sync_phases={k: float(v) for k, v in phases.items()
-                                     if k.endswith("_s")})
+  row.update(
+    compile_s=compile_s,
+    startup_s=startup_s,
+    kl_method="k1",
+    load=load,
+    cpu_s=cpu_s,
+    tokens_per_cpu_s=row["tokens"] / max(cpu_s, 1e-9),
+    sync_phases={k: float(v) for k, v in phases.items() if k.endswith("_s")},
+  )
   return row
 
 
@@ -270,16 +355,19 @@ def _process_tree_cpu_s(pid) -> float:
 
 def _row(engine, quant, batch, sync, kl, k1, sampling) -> dict:
   return {
-      "engine": engine, "quant": quant, "prompts": batch.num_prompts,
-      "samples": sampling.n, "new_tokens": sampling.max_new_tokens,
-      "tokens_per_s": float(batch.timing["tokens_per_s"]),
-      "sync_s": float(sync.seconds),
-      "kl_to_full_precision": float(kl),
-      "kl_exact": float(kl) if engine == "jax" else None,
-      "kl_k1": float(k1),
-      "seconds": float(batch.timing["seconds"]),
-      "tokens": int(batch.timing["tokens"]),
-      "sync_bytes": int(sync.bytes),
+    "engine": engine,
+    "quant": quant,
+    "prompts": batch.num_prompts,
+    "samples": sampling.n,
+    "new_tokens": sampling.max_new_tokens,
+    "tokens_per_s": float(batch.timing["tokens_per_s"]),
+    "sync_s": float(sync.seconds),
+    "kl_to_full_precision": float(kl),
+    "kl_exact": float(kl) if engine == "jax" else None,
+    "kl_k1": float(k1),
+    "seconds": float(batch.timing["seconds"]),
+    "tokens": int(batch.timing["tokens"]),
+    "sync_bytes": int(sync.bytes),
   }
 
 
@@ -295,25 +383,29 @@ def machine_info() -> dict:
   info = cpu_lib.host_cpu()
   devices = jax.devices()
   return {
-      "cpu_model": info.model,
-      "cpu_flags": {f: info.has(f) for f in ("avx512_vnni", "avx512_bf16",
-                                            "amx_int8", "amx_bf16")},
-      "cores": os.cpu_count(),
-      "python": platform.python_version(),
-      "jax": jax.__version__,
-      "jaxlib": _version("jaxlib"),
-      "vllm": _version("vllm-cpu") if _version("vllm") == "not installed"
-              else _version("vllm"),
-      "torch": _version("torch"),
-      "backend": jax.default_backend(),
-      "device": devices[0].device_kind,
-      "gpu": jax.default_backend() == "gpu",
+    "cpu_model": info.model,
+    "cpu_flags": {
+      f: info.has(f)
+      for f in ("avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+    },
+    "cores": os.cpu_count(),
+    "python": platform.python_version(),
+    "jax": jax.__version__,
+    "jaxlib": _version("jaxlib"),
+    "vllm": _version("vllm-cpu")
+    if _version("vllm") == "not installed"
+    else _version("vllm"),
+    "torch": _version("torch"),
+    "backend": jax.default_backend(),
+    "device": devices[0].device_kind,
+    "gpu": jax.default_backend() == "gpu",
   }
 
 
 def _find(rows, engine, quant):
-  return next((r for r in rows if r["engine"] == engine
-               and r["quant"] == quant), None)
+  return next(
+    (r for r in rows if r["engine"] == engine and r["quant"] == quant), None
+  )
 
 
 def ratios(rows: list[dict]) -> list[tuple[str, float, str]]:
@@ -322,58 +414,83 @@ def ratios(rows: list[dict]) -> list[tuple[str, float, str]]:
   for jq, vq in (("bf16", "bf16"), ("int8", "int8"), ("int8h", "int8")):
     j, v = _find(rows, "jax", jq), _find(rows, "vllm", vq)
     if j and v:
-      out.append((f"JAX {jq} / vLLM {vq} tok/s",
-                  j["tokens_per_s"] / v["tokens_per_s"], ">= 1 (stretch 2)"))
+      out.append(
+        (
+          f"JAX {jq} / vLLM {vq} tok/s",
+          j["tokens_per_s"] / v["tokens_per_s"],
+          ">= 1 (stretch 2)",
+        )
+      )
       if j.get("tokens_per_cpu_s") and v.get("tokens_per_cpu_s"):
-        out.append((f"JAX {jq} / vLLM {vq} tok per CPU-s",
-                    j["tokens_per_cpu_s"] / v["tokens_per_cpu_s"],
-                    "(load-independent view of the same ratio)"))
+        out.append(
+          (
+            f"JAX {jq} / vLLM {vq} tok per CPU-s",
+            j["tokens_per_cpu_s"] / v["tokens_per_cpu_s"],
+            "(load-independent view of the same ratio)",
+          )
+        )
   for engine in ("jax", "vllm"):
-    full = [r for r in (_find(rows, engine, "f32"), _find(rows, engine, "bf16"))
-            if r]
+    full = [
+      r for r in (_find(rows, engine, "f32"), _find(rows, engine, "bf16")) if r
+    ]
     if not full:
       continue
     best = max(full, key=lambda r: r["tokens_per_s"])
     for q in ("int8", "int8h"):
       r = _find(rows, engine, q)
       if r:
-        out.append((f"{engine} {q} / best of f32,bf16 ({best['quant']}) tok/s",
-                    r["tokens_per_s"] / best["tokens_per_s"],
-                    f">= 1.5 at batch >= 64 (KL {r['kl_to_full_precision']:.2e})"))
+        out.append(
+          (
+            f"{engine} {q} / best of f32,bf16 ({best['quant']}) tok/s",
+            r["tokens_per_s"] / best["tokens_per_s"],
+            f">= 1.5 at batch >= 64 (KL {r['kl_to_full_precision']:.2e})",
+          )
+        )
   for r in rows:
-    out.append((f"{r['engine']} {r['quant']} weight sync s", r["sync_s"],
-                "< 0.5"))
+    out.append(
+      (f"{r['engine']} {r['quant']} weight sync s", r["sync_s"], "< 0.5")
+    )
   return out
 
 
 def format_table(rows: list[dict]) -> list[str]:
   """Markdown table of one shape's rows."""
-  lines = ["| engine | quant | P x N x T | tok/s | tok/CPU-s | x f32 | sync s |"
-           " sync MB | sync phases | KL to f32 | KL k1 | load |",
-           "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+  lines = [
+    "| engine | quant | P x N x T | tok/s | tok/CPU-s | x f32 | sync s |"
+    " sync MB | sync phases | KL to f32 | KL k1 | load |",
+    "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+  ]
   f32 = _find(rows, "jax", "f32")
   for r in rows:
     vs = r["tokens_per_s"] / f32["tokens_per_s"] if f32 else float("nan")
-    phases = " ".join(f"{k[:-2]}={v:.2f}" for k, v in
-                      r.get("sync_phases", {}).items() if k != "seconds")
+    phases = " ".join(
+      f"{k[:-2]}={v:.2f}"
+      for k, v in r.get("sync_phases", {}).items()
+      if k != "seconds"
+    )
     lines.append(
-        f"| {r['engine']} | {r['quant']} | {r['prompts']}x{r['samples']}x"
-        f"{r['new_tokens']} | {r['tokens_per_s']:.1f} | "
-        f"{r.get('tokens_per_cpu_s', float('nan')):.1f} | {vs:.2f} | "
-        f"{r['sync_s']:.3f} | {r['sync_bytes'] / 2**20:.1f} | {phases} | "
-        f"{r['kl_to_full_precision']:.2e} | {r['kl_k1']:.2e} | "
-        f"{r.get('load', float('nan')):.1f} |")
+      f"| {r['engine']} | {r['quant']} | {r['prompts']}x{r['samples']}x"
+      f"{r['new_tokens']} | {r['tokens_per_s']:.1f} | "
+      f"{r.get('tokens_per_cpu_s', float('nan')):.1f} | {vs:.2f} | "
+      f"{r['sync_s']:.3f} | {r['sync_bytes'] / 2**20:.1f} | {phases} | "
+      f"{r['kl_to_full_precision']:.2e} | {r['kl_k1']:.2e} | "
+      f"{r.get('load', float('nan')):.1f} |"
+    )
   return lines
 
 
 def report(machine: dict, by_shape: dict[str, list[dict]]) -> list[str]:
   """The whole Markdown report: machine, one table + ratios per shape."""
-  flags_ = " ".join(f"{k}={'yes' if v else 'no'}"
-                    for k, v in machine["cpu_flags"].items())
-  lines = [f"Machine: {machine['cpu_model']}, {machine['cores']} cores, "
-           f"{flags_}; backend {machine['backend']} ({machine['device']}); "
-           f"jax {machine['jax']}, jaxlib {machine['jaxlib']}, vLLM "
-           f"{machine['vllm']}, torch {machine['torch']}.", ""]
+  flags_ = " ".join(
+    f"{k}={'yes' if v else 'no'}" for k, v in machine["cpu_flags"].items()
+  )
+  lines = [
+    f"Machine: {machine['cpu_model']}, {machine['cores']} cores, "
+    f"{flags_}; backend {machine['backend']} ({machine['device']}); "
+    f"jax {machine['jax']}, jaxlib {machine['jaxlib']}, vLLM "
+    f"{machine['vllm']}, torch {machine['torch']}.",
+    "",
+  ]
   if not machine["gpu"]:
     lines += ["No GPU in this run: CPU numbers only.", ""]
   for shape, rows in by_shape.items():
@@ -388,18 +505,25 @@ def report(machine: dict, by_shape: dict[str, list[dict]]) -> list[str]:
 def plot(by_shape: dict[str, list[dict]], path: str) -> None:
   """tokens/s vs batch (prompts x samples), one line per engine x quant."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   series: dict[str, list[tuple[int, float, int]]] = {}
   for rows in by_shape.values():
     for r in rows:
       series.setdefault(f"{r['engine']} {r['quant']}", []).append(
-          (r["prompts"] * r["samples"], r["tokens_per_s"], r["new_tokens"]))
+        (r["prompts"] * r["samples"], r["tokens_per_s"], r["new_tokens"])
+      )
   fig, ax = plt.subplots(figsize=(6, 4))
   for name, points in sorted(series.items()):
     points.sort()
-    ax.plot([p[0] for p in points], [p[1] for p in points],
-            "o--" if name.startswith("vllm") else "o-", label=name)
+    ax.plot(
+      [p[0] for p in points],
+      [p[1] for p in points],
+      "o--" if name.startswith("vllm") else "o-",
+      label=name,
+    )
   ax.set_xscale("log", base=2)
   ax.set_xlabel("batch (prompts x samples); T = 128 at 128, 256 at 512")
   ax.set_ylabel("generated tokens / s")
@@ -415,29 +539,39 @@ def plot(by_shape: dict[str, list[dict]], path: str) -> None:
 def _parse_shape(text: str) -> tuple[int, int, int]:
   parts = text.lower().split("x")
   if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-    raise app.UsageError(f"--shapes has {text!r}; expected PxNxT, e.g. "
-                         "16x8x128")
+    raise app.UsageError(
+      f"--shapes has {text!r}; expected PxNxT, e.g. 16x8x128"
+    )
   return int(parts[0]), int(parts[1]), int(parts[2])
 
 
-def run_shape(model, shape, args, checkpoint=lambda rows: None
-              ) -> list[dict]:
+def run_shape(model, shape, args, checkpoint=lambda rows: None) -> list[dict]:
   prompts_n, samples, new_tokens = shape
-  prompts = make_prompts(model.tokenizer, prompts_n, _SEED.value,
-                         model.config.vocab_size)
-  sampling = base.SamplingConfig(n=samples, temperature=_TEMPERATURE.value,
-                                 max_new_tokens=new_tokens, seed=_SEED.value)
+  prompts = make_prompts(
+    model.tokenizer, prompts_n, _SEED.value, model.config.vocab_size
+  )
+  sampling = base.SamplingConfig(
+    n=samples,
+    temperature=_TEMPERATURE.value,
+    max_new_tokens=new_tokens,
+    seed=_SEED.value,
+  )
   args = dict(args, max_batch=_MAX_BATCH.value or prompts_n * samples)
-  print(f"shape {prompts_n}x{samples}x{new_tokens} prompt_tokens="
-        f"{[len(p) for p in prompts]}", flush=True)
+  print(
+    f"shape {prompts_n}x{samples}x{new_tokens} prompt_tokens="
+    f"{[len(p) for p in prompts]}",
+    flush=True,
+  )
   rows = []
   if "jax" in _ENGINES.value:
     for quant in _JAX_QUANTS.value:
       print(f"[jax {quant}] ...", flush=True)
       rows.append(bench_jax(model, quant, prompts, sampling, args))
       checkpoint(rows)
-      print(f"  {rows[-1]['tokens_per_s']:.1f} tok/s  load "
-            f"{rows[-1]['load']:.1f}", flush=True)
+      print(
+        f"  {rows[-1]['tokens_per_s']:.1f} tok/s  load {rows[-1]['load']:.1f}",
+        flush=True,
+      )
   if "vllm" in _ENGINES.value:
     try:
       import vllm  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
@@ -449,8 +583,9 @@ def run_shape(model, shape, args, checkpoint=lambda rows: None
         for quant in _VLLM_QUANTS.value:
           print(f"[vllm {quant}] ...", flush=True)
           try:
-            rows.append(bench_vllm(model, quant, prompts, sampling, args,
-                                   workdir))
+            rows.append(
+              bench_vllm(model, quant, prompts, sampling, args, workdir)
+            )
             checkpoint(rows)
           except Exception as e:  # pylint: disable=broad-except
             # One failing engine must not lose the rows measured so far.
@@ -462,33 +597,61 @@ def run_shape(model, shape, args, checkpoint=lambda rows: None
   return rows
 
 
-def decode_ab(shape: str, prompt_len: int = 64, own: int = 128,
-              reps: int = 3) -> dict:
+def decode_ab(
+  shape: str, prompt_len: int = 64, own: int = 128, reps: int = 3
+) -> dict:
   """Before/after of the shared-prefix decode step, in one process."""
   from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+
   p, n = (int(x) for x in shape.lower().split("x"))
   b = p * n
   config = models.preset("smollm2-135m-instruct")
   params = models.init_params(config, jax.random.key(0))
+
   def rand(c, seed):
     return 0.3 * jax.random.normal(jax.random.key(seed), c.shape, c.dtype)
-  prefix = jax.tree_util.tree_map(lambda c: rand(c, 1),
-                                  models.init_cache(config, p, prompt_len))
-  cache = jax.tree_util.tree_map(lambda c: rand(c, 2),
-                                 models.init_cache(config, b, own))
+
+  prefix = jax.tree_util.tree_map(
+    lambda c: rand(c, 1), models.init_cache(config, p, prompt_len)
+  )
+  cache = jax.tree_util.tree_map(
+    lambda c: rand(c, 2), models.init_cache(config, b, own)
+  )
   full = jax.tree_util.tree_map(
-      lambda a, c: jnp.concatenate([jnp.repeat(a, n, axis=1), c], axis=2),
-      prefix, cache)
+    lambda a, c: jnp.concatenate([jnp.repeat(a, n, axis=1), c], axis=2),
+    prefix,
+    cache,
+  )
   tok = jnp.ones((b, 1), jnp.int32)
   pos = jnp.full((b, 1), prompt_len + own - 1, jnp.int32)
-  old = jax.jit(lambda w, c: models.forward_with_cache(
-      config, w, tok, pos, c, jnp.int32(prompt_len + own - 1),
-      jnp.ones((b, prompt_len + own), jnp.int32)))
-  new = jax.jit(lambda w, pc, c: decoder.decode_with_prefix_cache(
-      config, w, tok, pos, pc, jnp.ones((p, prompt_len), jnp.int32), c,
-      jnp.int32(own - 1), jnp.ones((b, own), jnp.int32)))
-  runs = {"repeated_cache": (old, (params, full)),
-          "shared_prefix": (new, (params, prefix, cache))}
+  old = jax.jit(
+    lambda w, c: models.forward_with_cache(
+      config,
+      w,
+      tok,
+      pos,
+      c,
+      jnp.int32(prompt_len + own - 1),
+      jnp.ones((b, prompt_len + own), jnp.int32),
+    )
+  )
+  new = jax.jit(
+    lambda w, pc, c: decoder.decode_with_prefix_cache(
+      config,
+      w,
+      tok,
+      pos,
+      pc,
+      jnp.ones((p, prompt_len), jnp.int32),
+      c,
+      jnp.int32(own - 1),
+      jnp.ones((b, own), jnp.int32),
+    )
+  )
+  runs = {
+    "repeated_cache": (old, (params, full)),
+    "shared_prefix": (new, (params, prefix, cache)),
+  }
   outs = {k: jax.block_until_ready(f(*a))[0] for k, (f, a) in runs.items()}
   times = {k: [] for k in runs}
   for _ in range(reps):
@@ -496,14 +659,19 @@ def decode_ab(shape: str, prompt_len: int = 64, own: int = 128,
       w0, c0 = time.perf_counter(), time.process_time()
       jax.block_until_ready(f(*a))
       times[k].append((time.perf_counter() - w0, time.process_time() - c0))
-  result = {"shape": f"B={b} ({p}x{n}) prompt={prompt_len} own={own}",
-            "max_abs_dlogit": float(jnp.max(jnp.abs(
-                outs["repeated_cache"] - outs["shared_prefix"]))),
-            "load": os.getloadavg()}
+  result = {
+    "shape": f"B={b} ({p}x{n}) prompt={prompt_len} own={own}",
+    "max_abs_dlogit": float(
+      jnp.max(jnp.abs(outs["repeated_cache"] - outs["shared_prefix"]))
+    ),
+    "load": os.getloadavg(),
+  }
   for k, t in times.items():
-    result[k] = {"wall_ms_min": 1e3 * min(x[0] for x in t),
-                 "cpu_ms_min": 1e3 * min(x[1] for x in t),
-                 "cpu_ms_all": [round(1e3 * x[1]) for x in t]}
+    result[k] = {
+      "wall_ms_min": 1e3 * min(x[0] for x in t),
+      "cpu_ms_min": 1e3 * min(x[1] for x in t),
+      "cpu_ms_all": [round(1e3 * x[1]) for x in t],
+    }
   print(json.dumps(result, indent=1))
   return result
 
@@ -537,9 +705,12 @@ def main(argv):
   print(f"machine: {json.dumps(machine)}")
   print(f"load average at start: {os.getloadavg()}")
   model = models.load_pretrained(_MODEL.value)
-  args = {"kl_rows": _KL_ROWS.value, "kl_chunk": _KL_CHUNK.value,
-          "vllm_kv_gib": _VLLM_KV_GIB.value,
-          "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value}
+  args = {
+    "kl_rows": _KL_ROWS.value,
+    "kl_chunk": _KL_CHUNK.value,
+    "vllm_kv_gib": _VLLM_KV_GIB.value,
+    "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value,
+  }
   print(f"model={_MODEL.value}")
   by_shape = {}
   for shape in shapes:
@@ -551,8 +722,7 @@ def main(argv):
       # shape on a loaded machine) keeps what it measured.
       by_shape[name] = rows
       if _OUT.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)),
-                    exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
         with open(_OUT.value, "w") as f:
           json.dump({"machine": machine, "shapes": by_shape}, f, indent=1)
 
@@ -567,8 +737,9 @@ def main(argv):
       json.dump({"machine": machine, "shapes": by_shape}, f, indent=1)
     print(f"wrote {_OUT.value}")
   if _MARKDOWN.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_MARKDOWN.value)),
-                exist_ok=True)
+    os.makedirs(
+      os.path.dirname(os.path.abspath(_MARKDOWN.value)), exist_ok=True
+    )
     with open(_MARKDOWN.value, "w") as f:
       f.write("\n".join(lines) + "\n")
     print(f"wrote {_MARKDOWN.value}")

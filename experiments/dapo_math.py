@@ -15,28 +15,47 @@ offline stand-in, which is not the paper's setting. Prompts longer than
 --max_prompt_tokens are dropped (metric `prompts_filtered_long`); training
 on an evaluated benchmark file is refused unless --allow_train_on_eval.
 """
+
 from absl import app
 
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
 train_flags.define_train_flags(
-    algorithm="dapo", task="gsm8k", data_path="../shared/data/gsm8k/train.jsonl",
-    model="smollm2-135m-instruct", rollout_quant="int8", correction="acr",
-    uaq_scale=1.5, learning_rate=1e-6, eps_low=0.2, eps_high=0.28,
-    group_size=8, prompts_per_step=4, max_new_tokens=256, max_prompt_tokens=384,
-    dynamic_sampling=True,
-    steps=20, eval_size=30, run_dir="runs/dapo_math")
+  algorithm="dapo",
+  task="gsm8k",
+  data_path="../shared/data/gsm8k/train.jsonl",
+  model="smollm2-135m-instruct",
+  rollout_quant="int8",
+  correction="acr",
+  uaq_scale=1.5,
+  learning_rate=1e-6,
+  eps_low=0.2,
+  eps_high=0.28,
+  group_size=8,
+  prompts_per_step=4,
+  max_new_tokens=256,
+  max_prompt_tokens=384,
+  dynamic_sampling=True,
+  steps=20,
+  eval_size=30,
+  run_dir="runs/dapo_math",
+)
 train_flags.define_benchmark_flags(
-    {"aime24": ("aime24", "../shared/data/aime24/test.jsonl")},
-    samples=8, temperature=1.0, top_p=0.7,
-    paper="the paper reports Avg@32; 8 keeps a CPU run short")
+  {"aime24": ("aime24", "../shared/data/aime24/test.jsonl")},
+  samples=8,
+  temperature=1.0,
+  top_p=0.7,
+  paper="the paper reports Avg@32; 8 keeps a CPU run short",
+)
 
 
 def main(argv):
   del argv
-  run_experiment(train_flags.config_from_flags(),
-                 benchmarks=train_flags.benchmarks_from_flags())
+  run_experiment(
+    train_flags.config_from_flags(),
+    benchmarks=train_flags.benchmarks_from_flags(),
+  )
 
 
 if __name__ == "__main__":

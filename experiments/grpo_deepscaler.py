@@ -17,33 +17,56 @@ a message. Prompts longer than --max_prompt_tokens are dropped (metric
 `prompts_filtered_long`); training on an evaluated benchmark file is
 refused unless --allow_train_on_eval.
 """
+
 from absl import app
 
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
 train_flags.define_train_flags(
-    algorithm="grpo", task="gsm8k", data_path="../shared/data/gsm8k/train.jsonl",
-    model="smollm2-135m-instruct", rollout_quant="int8", correction="acr",
-    uaq_scale=1.5, kl_coef=1e-3, kl_estimator="k3", temperature=0.6,
-    learning_rate=1e-6, group_size=8, prompts_per_step=4, max_new_tokens=256,
-    max_prompt_tokens=384, steps=20, eval_size=30,
-    run_dir="runs/grpo_deepscaler")
+  algorithm="grpo",
+  task="gsm8k",
+  data_path="../shared/data/gsm8k/train.jsonl",
+  model="smollm2-135m-instruct",
+  rollout_quant="int8",
+  correction="acr",
+  uaq_scale=1.5,
+  kl_coef=1e-3,
+  kl_estimator="k3",
+  temperature=0.6,
+  learning_rate=1e-6,
+  group_size=8,
+  prompts_per_step=4,
+  max_new_tokens=256,
+  max_prompt_tokens=384,
+  steps=20,
+  eval_size=30,
+  run_dir="runs/grpo_deepscaler",
+)
 train_flags.define_benchmark_flags(
-    {"aime24": ("aime24", "../shared/data/aime24/test.jsonl"),
-     "math500": ("math500", "../shared/data/math500/test.jsonl"),
-     "amc23": ("amc23", "../shared/data/amc23/test.jsonl"),
-     "minerva": ("minerva_math", "../shared/data/minerva_math/test.jsonl"),
-     "olympiadbench": ("olympiadbench",
-                       "../shared/data/olympiadbench/test.jsonl")},
-    samples=4, temperature=0.6, top_p=0.95,
-    paper="the paper reports Avg@16; 4 keeps a CPU run short")
+  {
+    "aime24": ("aime24", "../shared/data/aime24/test.jsonl"),
+    "math500": ("math500", "../shared/data/math500/test.jsonl"),
+    "amc23": ("amc23", "../shared/data/amc23/test.jsonl"),
+    "minerva": ("minerva_math", "../shared/data/minerva_math/test.jsonl"),
+    "olympiadbench": (
+      "olympiadbench",
+      "../shared/data/olympiadbench/test.jsonl",
+    ),
+  },
+  samples=4,
+  temperature=0.6,
+  top_p=0.95,
+  paper="the paper reports Avg@16; 4 keeps a CPU run short",
+)
 
 
 def main(argv):
   del argv
-  run_experiment(train_flags.config_from_flags(),
-                 benchmarks=train_flags.benchmarks_from_flags())
+  run_experiment(
+    train_flags.config_from_flags(),
+    benchmarks=train_flags.benchmarks_from_flags(),
+  )
 
 
 if __name__ == "__main__":

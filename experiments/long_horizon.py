@@ -17,6 +17,7 @@ Both phases resume: run the same command again after a kill. Outputs:
 writes it (a run directory per config × seed, table, progress, CPU log).
 See docs/long_horizon.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,18 +31,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ablate  # noqa: E402  (defines the trainer and study flags)
 
 _DIR = flags.DEFINE_string(
-    "instrument_dir", "runs/instrument",
-    "Where the pre-trained instrument is (or is written).")
+  "instrument_dir",
+  "runs/instrument",
+  "Where the pre-trained instrument is (or is written).",
+)
 _SFT_DIFFICULTY = flags.DEFINE_string(
-    "sft_difficulty", "", "Arithmetic difficulty of the SFT data ('' = the "
-    "study's task_difficulty).")
+  "sft_difficulty",
+  "",
+  "Arithmetic difficulty of the SFT data ('' = the study's task_difficulty).",
+)
 _SFT_STEPS = flags.DEFINE_integer("sft_steps", 4000, "Most SFT steps.")
 _SFT_TARGET = flags.DEFINE_float(
-    "sft_target", 0.3, "Stop SFT once held-out greedy accuracy reaches this.")
+  "sft_target", 0.3, "Stop SFT once held-out greedy accuracy reaches this."
+)
 _SFT_LR = flags.DEFINE_float("sft_learning_rate", 1e-3, "SFT peak Adam rate.")
-_SFT_BATCH = flags.DEFINE_integer("sft_batch_size", 64, "SFT problems per step.")
-_SFT_EVAL_EVERY = flags.DEFINE_integer("sft_eval_every", 100,
-                                       "SFT steps between accuracy checks.")
+_SFT_BATCH = flags.DEFINE_integer(
+  "sft_batch_size", 64, "SFT problems per step."
+)
+_SFT_EVAL_EVERY = flags.DEFINE_integer(
+  "sft_eval_every", 100, "SFT steps between accuracy checks."
+)
 _HIDDEN = flags.DEFINE_integer("hidden_size", 128, "Instrument width.")
 _LAYERS = flags.DEFINE_integer("num_layers", 4, "Instrument depth.")
 _SFT_ONLY = flags.DEFINE_bool("sft_only", False, "Stop after phase 1.")
@@ -49,21 +58,29 @@ _SFT_ONLY = flags.DEFINE_bool("sft_only", False, "Stop after phase 1.")
 
 def instrument_configs(difficulty: str):
   from rljax import instrument
+
   shape = instrument.InstrumentConfig(
-      hidden_size=_HIDDEN.value, num_layers=_LAYERS.value,
-      num_heads=max(1, _HIDDEN.value // 32),
-      num_kv_heads=max(1, _HIDDEN.value // 64),
-      intermediate_size=4 * _HIDDEN.value)
+    hidden_size=_HIDDEN.value,
+    num_layers=_LAYERS.value,
+    num_heads=max(1, _HIDDEN.value // 32),
+    num_kv_heads=max(1, _HIDDEN.value // 64),
+    intermediate_size=4 * _HIDDEN.value,
+  )
   sft = instrument.SFTConfig(
-      difficulty=difficulty, steps=_SFT_STEPS.value,
-      batch_size=_SFT_BATCH.value, learning_rate=_SFT_LR.value,
-      eval_every=_SFT_EVAL_EVERY.value, target_accuracy=_SFT_TARGET.value)
+    difficulty=difficulty,
+    steps=_SFT_STEPS.value,
+    batch_size=_SFT_BATCH.value,
+    learning_rate=_SFT_LR.value,
+    eval_every=_SFT_EVAL_EVERY.value,
+    target_accuracy=_SFT_TARGET.value,
+  )
   return shape, sft
 
 
 def main(argv):
   del argv
   from rljax import instrument
+
   runs = ablate.grid_runs(ablate._GRID.value)
   shared, seeds = {}, ablate._SEEDS.value
   if ablate._CONFIGS.value:
@@ -71,8 +88,11 @@ def main(argv):
     runs += listed
     if file_seeds is not None and not flags.FLAGS["seeds"].present:
       seeds = [str(s) for s in file_seeds]
-  difficulty = (_SFT_DIFFICULTY.value or shared.get("task_difficulty")
-                or flags.FLAGS.task_difficulty)
+  difficulty = (
+    _SFT_DIFFICULTY.value
+    or shared.get("task_difficulty")
+    or flags.FLAGS.task_difficulty
+  )
   shape, sft = instrument_configs(difficulty)
   record_path = os.path.join(_DIR.value, instrument.MODEL_FILE)
   if os.path.exists(record_path):
@@ -80,15 +100,19 @@ def main(argv):
       record = json.load(f)
     if record.get("done") and record["shape"] != dataclasses.asdict(shape):
       raise app.UsageError(
-          f"{_DIR.value} holds an instrument of shape {record['shape']}, not "
-          f"{dataclasses.asdict(shape)}; pick another --instrument_dir")
+        f"{_DIR.value} holds an instrument of shape {record['shape']}, not "
+        f"{dataclasses.asdict(shape)}; pick another --instrument_dir"
+      )
   eval_size = int(shared.get("eval_size", flags.FLAGS.eval_size) or 256)
-  record = instrument.train_sft(_DIR.value, shape, sft, rl_eval_size=eval_size,
-                                progress=True)
-  print(f"[long_horizon] instrument: {record['parameters']:,} parameters, "
-        f"SFT {record['steps']} steps, held-out greedy accuracy "
-        f"{record['accuracy']:.3f} ({record['sft_seconds']:.0f} s)",
-        flush=True)
+  record = instrument.train_sft(
+    _DIR.value, shape, sft, rl_eval_size=eval_size, progress=True
+  )
+  print(
+    f"[long_horizon] instrument: {record['parameters']:,} parameters, "
+    f"SFT {record['steps']} steps, held-out greedy accuracy "
+    f"{record['accuracy']:.3f} ({record['sft_seconds']:.0f} s)",
+    flush=True,
+  )
   if _SFT_ONLY.value:
     return
   if not runs:

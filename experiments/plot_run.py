@@ -6,6 +6,7 @@ Panels: reward, held-out accuracy, clip fraction (low/high), behavior-proximal
 KL, max ρ, normalized weight update vs quantization error (QuRL Fig. 9),
 response length, seconds per phase.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,12 @@ from absl import app, flags
 
 from rljax.train.plots import plot_runs
 
-_RUNS = flags.DEFINE_list("runs", None, "Run directories (each has metrics.jsonl).")
-_OUT = flags.DEFINE_string("out", None, "PNG path; default <first run>/plots.png")
+_RUNS = flags.DEFINE_list(
+  "runs", None, "Run directories (each has metrics.jsonl)."
+)
+_OUT = flags.DEFINE_string(
+  "out", None, "PNG path; default <first run>/plots.png"
+)
 _LABELS = flags.DEFINE_list("labels", None, "Legend labels, one per run.")
 _SMOOTH = flags.DEFINE_integer("smooth", 1, "Moving-average window in steps.")
 

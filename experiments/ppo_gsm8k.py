@@ -15,30 +15,50 @@ Trains on ../shared/data/gsm8k/train.jsonl, evaluates
 file is refused unless --allow_train_on_eval. Prompts longer than
 --max_prompt_tokens are dropped (metric `prompts_filtered_long`).
 """
+
 from absl import app
 
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
 train_flags.define_train_flags(
-    algorithm="ppo", task="gsm8k", data_path="../shared/data/gsm8k/train.jsonl",
-    model="smollm2-135m-instruct", rollout_quant="int8", correction="acr",
-    uaq_scale=1.0,  # QuRL Table 1: UAQ off (the learning rate is high enough)
-    learning_rate=1e-5, critic_learning_rate=1e-5, gae_lambda=0.95,
-    critic_lambda=0.95, kl_in_reward_coef=1e-3, group_size=1,
-    prompts_per_step=8, max_new_tokens=256, max_prompt_tokens=256,
-    ppo_epochs=1, minibatches=2, steps=20, eval_size=64,
-    run_dir="runs/ppo_gsm8k")
+  algorithm="ppo",
+  task="gsm8k",
+  data_path="../shared/data/gsm8k/train.jsonl",
+  model="smollm2-135m-instruct",
+  rollout_quant="int8",
+  correction="acr",
+  uaq_scale=1.0,  # QuRL Table 1: UAQ off (the learning rate is high enough)
+  learning_rate=1e-5,
+  critic_learning_rate=1e-5,
+  gae_lambda=0.95,
+  critic_lambda=0.95,
+  kl_in_reward_coef=1e-3,
+  group_size=1,
+  prompts_per_step=8,
+  max_new_tokens=256,
+  max_prompt_tokens=256,
+  ppo_epochs=1,
+  minibatches=2,
+  steps=20,
+  eval_size=64,
+  run_dir="runs/ppo_gsm8k",
+)
 train_flags.define_benchmark_flags(
-    {"gsm8k": ("gsm8k", "../shared/data/gsm8k/test.jsonl")},
-    samples=1, temperature=0.0, top_p=1.0,
-    paper="greedy accuracy, Avg@1, as in QuRL Table 1")
+  {"gsm8k": ("gsm8k", "../shared/data/gsm8k/test.jsonl")},
+  samples=1,
+  temperature=0.0,
+  top_p=1.0,
+  paper="greedy accuracy, Avg@1, as in QuRL Table 1",
+)
 
 
 def main(argv):
   del argv
-  run_experiment(train_flags.config_from_flags(),
-                 benchmarks=train_flags.benchmarks_from_flags())
+  run_experiment(
+    train_flags.config_from_flags(),
+    benchmarks=train_flags.benchmarks_from_flags(),
+  )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ TensorBoard's profile plugin or ui.perfetto.dev). `--out=FILE.json` writes
 {"step_s", "flops", "bytes", "achieved_flops_per_s", "peak_flops_per_s",
 "mfu", "peak_memory_bytes", ...}.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,40 +37,67 @@ from rljax.core import objectives
 from rljax.train import update as update_lib
 
 _MODEL = flags.DEFINE_string(
-    "model", "smollm2-135m", "Model preset (random weights: speed does not "
-    "depend on values), or 'tiny'.")
+  "model",
+  "smollm2-135m",
+  "Model preset (random weights: speed does not depend on values), or 'tiny'.",
+)
 _BATCH = flags.DEFINE_integer("batch", 16, "Sequences per update.")
 _SEQ = flags.DEFINE_integer("seq", 256, "Tokens per sequence.")
-_MICRO = flags.DEFINE_integer("micro_batches", 1, "Gradient-accumulation splits.")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
-                           "Parameter/compute dtype.")
+_MICRO = flags.DEFINE_integer(
+  "micro_batches", 1, "Gradient-accumulation splits."
+)
+_DTYPE = flags.DEFINE_enum(
+  "dtype", "float32", ["float32", "bfloat16"], "Parameter/compute dtype."
+)
 _REMAT = flags.DEFINE_bool(
-    "remat", False, "Per-layer rematerialization in the decoder "
-    "(UpdateSpec.remat -> token_logprobs(remat=True)).")
-_CHUNK = flags.DEFINE_integer("logprob_chunk", 0, "Sequence chunk of the LM head.")
+  "remat",
+  False,
+  "Per-layer rematerialization in the decoder "
+  "(UpdateSpec.remat -> token_logprobs(remat=True)).",
+)
+_CHUNK = flags.DEFINE_integer(
+  "logprob_chunk", 0, "Sequence chunk of the LM head."
+)
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up).")
-_TRACE = flags.DEFINE_string("trace_dir", "runs/profile_update/trace",
-                             "Where the profiler trace goes ('' = none).")
+_TRACE = flags.DEFINE_string(
+  "trace_dir",
+  "runs/profile_update/trace",
+  "Where the profiler trace goes ('' = none).",
+)
 _OUT = flags.DEFINE_string("out", "", "Write the numbers as JSON here.")
 _AOT = flags.DEFINE_bool(
-    "aot", False, "Compile only (fake CPU devices, ShapeDtypeStruct inputs) "
-    "and print the per-device memory plan; no step runs.")
+  "aot",
+  False,
+  "Compile only (fake CPU devices, ShapeDtypeStruct inputs) "
+  "and print the per-device memory plan; no step runs.",
+)
 _MESH = flags.DEFINE_string(
-    "mesh", "1,1,1", "--aot: data,fsdp,tensor sizes; their product is the "
-    "number of fake devices.")
+  "mesh",
+  "1,1,1",
+  "--aot: data,fsdp,tensor sizes; their product is the number of fake devices.",
+)
 _PARAM_DTYPE = flags.DEFINE_enum(
-    "param_dtype", None, ["float32", "bfloat16"],
-    "--aot: master-weight dtype (default --dtype); the optimizer state "
-    "follows it.")
+  "param_dtype",
+  None,
+  ["float32", "bfloat16"],
+  "--aot: master-weight dtype (default --dtype); the optimizer state "
+  "follows it.",
+)
 _COMPUTE_DTYPE = flags.DEFINE_enum(
-    "compute_dtype", None, ["float32", "bfloat16"],
-    "--aot: dtype the decoder runs in (default: param_dtype); a different "
-    "one casts the params on entry (sharded.cast_params_transform).")
+  "compute_dtype",
+  None,
+  ["float32", "bfloat16"],
+  "--aot: dtype the decoder runs in (default: param_dtype); a different "
+  "one casts the params on entry (sharded.cast_params_transform).",
+)
 _DECODE = flags.DEFINE_bool(
-    "decode", True, "--aot: also compile one sampler decode step.")
+  "decode", True, "--aot: also compile one sampler decode step."
+)
 _ROLLOUT_BATCH = flags.DEFINE_integer(
-    "rollout_batch", 0, "--aot --decode: sequences decoded at once "
-    "(default --batch).")
+  "rollout_batch",
+  0,
+  "--aot --decode: sequences decoded at once (default --batch).",
+)
 
 
 def measure_matmul_peak(dtype, n: int = 2048, repeats: int = 5) -> float:
@@ -84,23 +112,24 @@ def measure_matmul_peak(dtype, n: int = 2048, repeats: int = 5) -> float:
     t0 = time.perf_counter()
     mm(a, b).block_until_ready()
     best = min(best, time.perf_counter() - t0)
-  return 2.0 * n ** 3 / best
+  return 2.0 * n**3 / best
 
 
 def random_batch(config, batch: int, seq: int, rng) -> dict:
   k = jax.random.split(rng, 4)
-  tokens = jax.random.randint(k[0], (batch, seq), 0, config.vocab_size,
-                              jnp.int32)
+  tokens = jax.random.randint(
+    k[0], (batch, seq), 0, config.vocab_size, jnp.int32
+  )
   prompt = seq // 4
   mask = jnp.zeros((batch, seq - 1), jnp.float32).at[:, prompt:].set(1.0)
   logp = -jnp.abs(jax.random.normal(k[1], (batch, seq - 1))) - 1.0
   return {
-      "tokens": tokens,
-      "attention_mask": jnp.ones((batch, seq), jnp.int32),
-      "loss_mask": mask,
-      "prox_logp": logp,
-      "behav_logp": logp + 0.01 * jax.random.normal(k[2], logp.shape),
-      "advantages": jax.random.normal(k[3], (batch, seq - 1)) * mask,
+    "tokens": tokens,
+    "attention_mask": jnp.ones((batch, seq), jnp.int32),
+    "loss_mask": mask,
+    "prox_logp": logp,
+    "behav_logp": logp + 0.01 * jax.random.normal(k[2], logp.shape),
+    "advantages": jax.random.normal(k[3], (batch, seq - 1)) * mask,
   }
 
 
@@ -111,8 +140,12 @@ def peak_memory_bytes(compiled) -> int:
     return int(stats["peak_bytes_in_use"])
   try:
     mem = compiled.memory_analysis()
-    return int(mem.argument_size_in_bytes + mem.output_size_in_bytes
-               + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+    return int(
+      mem.argument_size_in_bytes
+      + mem.output_size_in_bytes
+      + mem.temp_size_in_bytes
+      - mem.alias_size_in_bytes
+    )
   except Exception:  # pylint: disable=broad-except
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
@@ -123,8 +156,12 @@ def compiled_memory(compiled) -> dict:
   try:
     mem = compiled.memory_analysis()
     temp = int(mem.temp_size_in_bytes)
-    peak = int(mem.argument_size_in_bytes + mem.output_size_in_bytes + temp
-               - mem.alias_size_in_bytes)
+    peak = int(
+      mem.argument_size_in_bytes
+      + mem.output_size_in_bytes
+      + temp
+      - mem.alias_size_in_bytes
+    )
   except Exception:  # pylint: disable=broad-except
     return {}
   return {"compiled_temp_bytes": temp, "compiled_peak_bytes": peak}
@@ -140,59 +177,90 @@ def _per_device_bytes(tree, shardings) -> int:
 
 def _memory(compiled) -> dict:
   mem = compiled.memory_analysis()
-  return {"argument": int(mem.argument_size_in_bytes),
-          "output": int(mem.output_size_in_bytes),
-          "alias": int(mem.alias_size_in_bytes),
-          "temp": int(mem.temp_size_in_bytes)}
+  return {
+    "argument": int(mem.argument_size_in_bytes),
+    "output": int(mem.output_size_in_bytes),
+    "alias": int(mem.alias_size_in_bytes),
+    "temp": int(mem.temp_size_in_bytes),
+  }
 
 
-def plan(config, mesh, batch: int, seq: int, micro_batches: int,
-         remat: bool, logprob_chunk: int, param_dtype, compute_dtype,
-         decode: bool, rollout_batch: int) -> dict:
+def plan(
+  config,
+  mesh,
+  batch: int,
+  seq: int,
+  micro_batches: int,
+  remat: bool,
+  logprob_chunk: int,
+  param_dtype,
+  compute_dtype,
+  decode: bool,
+  rollout_batch: int,
+) -> dict:
   """Compiles (never runs) the sharded update step and one decode step;
   returns per-device bytes. Peak = arguments + outputs − donated + temps."""
   from rljax.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from rljax.train import sharded  # pylint: disable=g-import-not-at-top
+
   param_dtype, compute_dtype = jnp.dtype(param_dtype), jnp.dtype(compute_dtype)
-  loss = objectives.PolicyLossConfig(surrogate="ppo", correction="acr",
-                                     eps_low=0.2, eps_high=0.28,
-                                     aggregation="token-mean")
+  loss = objectives.PolicyLossConfig(
+    surrogate="ppo",
+    correction="acr",
+    eps_low=0.2,
+    eps_high=0.28,
+    aggregation="token-mean",
+  )
   spec = update_lib.UpdateSpec(
-      model_config=config, loss=loss, micro_batches=micro_batches,
-      remat=remat, logprob_chunk=logprob_chunk,
-      param_transform=(sharded.cast_params_transform(compute_dtype)
-                       if compute_dtype != param_dtype else None))
+    model_config=config,
+    loss=loss,
+    micro_batches=micro_batches,
+    remat=remat,
+    logprob_chunk=logprob_chunk,
+    param_transform=(
+      sharded.cast_params_transform(compute_dtype)
+      if compute_dtype != param_dtype
+      else None
+    ),
+  )
   optimizer = update_lib.make_optimizer(1e-6, 100)
-  params = jax.eval_shape(lambda: models.init_params(
-      config, jax.random.PRNGKey(0), dtype=param_dtype))
-  state = jax.eval_shape(lambda p: update_lib.init_train_state(p, optimizer),
-                         params)
+  params = jax.eval_shape(
+    lambda: models.init_params(config, jax.random.PRNGKey(0), dtype=param_dtype)
+  )
+  state = jax.eval_shape(
+    lambda p: update_lib.init_train_state(p, optimizer), params
+  )
   batch_shapes = jax.eval_shape(
-      lambda: random_batch(config, batch, seq, jax.random.PRNGKey(1)))
+    lambda: random_batch(config, batch, seq, jax.random.PRNGKey(1))
+  )
   step, shardings = sharded.make_sharded_update_step(
-      spec, optimizer, mesh, state, batch_shapes)
+    spec, optimizer, mesh, state, batch_shapes
+  )
   t0 = time.perf_counter()
   compiled = step.lower(state, batch_shapes).compile()
   compile_s = time.perf_counter() - t0
   mem = _memory(compiled)
   s = shardings["state"]
   out = {
-      "params": int(sum(x.size for x in jax.tree.leaves(params))),
-      "update_compile_s": compile_s,
-      "params_bytes": _per_device_bytes(state.params, s.params),
-      "opt_state_bytes": _per_device_bytes(state.opt_state, s.opt_state),
-      "batch_bytes": _per_device_bytes(batch_shapes, shardings["batch"]),
-      "update_temp_bytes": mem["temp"],
-      "update_peak_bytes": (mem["argument"] + mem["output"] - mem["alias"]
-                            + mem["temp"]),
+    "params": int(sum(x.size for x in jax.tree.leaves(params))),
+    "update_compile_s": compile_s,
+    "params_bytes": _per_device_bytes(state.params, s.params),
+    "opt_state_bytes": _per_device_bytes(state.opt_state, s.opt_state),
+    "batch_bytes": _per_device_bytes(batch_shapes, shardings["batch"]),
+    "update_temp_bytes": mem["temp"],
+    "update_peak_bytes": (
+      mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]
+    ),
   }
   if decode:
     rb = rollout_batch or batch
     # Rollout weights in the compute dtype, laid out like the params.
     r_params = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, compute_dtype), params)
-    cache = jax.eval_shape(lambda: models.init_cache(config, rb, seq,
-                                                     dtype=compute_dtype))
+      lambda x: jax.ShapeDtypeStruct(x.shape, compute_dtype), params
+    )
+    cache = jax.eval_shape(
+      lambda: models.init_cache(config, rb, seq, dtype=compute_dtype)
+    )
     r_shard = sharding_lib.param_shardings(config, r_params, mesh)
     c_shard = sharding_lib.cache_shardings(mesh, cache)
     b_shard = sharding_lib.batch_sharding(mesh)
@@ -201,47 +269,79 @@ def plan(config, mesh, batch: int, seq: int, micro_batches: int,
     kv_mask = jax.ShapeDtypeStruct((rb, seq), jnp.bool_)
     idx = jax.ShapeDtypeStruct((), jnp.int32)
     fn = jax.jit(
-        lambda p, t, pos, c, i, m: models.forward_with_cache(
-            config, p, t, pos, c, i, m),
-        in_shardings=(r_shard, b_shard, b_shard, c_shard, rep, b_shard),
-        out_shardings=(b_shard, c_shard), donate_argnums=(3,))
+      lambda p, t, pos, c, i, m: models.forward_with_cache(
+        config, p, t, pos, c, i, m
+      ),
+      in_shardings=(r_shard, b_shard, b_shard, c_shard, rep, b_shard),
+      out_shardings=(b_shard, c_shard),
+      donate_argnums=(3,),
+    )
     t0 = time.perf_counter()
     dec = fn.lower(r_params, tok, tok, cache, idx, kv_mask).compile()
     dmem = _memory(dec)
     out.update(
-        decode_compile_s=time.perf_counter() - t0,
-        rollout_batch=rb,
-        rollout_params_bytes=_per_device_bytes(r_params, r_shard),
-        kv_cache_bytes=_per_device_bytes(cache, c_shard),
-        decode_temp_bytes=dmem["temp"],
-        decode_peak_bytes=(dmem["argument"] + dmem["output"] - dmem["alias"]
-                           + dmem["temp"]))
+      decode_compile_s=time.perf_counter() - t0,
+      rollout_batch=rb,
+      rollout_params_bytes=_per_device_bytes(r_params, r_shard),
+      kv_cache_bytes=_per_device_bytes(cache, c_shard),
+      decode_temp_bytes=dmem["temp"],
+      decode_peak_bytes=(
+        dmem["argument"] + dmem["output"] - dmem["alias"] + dmem["temp"]
+      ),
+    )
   return out
 
 
 def main_aot():
   from rljax.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+
   mesh_config = sharding_lib.MeshConfig.parse(_MESH.value)
-  n = int(np.prod([abs(x) for x in (mesh_config.data, mesh_config.fsdp,
-                                    mesh_config.tensor)]))
+  n = int(
+    np.prod(
+      [abs(x) for x in (mesh_config.data, mesh_config.fsdp, mesh_config.tensor)]
+    )
+  )
   if min(mesh_config.data, mesh_config.fsdp, mesh_config.tensor) < 1:
-    raise ValueError(f"--mesh={_MESH.value!r}; --aot needs explicit sizes "
-                     "(they set the number of fake devices)")
+    raise ValueError(
+      f"--mesh={_MESH.value!r}; --aot needs explicit sizes "
+      "(they set the number of fake devices)"
+    )
   # Fake devices: must be set before the backend starts.
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", n)
-  config = (models.tiny_config() if _MODEL.value == "tiny" else
-            models.preset(_MODEL.value))
+  config = (
+    models.tiny_config()
+    if _MODEL.value == "tiny"
+    else models.preset(_MODEL.value)
+  )
   param_dtype = _PARAM_DTYPE.value or _DTYPE.value
   compute_dtype = _COMPUTE_DTYPE.value or param_dtype
-  result = {"model": _MODEL.value, "mesh": _MESH.value,
-            "param_dtype": param_dtype, "compute_dtype": compute_dtype,
-            "batch": _BATCH.value, "seq": _SEQ.value,
-            "micro_batches": _MICRO.value, "remat": _REMAT.value,
-            "logprob_chunk": _CHUNK.value}
-  result.update(plan(config, mesh_config.build(), _BATCH.value, _SEQ.value,
-                     _MICRO.value, _REMAT.value, _CHUNK.value, param_dtype,
-                     compute_dtype, _DECODE.value, _ROLLOUT_BATCH.value))
+  result = {
+    "model": _MODEL.value,
+    "mesh": _MESH.value,
+    "param_dtype": param_dtype,
+    "compute_dtype": compute_dtype,
+    "batch": _BATCH.value,
+    "seq": _SEQ.value,
+    "micro_batches": _MICRO.value,
+    "remat": _REMAT.value,
+    "logprob_chunk": _CHUNK.value,
+  }
+  result.update(
+    plan(
+      config,
+      mesh_config.build(),
+      _BATCH.value,
+      _SEQ.value,
+      _MICRO.value,
+      _REMAT.value,
+      _CHUNK.value,
+      param_dtype,
+      compute_dtype,
+      _DECODE.value,
+      _ROLLOUT_BATCH.value,
+    )
+  )
   _print(result)
   return result
 
@@ -272,12 +372,20 @@ def main(argv):
     config = models.preset(_MODEL.value)
   params = models.init_params(config, jax.random.PRNGKey(0), dtype=dtype)
   n_params = sum(x.size for x in jax.tree.leaves(params))
-  loss = objectives.PolicyLossConfig(surrogate="ppo", correction="acr",
-                                     eps_low=0.2, eps_high=0.28,
-                                     aggregation="token-mean")
-  spec = update_lib.UpdateSpec(model_config=config, loss=loss,
-                               micro_batches=_MICRO.value, remat=_REMAT.value,
-                               logprob_chunk=_CHUNK.value)
+  loss = objectives.PolicyLossConfig(
+    surrogate="ppo",
+    correction="acr",
+    eps_low=0.2,
+    eps_high=0.28,
+    aggregation="token-mean",
+  )
+  spec = update_lib.UpdateSpec(
+    model_config=config,
+    loss=loss,
+    micro_batches=_MICRO.value,
+    remat=_REMAT.value,
+    logprob_chunk=_CHUNK.value,
+  )
   optimizer = update_lib.make_optimizer(1e-6, 100)
   state = update_lib.init_train_state(params, optimizer)
   batch = random_batch(config, _BATCH.value, _SEQ.value, jax.random.PRNGKey(1))
@@ -314,20 +422,28 @@ def main(argv):
   used_flops = flops if flops >= 0.5 * analytic else analytic
   achieved = used_flops / step_s
   result = {
-      "device": str(jax.devices()[0].device_kind),
-      "backend": jax.default_backend(),
-      "model": _MODEL.value, "params": int(n_params), "dtype": _DTYPE.value,
-      "batch": _BATCH.value, "seq": _SEQ.value,
-      "micro_batches": _MICRO.value, "remat": _REMAT.value,
-      "compile_s": compile_s, "step_s": step_s,
-      "flops": used_flops, "xla_cost_analysis_flops": flops,
-      "analytic_flops_6nt": analytic, "bytes": bytes_accessed,
-      "achieved_flops_per_s": achieved, "peak_flops_per_s": peak,
-      "mfu": achieved / peak,
-      "tokens_per_s": _BATCH.value * _SEQ.value / step_s,
-      "peak_memory_bytes": peak_memory_bytes(compiled),
-      **compiled_memory(compiled),
-      "trace_dir": _TRACE.value,
+    "device": str(jax.devices()[0].device_kind),
+    "backend": jax.default_backend(),
+    "model": _MODEL.value,
+    "params": int(n_params),
+    "dtype": _DTYPE.value,
+    "batch": _BATCH.value,
+    "seq": _SEQ.value,
+    "micro_batches": _MICRO.value,
+    "remat": _REMAT.value,
+    "compile_s": compile_s,
+    "step_s": step_s,
+    "flops": used_flops,
+    "xla_cost_analysis_flops": flops,
+    "analytic_flops_6nt": analytic,
+    "bytes": bytes_accessed,
+    "achieved_flops_per_s": achieved,
+    "peak_flops_per_s": peak,
+    "mfu": achieved / peak,
+    "tokens_per_s": _BATCH.value * _SEQ.value / step_s,
+    "peak_memory_bytes": peak_memory_bytes(compiled),
+    **compiled_memory(compiled),
+    "trace_dir": _TRACE.value,
   }
   _print(result)
 

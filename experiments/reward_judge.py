@@ -15,6 +15,7 @@ parsing, counted failures, timeouts); use a larger judge for real runs:
 
 Held-out accuracy keeps the arithmetic verifier.
 """
+
 import dataclasses
 import os
 
@@ -24,27 +25,49 @@ from rljax.train import flags as train_flags
 from rljax.train import tasks
 from rljax.train.driver import run_experiment
 
-RUBRICS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
-                       "judge_rubrics.txt")
+RUBRICS = os.path.join(
+  os.path.dirname(os.path.abspath(__file__)), "data", "judge_rubrics.txt"
+)
 
 train_flags.define_train_flags(
-    algorithm="grpo", model="smollm2-135m-instruct", task="arithmetic",
-    task_difficulty="easy", reward="judge", judge_rubrics=RUBRICS,
-    judge_api="chat", judge_timeout_s=120.0, rollout_quant="none",
-    kl_coef=0.0, prompts_per_step=4, group_size=4, max_new_tokens=32,
-    temperature=0.7, learning_rate=1e-5, steps=5, eval_size=16,
-    export_hf=False, run_dir="runs/reward_judge")
+  algorithm="grpo",
+  model="smollm2-135m-instruct",
+  task="arithmetic",
+  task_difficulty="easy",
+  reward="judge",
+  judge_rubrics=RUBRICS,
+  judge_api="chat",
+  judge_timeout_s=120.0,
+  rollout_quant="none",
+  kl_coef=0.0,
+  prompts_per_step=4,
+  group_size=4,
+  max_new_tokens=32,
+  temperature=0.7,
+  learning_rate=1e-5,
+  steps=5,
+  eval_size=16,
+  export_hf=False,
+  run_dir="runs/reward_judge",
+)
 
 _SERVE = flags.DEFINE_bool(
-    "serve_judge", True, "Start a vLLM sidecar serving --judge_checkpoint "
-    "for the run (else use --judge_url).")
+  "serve_judge",
+  True,
+  "Start a vLLM sidecar serving --judge_checkpoint "
+  "for the run (else use --judge_url).",
+)
 _JUDGE_CKPT = flags.DEFINE_string(
-    "judge_checkpoint", "smollm2-135m-instruct",
-    "The served judge: an HF dir, or 'smollm2-135m-instruct' (exported from "
-    "the embedded GGUF to --judge_export_dir).")
+  "judge_checkpoint",
+  "smollm2-135m-instruct",
+  "The served judge: an HF dir, or 'smollm2-135m-instruct' (exported from "
+  "the embedded GGUF to --judge_export_dir).",
+)
 _EXPORT_DIR = flags.DEFINE_string(
-    "judge_export_dir", "runs/judge_smollm2_hf",
-    "Where the embedded SmolLM2 is exported for vLLM (reused if present).")
+  "judge_export_dir",
+  "runs/judge_smollm2_hf",
+  "Where the embedded SmolLM2 is exported for vLLM (reused if present).",
+)
 
 
 def judge_checkpoint_dir() -> str:
@@ -54,9 +77,15 @@ def judge_checkpoint_dir() -> str:
   out = _EXPORT_DIR.value
   if not os.path.isfile(os.path.join(out, "config.json")):
     from rljax import models  # pylint: disable=g-import-not-at-top
+
     model = models.load_pretrained(_JUDGE_CKPT.value)
-    models.save_hf(model.config, model.params, out, tokenizer=model.tokenizer,
-                   dtype="bfloat16")
+    models.save_hf(
+      model.config,
+      model.params,
+      out,
+      tokenizer=model.tokenizer,
+      dtype="bfloat16",
+    )
   return out
 
 
@@ -67,16 +96,24 @@ def main(argv):
     run_experiment(cfg)
     return
   from rljax.rollout.vllm_sidecar import VLLMSidecar, VLLMSidecarConfig  # pylint: disable=g-import-not-at-top
-  sidecar_cfg = VLLMSidecarConfig(max_model_len=1024, served_model_name="judge",
-                                  log_dir=os.path.join(cfg.run_dir, "judge_log"))
+
+  sidecar_cfg = VLLMSidecarConfig(
+    max_model_len=1024,
+    served_model_name="judge",
+    log_dir=os.path.join(cfg.run_dir, "judge_log"),
+  )
   with VLLMSidecar(judge_checkpoint_dir(), sidecar_cfg) as engine:
-    print(f"[judge] serving {engine.model_dir} at {engine.url} "
-          f"(started in {engine.startup_seconds:.0f} s)", flush=True)
+    print(
+      f"[judge] serving {engine.model_dir} at {engine.url} "
+      f"(started in {engine.startup_seconds:.0f} s)",
+      flush=True,
+    )
     # The sidecar refuses callers without its run key; the judge reward
     # reads it from the environment (never from a flag: flags are logged).
     os.environ[tasks.JUDGE_API_KEY_ENV] = engine.api_key
-    run_experiment(dataclasses.replace(cfg, judge_url=engine.url,
-                                       judge_model="judge"))
+    run_experiment(
+      dataclasses.replace(cfg, judge_url=engine.url, judge_model="judge")
+    )
 
 
 if __name__ == "__main__":

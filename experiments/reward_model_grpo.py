@@ -12,18 +12,31 @@ Writes metrics.jsonl (`reward_mean` = the RM score; `reward_reward_model` its
 raw value) and plots.png under --run_dir; or plot several runs together:
   python experiments/plot_run.py --runs=runs/reward_model_grpo,runs/reward_vrcli
 """
+
 from absl import app
 
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
 train_flags.define_train_flags(
-    algorithm="grpo", model="smollm2-135m-instruct", task="arithmetic",
-    task_difficulty="easy", reward="reward_model",
-    reward_model_path="runs/reward_model", rollout_quant="none",
-    kl_coef=0.0, prompts_per_step=4, group_size=4, max_new_tokens=32,
-    temperature=0.7, learning_rate=1e-5, steps=5, eval_size=16,
-    export_hf=False, run_dir="runs/reward_model_grpo")
+  algorithm="grpo",
+  model="smollm2-135m-instruct",
+  task="arithmetic",
+  task_difficulty="easy",
+  reward="reward_model",
+  reward_model_path="runs/reward_model",
+  rollout_quant="none",
+  kl_coef=0.0,
+  prompts_per_step=4,
+  group_size=4,
+  max_new_tokens=32,
+  temperature=0.7,
+  learning_rate=1e-5,
+  steps=5,
+  eval_size=16,
+  export_hf=False,
+  run_dir="runs/reward_model_grpo",
+)
 
 
 def main(argv):

@@ -15,6 +15,7 @@ verifier cannot grade a sentence.
   python experiments/reward_vrcli.py --data_path=my_pairs.jsonl \
       --vrcli_reference=/path/to/frozen_hf_dir
 """
+
 import os
 
 from absl import app
@@ -22,15 +23,31 @@ from absl import app
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
-                    "vrcli_word_problems.jsonl")
+DATA = os.path.join(
+  os.path.dirname(os.path.abspath(__file__)),
+  "data",
+  "vrcli_word_problems.jsonl",
+)
 
 train_flags.define_train_flags(
-    algorithm="grpo", model="smollm2-135m-instruct", task="math500",
-    data_path=DATA, reward="vrcli", rollout_quant="none", kl_coef=0.0,
-    prompts_per_step=4, group_size=4, max_new_tokens=32, temperature=0.7,
-    max_prompt_tokens=256, learning_rate=1e-5, steps=5, eval_size=0,
-    export_hf=False, run_dir="runs/reward_vrcli")
+  algorithm="grpo",
+  model="smollm2-135m-instruct",
+  task="math500",
+  data_path=DATA,
+  reward="vrcli",
+  rollout_quant="none",
+  kl_coef=0.0,
+  prompts_per_step=4,
+  group_size=4,
+  max_new_tokens=32,
+  temperature=0.7,
+  max_prompt_tokens=256,
+  learning_rate=1e-5,
+  steps=5,
+  eval_size=0,
+  export_hf=False,
+  run_dir="runs/reward_vrcli",
+)
 
 
 def main(argv):

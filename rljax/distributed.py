@@ -20,6 +20,7 @@ Only process 0 writes metrics, logs and exports (`is_main_process`); orbax
 checkpoints are written and restored by every process (orbax coordinates
 them itself).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,29 +29,44 @@ from absl import flags
 import jax
 
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None,
-    "host:port of process 0's coordinator (multi-host runs). With "
-    "--num_processes and --process_id; none of them = auto-detect.")
+  "coordinator_address",
+  None,
+  "host:port of process 0's coordinator (multi-host runs). With "
+  "--num_processes and --process_id; none of them = auto-detect.",
+)
 _NUM_PROCESSES = flags.DEFINE_integer(
-    "num_processes", None, "Number of processes of a multi-host run.")
+  "num_processes", None, "Number of processes of a multi-host run."
+)
 _PROCESS_ID = flags.DEFINE_integer(
-    "process_id", None, "This process's index in [0, num_processes).")
+  "process_id", None, "This process's index in [0, num_processes)."
+)
 _LOCAL_DEVICES = flags.DEFINE_integer(
-    "cpu_devices_per_process", None,
-    "CPU backend only: fake devices per process (tests, dry runs).")
+  "cpu_devices_per_process",
+  None,
+  "CPU backend only: fake devices per process (tests, dry runs).",
+)
 
 # Environment variables through which JAX's cluster detection finds a job.
-_CLUSTER_ENV = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_ID",
-                "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS",
-                "JOB_COMPLETION_INDEX")
+_CLUSTER_ENV = (
+  "SLURM_JOB_ID",
+  "OMPI_COMM_WORLD_SIZE",
+  "TPU_WORKER_ID",
+  "TPU_WORKER_HOSTNAMES",
+  "MEGASCALE_COORDINATOR_ADDRESS",
+  "JOB_COMPLETION_INDEX",
+)
 
 _initialized = False
 
 
-def initialize(coordinator_address: str | None = None,
-               num_processes: int | None = None,
-               process_id: int | None = None, *, auto: bool = True,
-               cpu_devices_per_process: int | None = None) -> bool:
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  *,
+  auto: bool = True,
+  cpu_devices_per_process: int | None = None,
+) -> bool:
   """Connects this process to the others; call before building the mesh.
 
   Args:
@@ -70,15 +86,24 @@ def initialize(coordinator_address: str | None = None,
     return True
   explicit = (coordinator_address, num_processes, process_id)
   if any(v is not None for v in explicit):
-    missing = [n for n, v in zip(("coordinator_address", "num_processes",
-                                  "process_id"), explicit) if v is None]
+    missing = [
+      n
+      for n, v in zip(
+        ("coordinator_address", "num_processes", "process_id"), explicit
+      )
+      if v is None
+    ]
     if missing:
-      raise ValueError(f"multi-host flags: {missing} missing; give "
-                       "--coordinator_address, --num_processes and "
-                       "--process_id together (or none, to auto-detect)")
+      raise ValueError(
+        f"multi-host flags: {missing} missing; give "
+        "--coordinator_address, --num_processes and "
+        "--process_id together (or none, to auto-detect)"
+      )
     if not 0 <= process_id < num_processes:
-      raise ValueError(f"--process_id={process_id}; expected 0 <= process_id "
-                       f"< num_processes={num_processes}")
+      raise ValueError(
+        f"--process_id={process_id}; expected 0 <= process_id "
+        f"< num_processes={num_processes}"
+      )
   elif not (auto and any(k in os.environ for k in _CLUSTER_ENV)):
     return False
   if cpu_devices_per_process is not None:
@@ -94,9 +119,12 @@ def initialize(coordinator_address: str | None = None,
 def initialize_from_flags() -> bool:
   """`initialize` with --coordinator_address, --num_processes, --process_id
   (flags must be parsed)."""
-  return initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
-                    _PROCESS_ID.value,
-                    cpu_devices_per_process=_LOCAL_DEVICES.value)
+  return initialize(
+    _COORDINATOR.value,
+    _NUM_PROCESSES.value,
+    _PROCESS_ID.value,
+    cpu_devices_per_process=_LOCAL_DEVICES.value,
+  )
 
 
 def is_main_process() -> bool:

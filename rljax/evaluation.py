@@ -4,6 +4,7 @@ unbiased pass@k (Chen et al. 2021), with per-sample records.
 A policy is an HF directory, a GGUF file, the embedded default name, or a
 training run directory (its latest checkpoint, with UAQ unfolded).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,8 @@ from rljax.rollout.base import SamplingConfig
 
 
 _LABEL_CHARS = frozenset(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+  "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +35,10 @@ class EvalSpec:
   `label` keys its result (the summary row and `<label>.jsonl` records);
   unset, it is the dataset name.
   """
+
   name: str
-  path: str = ""          # file for datasets; level for generated tasks
-  limit: int = 0          # 0 = all rows
+  path: str = ""  # file for datasets; level for generated tasks
+  limit: int = 0  # 0 = all rows
   label: str = ""
 
   def __post_init__(self):
@@ -60,19 +63,22 @@ def parse_datasets(text: str) -> list[EvalSpec]:
       label, item = item.split("=", 1)
       if not label or not set(label) <= _LABEL_CHARS:
         raise ValueError(
-            f"dataset label {label!r}: expected letters, digits, '_', '.' "
-            "or '-' (it names the records file)")
+          f"dataset label {label!r}: expected letters, digits, '_', '.' "
+          "or '-' (it names the records file)"
+        )
     parts = item.split(":")
     if len(parts) > 3 or not parts[0]:
       raise ValueError(
-          f"dataset {item!r}: expected [LABEL=]NAME[:PATH_OR_LEVEL[:LIMIT]]")
+        f"dataset {item!r}: expected [LABEL=]NAME[:PATH_OR_LEVEL[:LIMIT]]"
+      )
     name = parts[0]
     path = parts[1] if len(parts) > 1 else ""
     try:
       limit = int(parts[2]) if len(parts) > 2 else 0
     except ValueError:
-      raise ValueError(f"dataset {item!r}: LIMIT {parts[2]!r} is not an "
-                       "integer") from None
+      raise ValueError(
+        f"dataset {item!r}: LIMIT {parts[2]!r} is not an integer"
+      ) from None
     specs.append(EvalSpec(name, path, limit, label))
   if not specs:
     raise ValueError("no dataset given")
@@ -80,34 +86,42 @@ def parse_datasets(text: str) -> list[EvalSpec]:
   dupes = []
   for spec in specs:
     if spec.label in seen:
-      dupes.append(f"{spec.label!r} ({seen[spec.label].path or '-'} and "
-                   f"{spec.path or '-'})")
+      dupes.append(
+        f"{spec.label!r} ({seen[spec.label].path or '-'} and "
+        f"{spec.path or '-'})"
+      )
     seen.setdefault(spec.label, spec)
   if dupes:
     raise ValueError(
-        "duplicate dataset labels: " + ", ".join(dupes) + "; one result "
-        "would overwrite the other. Give each a label: "
-        "LABEL=NAME[:PATH[:LIMIT]], e.g. a=math500:a.jsonl,b=math500:b.jsonl")
+      "duplicate dataset labels: " + ", ".join(dupes) + "; one result "
+      "would overwrite the other. Give each a label: "
+      "LABEL=NAME[:PATH[:LIMIT]], e.g. a=math500:a.jsonl,b=math500:b.jsonl"
+    )
   return specs
 
 
 def load_examples(spec: EvalSpec, seed: int = 0) -> list[data_lib.Example]:
   if spec.name in ("arithmetic", "countdown"):
-    gen = (data_lib.generate_arithmetic if spec.name == "arithmetic"
-           else data_lib.generate_countdown)
+    gen = (
+      data_lib.generate_arithmetic
+      if spec.name == "arithmetic"
+      else data_lib.generate_countdown
+    )
     # The trainer's held-out stream (seed 10_000 + run seed).
     return gen(spec.limit or 200, spec.path or "easy", seed=10_000 + seed)
   if not spec.path:
     raise ValueError(f"dataset {spec.name!r} needs a path (NAME:PATH)")
   rows = list(data_lib.load_dataset(spec.name, spec.path))
-  return rows[:spec.limit] if spec.limit else rows
+  return rows[: spec.limit] if spec.limit else rows
 
 
 def is_run_dir(path: str) -> bool:
   """True for an rljax training run directory (config.json + checkpoints)."""
   config_json = os.path.join(path, "config.json")
-  if not (os.path.isdir(os.path.join(path, "checkpoints"))
-          and os.path.exists(config_json)):
+  if not (
+    os.path.isdir(os.path.join(path, "checkpoints"))
+    and os.path.exists(config_json)
+  ):
     return False
   with open(config_json) as f:
     return "algorithm" in json.load(f)
@@ -133,13 +147,15 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
   from rljax import quant
   from rljax.train.checkpoint import RunCheckpointer
   from rljax.train.config import TrainConfig, field_names
+
   with open(os.path.join(run_dir, "config.json")) as f:
     saved = json.load(f)
   # Fields of another rljax version are ignored: only the model matters here.
   cfg = TrainConfig(**{k: v for k, v in saved.items() if k in field_names()})
   # A reader, not the owner: it never cleans up a save a live run is making.
-  ckpt = RunCheckpointer(os.path.join(run_dir, "checkpoints"), 1, 1_000_000,
-                         owner=False)
+  ckpt = RunCheckpointer(
+    os.path.join(run_dir, "checkpoints"), 1, 1_000_000, owner=False
+  )
   try:
     if step is None:
       # The newest checkpoint whose files match their manifest.
@@ -157,36 +173,57 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
   saved_params = state["params"]
   if jax.tree.structure(saved_params) != jax.tree.structure(skeleton.params):
     raise ValueError(
-        f"{run_dir}: checkpoint {step} holds params of another structure "
-        f"than model={cfg.model!r} of its config.json")
-  params = jax.tree.map(lambda x, ref: jnp.asarray(x, ref.dtype),
-                        saved_params, skeleton.params)
+      f"{run_dir}: checkpoint {step} holds params of another structure "
+      f"than model={cfg.model!r} of its config.json"
+    )
+  params = jax.tree.map(
+    lambda x, ref: jnp.asarray(x, ref.dtype), saved_params, skeleton.params
+  )
   quantized = quant.is_quantized(cfg.rollout_quant)
   scale = float(meta.get("uaq_scale", cfg.uaq_scale if quantized else 1.0))
   if scale != 1.0:
     params = quant.unfold_uaq(skeleton.config, params, scale=scale)
-  return models.Model(config=skeleton.config, params=params,
-                      tokenizer=skeleton.tokenizer)
+  return models.Model(
+    config=skeleton.config, params=params, tokenizer=skeleton.tokenizer
+  )
 
 
-def evaluate_dataset(model: models.Model, engine, examples: Sequence,
-                     sampling: SamplingConfig, k: int,
-                     render=None) -> tuple[dict, list[dict]]:
+def evaluate_dataset(
+  model: models.Model,
+  engine,
+  examples: Sequence,
+  sampling: SamplingConfig,
+  k: int,
+  render=None,
+) -> tuple[dict, list[dict]]:
   """Scores k samples per example; returns (summary, per-sample records)."""
   tok = model.tokenizer
   render = render or data_lib.ChatTemplate(tok)
-  prompts = [tok.encode(render(e.question), add_special_tokens=False)
-             for e in examples]
+  prompts = [
+    tok.encode(render(e.question), add_special_tokens=False) for e in examples
+  ]
   t0 = time.perf_counter()
   rb = engine.generate(prompts, sampling)
   gen_s = time.perf_counter() - t0
-  completions = [tok.decode(r, skip_special_tokens=True) for r in rb.response_ids]
+  completions = [
+    tok.decode(r, skip_special_tokens=True) for r in rb.response_ids
+  ]
   n = rb.n
+
   def scores(verifier) -> np.ndarray:
-    return np.array([
-        verifier("", completions[b], examples[b // n].answer,
-                 dict(examples[b // n].metadata)).score
-        for b in range(len(completions))], np.float32).reshape(len(examples), n)
+    return np.array(
+      [
+        verifier(
+          "",
+          completions[b],
+          examples[b // n].answer,
+          dict(examples[b // n].metadata),
+        ).score
+        for b in range(len(completions))
+      ],
+      np.float32,
+    ).reshape(len(examples), n)
+
   correct = scores(rewards_lib.correctness_reward)
   # Small models often give a right number in no answer format; the lenient
   # score (last number of the completion) shows how much the format costs.
@@ -195,23 +232,34 @@ def evaluate_dataset(model: models.Model, engine, examples: Sequence,
   for i, e in enumerate(examples):
     for j in range(n):
       b = i * n + j
-      records.append({"uid": e.uid, "sample": j, "answer": e.answer,
-                      "completion": completions[b],
-                      "correct": bool(correct[i, j] >= 1.0),
-                      "correct_last_number": bool(lenient[i, j] >= 1.0),
-                      "finish_reason": rb.finish_reason[b],
-                      "response_tokens": len(rb.response_ids[b])})
+      records.append(
+        {
+          "uid": e.uid,
+          "sample": j,
+          "answer": e.answer,
+          "completion": completions[b],
+          "correct": bool(correct[i, j] >= 1.0),
+          "correct_last_number": bool(lenient[i, j] >= 1.0),
+          "finish_reason": rb.finish_reason[b],
+          "response_tokens": len(rb.response_ids[b]),
+        }
+      )
   hits = (correct >= 1.0).sum(axis=1)
   summary = {
-      "examples": len(examples), "samples_per_example": n,
-      f"avg@{n}": float(correct.mean()),
-      f"avg@{n}_last_number": float(lenient.mean()),
-      f"pass@{k}": float(np.mean([rewards_lib.pass_at_k(n, int(c), k)
-                                  for c in hits])) if k <= n else None,
-      "mean_response_tokens": float(np.mean(rb.response_lengths)),
-      "truncated_fraction": float(np.mean([f == "length"
-                                           for f in rb.finish_reason])),
-      "generation_s": gen_s,
-      "tokens_per_s": float(rb.response_lengths.sum()) / max(gen_s, 1e-9),
+    "examples": len(examples),
+    "samples_per_example": n,
+    f"avg@{n}": float(correct.mean()),
+    f"avg@{n}_last_number": float(lenient.mean()),
+    f"pass@{k}": float(
+      np.mean([rewards_lib.pass_at_k(n, int(c), k) for c in hits])
+    )
+    if k <= n
+    else None,
+    "mean_response_tokens": float(np.mean(rb.response_lengths)),
+    "truncated_fraction": float(
+      np.mean([f == "length" for f in rb.finish_reason])
+    ),
+    "generation_s": gen_s,
+    "tokens_per_s": float(rb.response_lengths.sum()) / max(gen_s, 1e-9),
   }
   return summary, records

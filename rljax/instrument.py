@@ -21,6 +21,7 @@ something to learn:
 
 experiments/long_horizon.py drives it; docs/long_horizon.md explains it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["CharTokenizer", "InstrumentConfig", "SFTConfig", "build_task",
-           "load_model", "render_prompt", "run_experiment", "train_sft"]
+__all__ = [
+  "CharTokenizer",
+  "InstrumentConfig",
+  "SFTConfig",
+  "build_task",
+  "load_model",
+  "render_prompt",
+  "run_experiment",
+  "train_sft",
+]
 
 _CHARS = "0123456789+-*/()="
 SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -58,8 +67,10 @@ class CharTokenizer:
   def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
     bad = sorted({c for c in text if c not in self._ids or c in SPECIALS})
     if bad:
-      raise ValueError(f"CharTokenizer.encode: characters {bad} of {text!r} "
-                       f"are not in the vocabulary {_CHARS!r}")
+      raise ValueError(
+        f"CharTokenizer.encode: characters {bad} of {text!r} "
+        f"are not in the vocabulary {_CHARS!r}"
+      )
     ids = [self._ids[c] for c in text]
     return [self.bos_token_id] + ids if add_special_tokens else ids
 
@@ -80,7 +91,7 @@ def render_prompt(question: str) -> str:
   """'What is (3 + 4) × 2?' -> '(3+4)*2=' (the generator's expression form)."""
   text = question.strip()
   if text.startswith("What is "):
-    text = text[len("What is "):]
+    text = text[len("What is ") :]
   text = text.rstrip("?").replace("\u00d7", "*").replace("\u00f7", "/")
   return text.replace(" ", "") + "="
 
@@ -94,6 +105,7 @@ class InstrumentConfig:
   sub-second RL steps on two shared CPU cores (width 256 learns faster per
   step but made RL steps ~1.5 s there).
   """
+
   hidden_size: int = 128
   num_layers: int = 4
   num_heads: int = 4
@@ -103,23 +115,32 @@ class InstrumentConfig:
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
-      raise ValueError(f"InstrumentConfig.hidden_size={self.hidden_size} is "
-                       f"not a multiple of num_heads={self.num_heads}")
+      raise ValueError(
+        f"InstrumentConfig.hidden_size={self.hidden_size} is "
+        f"not a multiple of num_heads={self.num_heads}"
+      )
     if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"InstrumentConfig.num_kv_heads={self.num_kv_heads} "
-                       f"does not divide num_heads={self.num_heads}")
+      raise ValueError(
+        f"InstrumentConfig.num_kv_heads={self.num_kv_heads} "
+        f"does not divide num_heads={self.num_heads}"
+      )
 
   def model_config(self):
     from rljax import models
+
     return models.tiny_config(
-        vocab_size=len(CharTokenizer()), hidden_size=self.hidden_size,
-        intermediate_size=self.intermediate_size, num_layers=self.num_layers,
-        num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-        head_dim=self.hidden_size // self.num_heads,
-        max_position_embeddings=self.max_len,
-        bos_token_id=CharTokenizer.bos_token_id,
-        eos_token_id=CharTokenizer.eos_token_id,
-        pad_token_id=CharTokenizer.pad_token_id)
+      vocab_size=len(CharTokenizer()),
+      hidden_size=self.hidden_size,
+      intermediate_size=self.intermediate_size,
+      num_layers=self.num_layers,
+      num_heads=self.num_heads,
+      num_kv_heads=self.num_kv_heads,
+      head_dim=self.hidden_size // self.num_heads,
+      max_position_embeddings=self.max_len,
+      bos_token_id=CharTokenizer.bos_token_id,
+      eos_token_id=CharTokenizer.eos_token_id,
+      pad_token_id=CharTokenizer.pad_token_id,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +151,7 @@ class SFTConfig:
   problems reaches `target_accuracy` (checked every `eval_every` steps), so
   that RL starts from a partly competent policy.
   """
+
   difficulty: str = "medium"
   steps: int = 4000
   batch_size: int = 64
@@ -142,11 +164,14 @@ class SFTConfig:
 
   def __post_init__(self):
     if not 0.0 < self.target_accuracy <= 1.0:
-      raise ValueError(f"SFTConfig.target_accuracy={self.target_accuracy}: "
-                       "expected in (0, 1]")
+      raise ValueError(
+        f"SFTConfig.target_accuracy={self.target_accuracy}: expected in (0, 1]"
+      )
     for name in ("steps", "batch_size", "eval_every", "eval_size"):
       if getattr(self, name) < 1:
-        raise ValueError(f"SFTConfig.{name}={getattr(self, name)}: expected >= 1")
+        raise ValueError(
+          f"SFTConfig.{name}={getattr(self, name)}: expected >= 1"
+        )
 
 
 # Seeds of the SFT problem streams, apart from the RL streams of
@@ -161,21 +186,32 @@ def sft_examples(sft: SFTConfig, rl_eval_size: int, count: int):
   """`count` SFT training problems, none in an RL held-out set of seeds
   0-9 (eval_size `rl_eval_size`), and the SFT held-out problems."""
   from rljax import data as data_lib
+
   protected = set()
   for s in _RL_SEEDS_PROTECTED:
-    protected |= {e.question for e in data_lib.generate_arithmetic(
-        rl_eval_size, sft.difficulty, seed=10_000 + s)}
-  held = data_lib.generate_arithmetic(sft.eval_size, sft.difficulty,
-                                      seed=_SFT_EVAL_SEED + sft.seed)
+    protected |= {
+      e.question
+      for e in data_lib.generate_arithmetic(
+        rl_eval_size, sft.difficulty, seed=10_000 + s
+      )
+    }
+  held = data_lib.generate_arithmetic(
+    sft.eval_size, sft.difficulty, seed=_SFT_EVAL_SEED + sft.seed
+  )
   protected |= {e.question for e in held}
-  train = [e for e in data_lib.generate_arithmetic(
-      count, sft.difficulty, seed=_SFT_TRAIN_SEED + sft.seed)
-           if e.question not in protected]
+  train = [
+    e
+    for e in data_lib.generate_arithmetic(
+      count, sft.difficulty, seed=_SFT_TRAIN_SEED + sft.seed
+    )
+    if e.question not in protected
+  ]
   return train, held
 
 
-def sft_batch(tokenizer: CharTokenizer, examples, length: int
-              ) -> tuple[np.ndarray, np.ndarray]:
+def sft_batch(
+  tokenizer: CharTokenizer, examples, length: int
+) -> tuple[np.ndarray, np.ndarray]:
   """tokens [B, length] of "prompt answer <eos>" (right-padded) and the
   loss mask [B, length - 1] over the targets answer + <eos>."""
   tokens = np.zeros((len(examples), length), np.int32)
@@ -185,11 +221,12 @@ def sft_batch(tokenizer: CharTokenizer, examples, length: int
     answer = tokenizer.encode(e.answer) + [tokenizer.eos_token_id]
     row = prompt + answer
     if len(row) > length:
-      raise ValueError(f"sft_batch: {e.question!r} needs {len(row)} tokens; "
-                       f"length={length}")
-    tokens[b, :len(row)] = row
+      raise ValueError(
+        f"sft_batch: {e.question!r} needs {len(row)} tokens; length={length}"
+      )
+    tokens[b, : len(row)] = row
     # Target t+1 is predicted at position t: answer tokens and <eos>.
-    mask[b, len(prompt) - 1:len(row) - 1] = 1.0
+    mask[b, len(prompt) - 1 : len(row) - 1] = 1.0
   return tokens, mask
 
 
@@ -197,24 +234,39 @@ def _sft_loss(config, params, tokens, mask):
   import jax
   import jax.numpy as jnp
   from rljax import models
+
   logits = models.forward(config, params, tokens[:, :-1])
   logp = jax.nn.log_softmax(logits, axis=-1)
   nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
   return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def greedy_accuracy(config, params, tokenizer, examples, max_new_tokens: int = 8
-                    ) -> float:
+def greedy_accuracy(
+  config, params, tokenizer, examples, max_new_tokens: int = 8
+) -> float:
   """Fraction of `examples` whose greedy completion is exactly the answer."""
   from rljax.rollout.base import SamplingConfig
   from rljax.rollout.jax_sampler import JaxSampler
+
   prompts = [tokenizer.encode(render_prompt(e.question)) for e in examples]
-  engine = JaxSampler(config, params, quant="none", max_prompt_len=32,
-                      pad_id=tokenizer.pad_token_id)
+  engine = JaxSampler(
+    config,
+    params,
+    quant="none",
+    max_prompt_len=32,
+    pad_id=tokenizer.pad_token_id,
+  )
   try:
-    rb = engine.generate(prompts, SamplingConfig(
-        n=1, greedy=True, max_new_tokens=max_new_tokens,
-        stop_token_ids=(tokenizer.eos_token_id,), seed=0))
+    rb = engine.generate(
+      prompts,
+      SamplingConfig(
+        n=1,
+        greedy=True,
+        max_new_tokens=max_new_tokens,
+        stop_token_ids=(tokenizer.eos_token_id,),
+        seed=0,
+      ),
+    )
   finally:
     engine.close()
   got = [tokenizer.decode(r) for r in rb.response_ids]
@@ -223,6 +275,7 @@ def greedy_accuracy(config, params, tokenizer, examples, max_new_tokens: int = 8
 
 def _flatten(tree) -> dict[str, np.ndarray]:
   import jax
+
   leaves = jax.tree_util.tree_leaves_with_path(tree)
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves}
 
@@ -230,6 +283,7 @@ def _flatten(tree) -> dict[str, np.ndarray]:
 def _unflatten(template, arrays: dict):
   import jax
   import jax.numpy as jnp
+
   paths, treedef = jax.tree_util.tree_flatten_with_path(template)
   leaves = []
   for path, like in paths:
@@ -246,10 +300,15 @@ def _save_npz(path: str, arrays: dict) -> None:
   os.replace(tmp, path)  # a killed save never leaves half a file
 
 
-def train_sft(out_dir: str, shape: InstrumentConfig, sft: SFTConfig,
-              rl_eval_size: int = 256, state_every: int = 200,
-              log: Callable[[str], None] = print,
-              progress: bool = False) -> dict:
+def train_sft(
+  out_dir: str,
+  shape: InstrumentConfig,
+  sft: SFTConfig,
+  rl_eval_size: int = 256,
+  state_every: int = 200,
+  log: Callable[[str], None] = print,
+  progress: bool = False,
+) -> dict:
   """Pre-trains the instrument in `out_dir` (resumable); returns its record.
 
   Writes `instrument.json` (shapes, SFT config, history of held-out
@@ -259,6 +318,7 @@ def train_sft(out_dir: str, shape: InstrumentConfig, sft: SFTConfig,
   import jax
   import optax
   from rljax import models
+
   record_path = os.path.join(out_dir, MODEL_FILE)
   if os.path.exists(record_path):
     with open(record_path) as f:
@@ -272,9 +332,11 @@ def train_sft(out_dir: str, shape: InstrumentConfig, sft: SFTConfig,
   # A short SFT (a test) warms up over at most half its steps.
   warmup = min(sft.warmup_steps, sft.steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, sft.learning_rate, warmup, sft.steps, sft.learning_rate / 10)
-  opt = optax.chain(optax.clip_by_global_norm(1.0),
-                    optax.adamw(schedule, weight_decay=0.01))
+    0.0, sft.learning_rate, warmup, sft.steps, sft.learning_rate / 10
+  )
+  opt = optax.chain(
+    optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01)
+  )
   opt_state = opt.init(params)
   step, history, t_spent = 0, [], 0.0
   state_path = os.path.join(out_dir, STATE_FILE)
@@ -283,17 +345,20 @@ def train_sft(out_dir: str, shape: InstrumentConfig, sft: SFTConfig,
     step = int(saved.pop("__step"))
     t_spent = float(saved.pop("__seconds"))
     history = json.loads(str(saved.pop("__history")))
-    params = _unflatten(params, {k[2:]: v for k, v in saved.items()
-                                 if k.startswith("p:")})
-    opt_state = _unflatten(opt_state, {k[2:]: v for k, v in saved.items()
-                                       if k.startswith("o:")})
+    params = _unflatten(
+      params, {k[2:]: v for k, v in saved.items() if k.startswith("p:")}
+    )
+    opt_state = _unflatten(
+      opt_state, {k[2:]: v for k, v in saved.items() if k.startswith("o:")}
+    )
     log(f"[instrument] resuming SFT at step {step}")
   train, held = sft_examples(sft, rl_eval_size, count=100_000)
 
   @jax.jit
   def update(params, opt_state, tokens, mask):
     loss, grads = jax.value_and_grad(
-        lambda p: _sft_loss(config, p, tokens, mask))(params)
+      lambda p: _sft_loss(config, p, tokens, mask)
+    )(params)
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
@@ -303,6 +368,7 @@ def train_sft(out_dir: str, shape: InstrumentConfig, sft: SFTConfig,
   bar = None
   if progress:
     from tqdm import tqdm
+
     bar = tqdm(total=sft.steps, initial=step, desc="SFT", unit="step")
   t0 = time.perf_counter()
   reached = False
@@ -310,9 +376,13 @@ def train_sft(out_dir: str, shape: InstrumentConfig, sft: SFTConfig,
   def save_state():
     arrays = {"p:" + k: v for k, v in _flatten(params).items()}
     arrays.update({"o:" + k: v for k, v in _flatten(opt_state).items()})
-    arrays.update({"__step": np.array(step),
-                   "__seconds": np.array(t_spent + time.perf_counter() - t0),
-                   "__history": np.array(json.dumps(history))})
+    arrays.update(
+      {
+        "__step": np.array(step),
+        "__seconds": np.array(t_spent + time.perf_counter() - t0),
+        "__history": np.array(json.dumps(history)),
+      }
+    )
     _save_npz(state_path, arrays)
 
   while step < sft.steps and not reached:
@@ -326,21 +396,29 @@ def train_sft(out_dir: str, shape: InstrumentConfig, sft: SFTConfig,
     if step % sft.eval_every == 0 or step == sft.steps:
       acc = greedy_accuracy(config, params, tokenizer, held)
       history.append({"step": step, "loss": float(loss), "accuracy": acc})
-      log(f"[instrument] SFT step {step}: loss {float(loss):.4f}, held-out "
-          f"greedy accuracy {acc:.3f}")
+      log(
+        f"[instrument] SFT step {step}: loss {float(loss):.4f}, held-out "
+        f"greedy accuracy {acc:.3f}"
+      )
       reached = acc >= sft.target_accuracy
     if step % state_every == 0:
       save_state()
   if bar is not None:
     bar.close()
   _save_npz(os.path.join(out_dir, PARAMS_FILE), _flatten(params))
-  record = {"done": True, "shape": dataclasses.asdict(shape),
-            "sft": dataclasses.asdict(sft), "steps": step,
-            "accuracy": history[-1]["accuracy"] if history else None,
-            "reached_target": reached, "history": history,
-            "sft_seconds": t_spent + time.perf_counter() - t0,
-            "parameters": int(sum(np.asarray(x).size for x in
-                                  jax.tree_util.tree_leaves(params)))}
+  record = {
+    "done": True,
+    "shape": dataclasses.asdict(shape),
+    "sft": dataclasses.asdict(sft),
+    "steps": step,
+    "accuracy": history[-1]["accuracy"] if history else None,
+    "reached_target": reached,
+    "history": history,
+    "sft_seconds": t_spent + time.perf_counter() - t0,
+    "parameters": int(
+      sum(np.asarray(x).size for x in jax.tree_util.tree_leaves(params))
+    ),
+  }
   with open(record_path, "w") as f:
     json.dump(record, f, indent=1)
   return record
@@ -350,16 +428,20 @@ def load_model(out_dir: str):
   """The pre-trained instrument of `train_sft` as an `rljax.models.Model`."""
   import jax
   from rljax import models
+
   record_path = os.path.join(out_dir, MODEL_FILE)
   if not os.path.exists(record_path):
     raise FileNotFoundError(
-        f"{out_dir!r} holds no pre-trained instrument ({MODEL_FILE}); run "
-        "experiments/long_horizon.py (its SFT phase) first")
+      f"{out_dir!r} holds no pre-trained instrument ({MODEL_FILE}); run "
+      "experiments/long_horizon.py (its SFT phase) first"
+    )
   with open(record_path) as f:
     record = json.load(f)
   config = InstrumentConfig(**record["shape"]).model_config()
   template = models.init_params(config, jax.random.PRNGKey(0))
-  params = _unflatten(template, dict(np.load(os.path.join(out_dir, PARAMS_FILE))))
+  params = _unflatten(
+    template, dict(np.load(os.path.join(out_dir, PARAMS_FILE)))
+  )
   return models.Model(config=config, params=params, tokenizer=CharTokenizer())
 
 
@@ -372,24 +454,47 @@ def build_task(cfg, tokenizer: CharTokenizer):
   """
   from rljax import data as data_lib
   from rljax.train import tasks as tasks_lib
+
   if cfg.task != "arithmetic":
-    raise ValueError(f"task={cfg.task!r}: the instrument trains on "
-                     "'arithmetic' only (its vocabulary is digits and +-*/()=)")
-  held_out = data_lib.generate_arithmetic(cfg.eval_size, cfg.task_difficulty,
-                                          seed=10_000 + cfg.seed)
+    raise ValueError(
+      f"task={cfg.task!r}: the instrument trains on "
+      "'arithmetic' only (its vocabulary is digits and +-*/()=)"
+    )
+  held_out = data_lib.generate_arithmetic(
+    cfg.eval_size, cfg.task_difficulty, seed=10_000 + cfg.seed
+  )
   held_q = {e.question for e in held_out}
-  train = [e for e in data_lib.generate_arithmetic(
-      tasks_lib.GENERATED_POOL, cfg.task_difficulty, seed=cfg.seed)
-           if e.question not in held_q]
-  return tasks_lib.Task(train, held_out, tokenizer, render_prompt,
-                        cfg.prompts_per_step, cfg.seed, cfg.max_prompt_tokens,
-                        cfg.reward_workers, last_number_fallback=True)
+  train = [
+    e
+    for e in data_lib.generate_arithmetic(
+      tasks_lib.GENERATED_POOL, cfg.task_difficulty, seed=cfg.seed
+    )
+    if e.question not in held_q
+  ]
+  return tasks_lib.Task(
+    train,
+    held_out,
+    tokenizer,
+    render_prompt,
+    cfg.prompts_per_step,
+    cfg.seed,
+    cfg.max_prompt_tokens,
+    cfg.reward_workers,
+    last_number_fallback=True,
+  )
 
 
-def run_experiment(cfg, instrument_dir: str, show_progress: bool = True) -> dict:
+def run_experiment(
+  cfg, instrument_dir: str, show_progress: bool = True
+) -> dict:
   """One RL run of the pre-trained instrument through the real `Trainer`
   (`rljax.study.run`: per-problem held-out records before and after)."""
   from rljax import study
+
   model = load_model(instrument_dir)
-  return study.run(cfg, model=model, task=build_task(cfg, model.tokenizer),
-                   show_progress=show_progress)
+  return study.run(
+    cfg,
+    model=model,
+    task=build_task(cfg, model.tokenizer),
+    show_progress=show_progress,
+  )

@@ -9,6 +9,7 @@ those records is the `eval_accuracy` row of metrics.jsonl at that step
 (greedy, full-precision weights, the task's verifier, like
 `Trainer.evaluate`).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,29 +26,45 @@ def eval_records(trainer) -> tuple[dict, list[dict]]:
   from rljax.rollout.jax_sampler import JaxSampler
   from rljax.train import batch as batch_lib
   import numpy as np
+
   t0 = time.perf_counter()
   tok = trainer.tokenizer
   engine = JaxSampler(
-      trainer.model_config, None, quant="none",
-      max_prompt_len=batch_lib.bucket(trainer.cfg.max_prompt_tokens),
-      pad_id=int(getattr(tok, "pad_token_id", None) or 0))
+    trainer.model_config,
+    None,
+    quant="none",
+    max_prompt_len=batch_lib.bucket(trainer.cfg.max_prompt_tokens),
+    pad_id=int(getattr(tok, "pad_token_id", None) or 0),
+  )
   try:
     engine.update_weights(trainer.policy_params(), "none")
     examples = trainer.task.eval_examples()
     prompts = [trainer.task.prompt_ids(e) for e in examples]
-    rb = engine.generate(prompts, SamplingConfig(
-        n=1, greedy=True, max_new_tokens=trainer.cfg.max_new_tokens,
-        stop_token_ids=trainer.task.stop_token_ids, seed=0))
+    rb = engine.generate(
+      prompts,
+      SamplingConfig(
+        n=1,
+        greedy=True,
+        max_new_tokens=trainer.cfg.max_new_tokens,
+        stop_token_ids=trainer.task.stop_token_ids,
+        seed=0,
+      ),
+    )
   finally:
     engine.close()
-  completions = [tok.decode(r, skip_special_tokens=True)
-                 for r in rb.response_ids]
+  completions = [
+    tok.decode(r, skip_special_tokens=True) for r in rb.response_ids
+  ]
   scores, _ = trainer.task.verify(completions, examples, 1)
-  records = [{"uid": e.uid, "correct": int(s >= 1.0), "score": float(s)}
-             for e, s in zip(examples, scores)]
-  row = {"eval_accuracy": float((np.asarray(scores) >= 1.0).mean()),
-         "eval_reward": float(np.mean(scores)),
-         "time_eval": time.perf_counter() - t0}
+  records = [
+    {"uid": e.uid, "correct": int(s >= 1.0), "score": float(s)}
+    for e, s in zip(examples, scores)
+  ]
+  row = {
+    "eval_accuracy": float((np.asarray(scores) >= 1.0).mean()),
+    "eval_reward": float(np.mean(scores)),
+    "time_eval": time.perf_counter() - t0,
+  }
   return row, records
 
 
@@ -65,18 +82,20 @@ def read_eval_records(run_dir: str) -> dict[int, list[dict]]:
   out = {}
   for name in os.listdir(run_dir):
     if name.startswith("eval_step") and name.endswith(".jsonl"):
-      step = int(name[len("eval_step"):-len(".jsonl")])
+      step = int(name[len("eval_step") : -len(".jsonl")])
       with open(os.path.join(run_dir, name)) as f:
         out[step] = [json.loads(line) for line in f if line.strip()]
   return dict(sorted(out.items()))
 
 
-def run(cfg, model=None, task=None, show_progress: bool = True,
-        plot: bool = True) -> dict:
+def run(
+  cfg, model=None, task=None, show_progress: bool = True, plot: bool = True
+) -> dict:
   """Trains `cfg` to cfg.steps (resuming), with per-problem held-out
   records before and after; writes summary.json and returns it."""
   from absl import logging
   from rljax.train.loop import Trainer
+
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   t0 = time.perf_counter()
   trainer = Trainer(cfg, model=model, task=task, show_progress=show_progress)
@@ -93,14 +112,18 @@ def run(cfg, model=None, task=None, show_progress: bool = True,
       _write_records(cfg.run_dir, trainer.step_num, records)
       if not (rows and "eval_accuracy" in rows[-1]):
         trainer.writer.write(trainer.step_num, after)
-    summary = {"run_dir": cfg.run_dir, "wall_s": time.perf_counter() - t0,
-               "steps": trainer.step_num,
-               "eval_accuracy_before": before.get("eval_accuracy"),
-               "eval_accuracy_after": after.get("eval_accuracy")}
+    summary = {
+      "run_dir": cfg.run_dir,
+      "wall_s": time.perf_counter() - t0,
+      "steps": trainer.step_num,
+      "eval_accuracy_before": before.get("eval_accuracy"),
+      "eval_accuracy_after": after.get("eval_accuracy"),
+    }
   finally:
     trainer.close()
   if plot:
     from rljax.train.plots import plot_runs
+
     plot_runs([cfg.run_dir], os.path.join(cfg.run_dir, "plots.png"))
   with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)

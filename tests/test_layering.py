@@ -9,15 +9,27 @@ import ast
 import os
 import unittest
 
-_ROOT = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "rljax")
+_ROOT = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rljax"
+)
 
 # Lowest first. A folder may import itself and any folder before it.
 # `distributed` (jax.distributed start-up) imports nothing of rljax; `study`
 # (ablation runs with per-problem held-out records) and `instrument` (the
 # small from-scratch decoder for long-horizon studies) drive the trainer.
-LAYERS = ("distributed", "core", "quant", "models", "data", "rewards",
-          "rollout", "train", "evaluation", "study", "instrument")
+LAYERS = (
+  "distributed",
+  "core",
+  "quant",
+  "models",
+  "data",
+  "rewards",
+  "rollout",
+  "train",
+  "evaluation",
+  "study",
+  "instrument",
+)
 # Command-line entry points: they run training, then evaluation, so they sit
 # above every folder (the training loop itself never imports evaluation).
 ENTRY_POINTS = ("rljax.train.driver", "rljax.train.flags")
@@ -41,7 +53,7 @@ def _imports(path: str, package: str) -> set[str]:
       out.update(a.name for a in node.names)
     elif isinstance(node, ast.ImportFrom):
       if node.level:  # relative: resolve against the file's package
-        base = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
         mod = ".".join(base + ([node.module] if node.module else []))
       else:
         mod = node.module or ""
@@ -75,17 +87,22 @@ def import_graph() -> dict[str, set[str]]:
 
 
 class LayeringTest(unittest.TestCase):
-
   def test_every_folder_has_a_layer(self):
-    folders = {n.removesuffix(".py") for n in os.listdir(_ROOT)
-               if not n.startswith("_") and n != "__pycache__"}
+    folders = {
+      n.removesuffix(".py")
+      for n in os.listdir(_ROOT)
+      if not n.startswith("_") and n != "__pycache__"
+    }
     self.assertEqual(folders - set(LAYERS), set())
 
   def test_imports_point_downward(self):
     rank = {name: i for i, name in enumerate(LAYERS)}
-    upward = sorted(f"{src} -> {dst}"
-                    for src, dsts in import_graph().items()
-                    for dst in dsts if rank[dst] > rank[src])
+    upward = sorted(
+      f"{src} -> {dst}"
+      for src, dsts in import_graph().items()
+      for dst in dsts
+      if rank[dst] > rank[src]
+    )
     self.assertEqual(upward, [], f"upward imports; layers are {LAYERS}")
 
 

@@ -25,8 +25,9 @@ def check_rank(name: str, x: Any, ranks: int | Iterable[int]) -> None:
   if np.ndim(x) not in allowed:
     expected = " or ".join(str(r) for r in allowed)
     raise ValueError(
-        f"{name} must have rank {expected}; got shape {shape_of(x)} "
-        f"(rank {np.ndim(x)}).")
+      f"{name} must have rank {expected}; got shape {shape_of(x)} "
+      f"(rank {np.ndim(x)})."
+    )
 
 
 def check_same_shape(**arrays: Any) -> None:
@@ -36,14 +37,17 @@ def check_same_shape(**arrays: Any) -> None:
   for name, x in items[1:]:
     if shape_of(x) != shape_of(first):
       raise ValueError(
-          f"{name} has shape {shape_of(x)} but {first_name} has shape "
-          f"{shape_of(first)}; they must match.")
+        f"{name} has shape {shape_of(x)} but {first_name} has shape "
+        f"{shape_of(first)}; they must match."
+      )
 
 
 def check_floating(name: str, x: Any) -> None:
   dtype = jnp.result_type(x)
   if not jnp.issubdtype(dtype, jnp.floating):
-    raise TypeError(f"{name} must be a floating-point array; got dtype {dtype}.")
+    raise TypeError(
+      f"{name} must be a floating-point array; got dtype {dtype}."
+    )
 
 
 def as_float(x: Any) -> jnp.ndarray:
@@ -58,18 +62,27 @@ def as_mask(name: str, mask: Any) -> jnp.ndarray:
   mask = jnp.asarray(mask)
   if mask.dtype == jnp.bool_:
     return mask
-  if not (jnp.issubdtype(mask.dtype, jnp.integer) or
-          jnp.issubdtype(mask.dtype, jnp.floating)):
-    raise TypeError(f"{name} must be bool or numeric 0/1; got dtype {mask.dtype}.")
+  if not (
+    jnp.issubdtype(mask.dtype, jnp.integer)
+    or jnp.issubdtype(mask.dtype, jnp.floating)
+  ):
+    raise TypeError(
+      f"{name} must be bool or numeric 0/1; got dtype {mask.dtype}."
+    )
   return mask != 0
 
 
-def check_group_size(rewards: Any, group_size: Any, *, min_size: int = 1) -> int:
+def check_group_size(
+  rewards: Any, group_size: Any, *, min_size: int = 1
+) -> int:
   """Validates [N] rewards split into contiguous groups of `group_size`."""
-  if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+  if isinstance(group_size, bool) or not isinstance(
+    group_size, (int, np.integer)
+  ):
     raise TypeError(
-        f"group_size must be a Python int (it fixes array shapes); got "
-        f"{group_size!r} of type {type(group_size).__name__}.")
+      f"group_size must be a Python int (it fixes array shapes); got "
+      f"{group_size!r} of type {type(group_size).__name__}."
+    )
   group_size = int(group_size)
   if group_size < min_size:
     raise ValueError(f"group_size must be >= {min_size}; got {group_size}.")
@@ -77,27 +90,42 @@ def check_group_size(rewards: Any, group_size: Any, *, min_size: int = 1) -> int
   n = shape_of(rewards)[0]
   if n % group_size != 0:
     raise ValueError(
-        f"rewards has N={n} entries, which group_size={group_size} does not "
-        f"divide; rewards must hold n_groups * group_size contiguous samples.")
+      f"rewards has N={n} entries, which group_size={group_size} does not "
+      f"divide; rewards must hold n_groups * group_size contiguous samples."
+    )
   return group_size
 
 
-def check_real(name: str, value: Any, *, low: float | None = None,
-               high: float | None = None, low_inclusive: bool = True,
-               high_inclusive: bool = True, allow_inf: bool = False) -> float:
+def check_real(
+  name: str,
+  value: Any,
+  *,
+  low: float | None = None,
+  high: float | None = None,
+  low_inclusive: bool = True,
+  high_inclusive: bool = True,
+  allow_inf: bool = False,
+) -> float:
   """A Python real hyper-parameter inside an interval; returns it as float."""
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
-                                                       np.floating)):
-    raise TypeError(f"{name} must be a real number; got {value!r} of type "
-                    f"{type(value).__name__}.")
+  if isinstance(value, bool) or not isinstance(
+    value, (int, float, np.integer, np.floating)
+  ):
+    raise TypeError(
+      f"{name} must be a real number; got {value!r} of type "
+      f"{type(value).__name__}."
+    )
   value = float(value)
   if math.isnan(value) or (math.isinf(value) and not allow_inf):
     raise ValueError(f"{name} must be finite; got {value}.")
   too_low = low is not None and (value < low if low_inclusive else value <= low)
-  too_high = high is not None and (value > high if high_inclusive else value >= high)
+  too_high = high is not None and (
+    value > high if high_inclusive else value >= high
+  )
   if too_low or too_high:
     lo = "(-inf" if low is None else ("[" if low_inclusive else "(") + f"{low}"
-    hi = "inf)" if high is None else f"{high}" + ("]" if high_inclusive else ")")
+    hi = (
+      "inf)" if high is None else f"{high}" + ("]" if high_inclusive else ")")
+    )
     raise ValueError(f"{name} must be in {lo}, {hi}; got {value}.")
   return value
 
@@ -106,6 +134,7 @@ def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
   choices = tuple(choices)
   if value not in choices:
     raise ValueError(
-        f"{name}={value!r} is not supported; valid values: "
-        f"{', '.join(repr(c) for c in choices)}.")
+      f"{name}={value!r} is not supported; valid values: "
+      f"{', '.join(repr(c) for c in choices)}."
+    )
   return value

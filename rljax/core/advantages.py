@@ -29,7 +29,9 @@ def _grouped(rewards: ArrayLike, group_size: int) -> jnp.ndarray:
 def _centered(groups: jnp.ndarray) -> jnp.ndarray:
   """x − mean over the last axis, exactly 0 for constant rows."""
   centered = groups - groups.mean(axis=-1, keepdims=True)
-  constant = groups.max(axis=-1, keepdims=True) == groups.min(axis=-1, keepdims=True)
+  constant = groups.max(axis=-1, keepdims=True) == groups.min(
+    axis=-1, keepdims=True
+  )
   return jnp.where(constant, 0.0, centered)
 
 
@@ -42,8 +44,12 @@ def _check_eps(eps: Any) -> float:
   return v.check_real("eps", eps, low=0.0)
 
 
-def grpo(rewards: Float[ArrayLike, "N"], group_size: int, eps: float = 1e-6,
-         ddof: int = 0) -> Float[Array, "N"]:
+def grpo(
+  rewards: Float[ArrayLike, "N"],
+  group_size: int,
+  eps: float = 1e-6,
+  ddof: int = 0,
+) -> Float[Array, "N"]:
   """GRPO advantage  Â_i = (r_i − mean_g(r)) / (std_g(r) + eps).
 
   Shao et al. 2024, DeepSeekMath (GRPO), outcome supervision §4.1.2. std_g is
@@ -55,14 +61,19 @@ def grpo(rewards: Float[ArrayLike, "N"], group_size: int, eps: float = 1e-6,
   if ddof not in (0, 1):
     raise ValueError(f"ddof must be 0 or 1; got {ddof!r}.")
   if group_size <= ddof:
-    raise ValueError(f"group_size={group_size} must exceed ddof={ddof} for a group std.")
+    raise ValueError(
+      f"group_size={group_size} must exceed ddof={ddof} for a group std."
+    )
   centered = _centered(_grouped(rewards, group_size))
-  std = jnp.sqrt(jnp.sum(jnp.square(centered), axis=-1, keepdims=True) /
-                 (group_size - ddof))
+  std = jnp.sqrt(
+    jnp.sum(jnp.square(centered), axis=-1, keepdims=True) / (group_size - ddof)
+  )
   return _safe_divide(centered, std + eps).reshape(-1)
 
 
-def drgrpo(rewards: Float[ArrayLike, "N"], group_size: int) -> Float[Array, "N"]:
+def drgrpo(
+  rewards: Float[ArrayLike, "N"], group_size: int
+) -> Float[Array, "N"]:
   """Dr. GRPO advantage  Â_i = r_i − mean_g(r)  (no std division).
 
   Liu et al. 2025, "Understanding R1-Zero-Like Training" (Dr. GRPO): the std
@@ -93,8 +104,11 @@ def _whiten(x: jnp.ndarray, valid: jnp.ndarray, eps: float) -> jnp.ndarray:
   return _safe_divide(centered, std + eps)
 
 
-def reinforce_pp(returns: Float[ArrayLike, "*s"], mask: Bool[ArrayLike, "*s"] | None = None,
-                 eps: float = 1e-6) -> Float[Array, "*s"]:
+def reinforce_pp(
+  returns: Float[ArrayLike, "*s"],
+  mask: Bool[ArrayLike, "*s"] | None = None,
+  eps: float = 1e-6,
+) -> Float[Array, "*s"]:
   """REINFORCE++ advantage: batch whitening  Â = (G − mean_batch G) / (std_batch G + eps).
 
   Hu 2025, REINFORCE++: no per-prompt baseline; mean and (population) std are
@@ -113,9 +127,12 @@ def reinforce_pp(returns: Float[ArrayLike, "*s"], mask: Bool[ArrayLike, "*s"] | 
   return _whiten(x, valid, eps)
 
 
-def reinforce_pp_baseline(rewards: Float[ArrayLike, "N"], group_size: int,
-                          eps: float = 1e-6,
-                          valid: Bool[ArrayLike, "N"] | None = None) -> Float[Array, "N"]:
+def reinforce_pp_baseline(
+  rewards: Float[ArrayLike, "N"],
+  group_size: int,
+  eps: float = 1e-6,
+  valid: Bool[ArrayLike, "N"] | None = None,
+) -> Float[Array, "N"]:
   """REINFORCE++ with group baseline: Â = whiten_batch(r_i − mean_g(r)).
 
   Hu 2025, REINFORCE++-baseline: subtract the per-prompt mean (removes the
@@ -139,13 +156,17 @@ def reinforce_pp_baseline(rewards: Float[ArrayLike, "N"], group_size: int,
 
 def _check_lam(lam: Any, batch: int) -> jnp.ndarray:
   if isinstance(lam, (int, float)):
-    return jnp.full((batch,), v.check_real("lam", lam, low=0.0, high=1.0), jnp.float32)
+    return jnp.full(
+      (batch,), v.check_real("lam", lam, low=0.0, high=1.0), jnp.float32
+    )
   lam = v.as_float(lam)
   if lam.ndim == 0:
     return jnp.broadcast_to(lam, (batch,))
   if lam.shape != (batch,):
-    raise ValueError(f"lam must be a scalar or shape ({batch},) (one λ per sequence); "
-                     f"got shape {lam.shape}.")
+    raise ValueError(
+      f"lam must be a scalar or shape ({batch},) (one λ per sequence); "
+      f"got shape {lam.shape}."
+    )
   return lam
 
 
@@ -164,16 +185,21 @@ def _gae_step(carry, xs):
   r_t, v_t, m_t = xs
   delta = r_t + gamma * next_value - v_t
   adv_t = delta + gamma_lam * next_adv
-  carry = (jnp.where(m_t, v_t, next_value), jnp.where(m_t, adv_t, next_adv), gamma, gamma_lam)
+  carry = (
+    jnp.where(m_t, v_t, next_value),
+    jnp.where(m_t, adv_t, next_adv),
+    gamma,
+    gamma_lam,
+  )
   return carry, jnp.where(m_t, adv_t, 0.0)
 
 
 def gae(
-    rewards: Float[ArrayLike, "B T"],
-    values: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    gamma: float,
-    lam: float | Float[ArrayLike, "B"],
+  rewards: Float[ArrayLike, "B T"],
+  values: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  gamma: float,
+  lam: float | Float[ArrayLike, "B"],
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
   """Generalised advantage estimation over masked token sequences.
 
@@ -209,14 +235,19 @@ def gae(
 
   zeros = jnp.zeros((batch,), dtype)
   carry = (zeros, zeros, jnp.asarray(gamma, dtype), gamma_lam)
-  _, adv_tb = jax.lax.scan(_gae_step, carry, (r.T, val.T, valid.T), reverse=True)
+  _, adv_tb = jax.lax.scan(
+    _gae_step, carry, (r.T, val.T, valid.T), reverse=True
+  )
   advantages = adv_tb.T
   returns = jnp.where(valid, advantages + val, 0.0)
   return advantages, returns
 
 
-def discounted_returns(rewards: Float[ArrayLike, "B T"], mask: Bool[ArrayLike, "B T"],
-                       gamma: float = 1.0) -> Float[Array, "B T"]:
+def discounted_returns(
+  rewards: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  gamma: float = 1.0,
+) -> Float[Array, "B T"]:
   """Reward-to-go  G_t = Σ_{k≥0} γ^k r_{t+k}  over valid tokens (REINFORCE,
   Williams 1992; REINFORCE++ token returns). Equals GAE with V ≡ 0, λ = 1."""
   v.check_rank("rewards", rewards, 2)
@@ -225,12 +256,12 @@ def discounted_returns(rewards: Float[ArrayLike, "B T"], mask: Bool[ArrayLike, "
 
 
 def vcppo_gae(
-    rewards: Float[ArrayLike, "B T"],
-    values: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    gamma: float = 1.0,
-    lam_actor: float | Float[ArrayLike, "B"] = 0.95,
-    lam_critic: float | Float[ArrayLike, "B"] = 1.0,
+  rewards: Float[ArrayLike, "B T"],
+  values: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  gamma: float = 1.0,
+  lam_actor: float | Float[ArrayLike, "B"] = 0.95,
+  lam_critic: float | Float[ArrayLike, "B"] = 1.0,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
   """VC-PPO decoupled GAE: policy advantages with λ_actor, value targets with λ_critic.
 
@@ -248,7 +279,9 @@ def vcppo_gae(
   return advantages, returns
 
 
-def vapo_lambda(lengths: Float[ArrayLike, "B"], alpha: float = 0.05) -> Float[Array, "B"]:
+def vapo_lambda(
+  lengths: Float[ArrayLike, "B"], alpha: float = 0.05
+) -> Float[Array, "B"]:
   """VAPO length-adaptive λ  λ_i = 1 − 1/(α·|y_i|), clamped to [0, 1].
 
   Yue et al. 2025, VAPO: longer responses get λ closer to 1 so the terminal

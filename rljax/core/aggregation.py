@@ -28,10 +28,10 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from rljax.core import _validation as v
 
 AGGREGATION_MODES = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
+  "token-mean",
+  "seq-mean-token-mean",
+  "seq-mean-token-sum",
+  "seq-mean-token-sum-norm",
 )
 
 
@@ -42,10 +42,10 @@ def check_norm_const(norm_const: Any) -> float | None:
 
 
 def aggregate(
-    per_token_loss: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    mode: str = "token-mean",
-    norm_const: float | None = None,
+  per_token_loss: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  mode: str = "token-mean",
+  norm_const: float | None = None,
 ) -> tuple[Float[Array, ""], Float[Array, ""]]:
   """(sum, denominator) of a masked per-token loss; see the module docstring.
 
@@ -84,13 +84,15 @@ def aggregate(
   elif mode == "seq-mean-token-sum":
     seq_value = seq_total
   else:  # seq-mean-token-sum-norm
-    divisor = float(v.shape_of(per_token_loss)[1]) if norm_const is None else norm_const
+    divisor = (
+      float(v.shape_of(per_token_loss)[1]) if norm_const is None else norm_const
+    )
     seq_value = seq_total / divisor
   return seq_value.sum(), n_sequences
 
 
 def finalize(
-    total: Float[ArrayLike, ""], denominator: Float[ArrayLike, ""]
+  total: Float[ArrayLike, ""], denominator: Float[ArrayLike, ""]
 ) -> Float[Array, ""]:
   """total / denominator, and 0 (not NaN) when nothing was valid.
 
@@ -103,16 +105,18 @@ def finalize(
 
 
 def aggregate_mean(
-    per_token_loss: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    mode: str = "token-mean",
-    norm_const: float | None = None,
+  per_token_loss: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  mode: str = "token-mean",
+  norm_const: float | None = None,
 ) -> Float[Array, ""]:
   """finalize(*aggregate(...)): the aggregated loss of one (full) batch."""
   return finalize(*aggregate(per_token_loss, mask, mode, norm_const))
 
 
-def masked_mean(x: Float[ArrayLike, "..."], mask: Bool[ArrayLike, "..."]) -> Float[Array, ""]:
+def masked_mean(
+  x: Float[ArrayLike, "..."], mask: Bool[ArrayLike, "..."]
+) -> Float[Array, ""]:
   """Mean of x over the valid entries; 0 when there are none."""
   v.check_same_shape(x=x, mask=mask)
   valid = v.as_mask("mask", mask)

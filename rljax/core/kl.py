@@ -38,19 +38,25 @@ def _check_pair(logp, ref_logp):
   return v.as_float(logp), v.as_float(ref_logp)
 
 
-def k1(logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"]) -> Float[Array, "*s"]:
+def k1(
+  logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"]
+) -> Float[Array, "*s"]:
   """k1 = log π(o) − log π_ref(o) (Schulman 2020). Unbiased, may be negative."""
   logp, ref_logp = _check_pair(logp, ref_logp)
   return logp - ref_logp
 
 
-def k2(logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"]) -> Float[Array, "*s"]:
+def k2(
+  logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"]
+) -> Float[Array, "*s"]:
   """k2 = ½ (log π(o) − log π_ref(o))² (Schulman 2020). Biased, ≥ 0."""
   logp, ref_logp = _check_pair(logp, ref_logp)
   return 0.5 * jnp.square(logp - ref_logp)
 
 
-def k3(logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"]) -> Float[Array, "*s"]:
+def k3(
+  logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"]
+) -> Float[Array, "*s"]:
   """k3 = e^(ref−logp) − (ref−logp) − 1 (Schulman 2020; GRPO's KL term).
 
   Unbiased for KL(π‖π_ref) on samples of π, ≥ 0 and 0 iff logp = ref_logp.
@@ -71,20 +77,23 @@ def k3(logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"]) -> Float[
   return jnp.maximum(jnp.where(x > k, tangent, exact), 0.0)
 
 
-def kl_estimate(logp: Float[ArrayLike, "*s"], ref_logp: Float[ArrayLike, "*s"],
-                estimator: str = "k3") -> Float[Array, "*s"]:
+def kl_estimate(
+  logp: Float[ArrayLike, "*s"],
+  ref_logp: Float[ArrayLike, "*s"],
+  estimator: str = "k3",
+) -> Float[Array, "*s"]:
   """Dispatches to k1 / k2 / k3 by name."""
   v.check_choice("estimator", estimator, KL_ESTIMATORS)
   return {"k1": k1, "k2": k2, "k3": k3}[estimator](logp, ref_logp)
 
 
 def kl_loss_terms(
-    logp: Float[ArrayLike, "B T"],
-    ref_logp: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    estimator: str = "k3",
-    aggregation_mode: str = "token-mean",
-    norm_const: float | None = None,
+  logp: Float[ArrayLike, "B T"],
+  ref_logp: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  estimator: str = "k3",
+  aggregation_mode: str = "token-mean",
+  norm_const: float | None = None,
 ) -> tuple[Float[Array, ""], Float[Array, ""]]:
   """(sum, denominator) of the KL loss term β·KL is built from (GRPO, Eq. 3 of
   Shao et al. 2024): aggregate(k(logp, ref_logp), mask). Gradients flow into
@@ -99,22 +108,29 @@ def kl_loss_terms(
   return aggregation.aggregate(per_token, mask, aggregation_mode, norm_const)
 
 
-def kl_loss(logp: Float[ArrayLike, "B T"], ref_logp: Float[ArrayLike, "B T"],
-            mask: Bool[ArrayLike, "B T"], estimator: str = "k3",
-            aggregation_mode: str = "token-mean",
-            norm_const: float | None = None) -> Float[Array, ""]:
+def kl_loss(
+  logp: Float[ArrayLike, "B T"],
+  ref_logp: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  estimator: str = "k3",
+  aggregation_mode: str = "token-mean",
+  norm_const: float | None = None,
+) -> Float[Array, ""]:
   """The aggregated KL loss term (multiply by β and add to the policy loss)."""
-  return aggregation.finalize(*kl_loss_terms(logp, ref_logp, mask, estimator,
-                                             aggregation_mode, norm_const))
+  return aggregation.finalize(
+    *kl_loss_terms(
+      logp, ref_logp, mask, estimator, aggregation_mode, norm_const
+    )
+  )
 
 
 def kl_penalized_rewards(
-    token_rewards: Float[ArrayLike, "B T"],
-    logp: Float[ArrayLike, "B T"],
-    ref_logp: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    coef: float,
-    estimator: str = "k1",
+  token_rewards: Float[ArrayLike, "B T"],
+  logp: Float[ArrayLike, "B T"],
+  ref_logp: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  coef: float,
+  estimator: str = "k1",
 ) -> Float[Array, "B T"]:
   """r'_t = r_t − β·k(logp_t, ref_logp_t) on valid tokens, 0 on padding.
 
@@ -124,7 +140,9 @@ def kl_penalized_rewards(
   an adaptive KL controller.
   """
   v.check_rank("token_rewards", token_rewards, 2)
-  v.check_same_shape(token_rewards=token_rewards, logp=logp, ref_logp=ref_logp, mask=mask)
+  v.check_same_shape(
+    token_rewards=token_rewards, logp=logp, ref_logp=ref_logp, mask=mask
+  )
   if isinstance(coef, (int, float)):  # traced coefficients (adaptive β) pass
     v.check_real("coef", coef, low=0.0)
   valid = v.as_mask("mask", mask)

@@ -59,8 +59,17 @@ from rljax.core import aggregation
 from rljax.core import kl
 
 SURROGATES = ("reinforce", "ppo", "cispo", "gspo", "gspo_token")
-CORRECTIONS = ("naive", "ignore_behavior", "decoupled", "tis", "acr", "mis",
-               "seq_tis", "seq_mis", "geo_rs")
+CORRECTIONS = (
+  "naive",
+  "ignore_behavior",
+  "decoupled",
+  "tis",
+  "acr",
+  "mis",
+  "seq_tis",
+  "seq_mis",
+  "geo_rs",
+)
 # Corrections whose keep-mask depends on ρ (tokens or sequences are rejected).
 REJECTING_CORRECTIONS = ("mis", "seq_mis", "geo_rs")
 _MIN_FORM_SURROGATES = ("ppo", "gspo", "gspo_token")
@@ -100,6 +109,7 @@ class PolicyLossConfig:
     aggregation: one of aggregation.AGGREGATION_MODES.
     norm_const: divisor of "seq-mean-token-sum-norm" (None: padded length T).
   """
+
   surrogate: str = "ppo"
   correction: str = "acr"
   eps_low: float = 0.2
@@ -113,29 +123,58 @@ class PolicyLossConfig:
   def __post_init__(self):
     v.check_choice("surrogate", self.surrogate, SURROGATES)
     v.check_choice("correction", self.correction, CORRECTIONS)
-    v.check_choice("aggregation", self.aggregation, aggregation.AGGREGATION_MODES)
+    v.check_choice(
+      "aggregation", self.aggregation, aggregation.AGGREGATION_MODES
+    )
     # Normalise numbers to float so equal configs hash equal (0.2 vs 0.2).
     set_ = lambda k, x: object.__setattr__(self, k, x)
-    set_("eps_low", v.check_real("eps_low", self.eps_low, low=0.0, allow_inf=True))
-    set_("eps_high", v.check_real("eps_high", self.eps_high, low=0.0, allow_inf=True))
-    set_("tis_cap", v.check_real("tis_cap", self.tis_cap, low=1.0, allow_inf=True))
+    set_(
+      "eps_low", v.check_real("eps_low", self.eps_low, low=0.0, allow_inf=True)
+    )
+    set_(
+      "eps_high",
+      v.check_real("eps_high", self.eps_high, low=0.0, allow_inf=True),
+    )
+    set_(
+      "tis_cap", v.check_real("tis_cap", self.tis_cap, low=1.0, allow_inf=True)
+    )
     if self.dual_clip is not None:
-      set_("dual_clip", v.check_real("dual_clip", self.dual_clip, low=1.0,
-                                     low_inclusive=False, allow_inf=True))
+      set_(
+        "dual_clip",
+        v.check_real(
+          "dual_clip",
+          self.dual_clip,
+          low=1.0,
+          low_inclusive=False,
+          allow_inf=True,
+        ),
+      )
       if self.surrogate not in _MIN_FORM_SURROGATES:
         raise ValueError(
-            f"dual_clip={self.dual_clip} needs a min-form surrogate "
-            f"({', '.join(_MIN_FORM_SURROGATES)}); surrogate={self.surrogate!r} "
-            f"has no min to bound. Set dual_clip=None.")
+          f"dual_clip={self.dual_clip} needs a min-form surrogate "
+          f"({', '.join(_MIN_FORM_SURROGATES)}); surrogate={self.surrogate!r} "
+          f"has no min to bound. Set dual_clip=None."
+        )
     set_("norm_const", aggregation.check_norm_const(self.norm_const))
     if self.veto_threshold is not None:
-      set_("veto_threshold", v.check_real("veto_threshold", self.veto_threshold,
-                                          low=0.0, high=1.0, low_inclusive=False))
+      set_(
+        "veto_threshold",
+        v.check_real(
+          "veto_threshold",
+          self.veto_threshold,
+          low=0.0,
+          high=1.0,
+          low_inclusive=False,
+        ),
+      )
 
   @property
   def rejects(self) -> bool:
     """Whether the keep-mask depends on ρ (not only on the mask)."""
-    return self.correction in REJECTING_CORRECTIONS or self.veto_threshold is not None
+    return (
+      self.correction in REJECTING_CORRECTIONS
+      or self.veto_threshold is not None
+    )
 
 
 class ImportanceWeights(NamedTuple):
@@ -145,6 +184,7 @@ class ImportanceWeights(NamedTuple):
   upper_scale: [B, T] 1/r_t ≥ 1 multiplying the upper clip bound (acr), else 1.
   keep: [B, T] bool, mask minus the tokens (or sequences) the correction rejects.
   """
+
   weight: Array
   upper_scale: Array
   keep: Array
@@ -165,7 +205,9 @@ def ratio_exp(log_ratio: ArrayLike) -> Array:
   k = MAX_EXACT_LOG_RATIO
   # Double where: the tangent branch has a constant derivative, so the
   # untaken branch never sends NaN into the gradient.
-  return jnp.where(x > k, math.exp(k) * (1.0 + (x - k)), jnp.exp(jnp.minimum(x, k)))
+  return jnp.where(
+    x > k, math.exp(k) * (1.0 + (x - k)), jnp.exp(jnp.minimum(x, k))
+  )
 
 
 def _check_tokens(mask, **arrays) -> jnp.ndarray:
@@ -182,12 +224,12 @@ def _masked(x: ArrayLike, valid: jnp.ndarray) -> jnp.ndarray:
 
 
 def importance_weights(
-    prox_logp: Float[ArrayLike, "B T"],
-    behav_logp: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    correction: str,
-    cap: float = 2.0,
-    veto_threshold: float | None = None,
+  prox_logp: Float[ArrayLike, "B T"],
+  behav_logp: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  correction: str,
+  cap: float = 2.0,
+  veto_threshold: float | None = None,
 ) -> ImportanceWeights:
   """Behaviour-correction weight, clip scale and keep-mask (QuRL Eq. 3-9).
 
@@ -229,9 +271,12 @@ def importance_weights(
   v.check_choice("correction", correction, CORRECTIONS)
   cap = v.check_real("cap", cap, low=1.0, allow_inf=True)
   if veto_threshold is not None:
-    veto_threshold = v.check_real("veto_threshold", veto_threshold, low=0.0,
-                                  high=1.0, low_inclusive=False)
-  log_rho = jax.lax.stop_gradient(_masked(prox_logp, valid) - _masked(behav_logp, valid))
+    veto_threshold = v.check_real(
+      "veto_threshold", veto_threshold, low=0.0, high=1.0, low_inclusive=False
+    )
+  log_rho = jax.lax.stop_gradient(
+    _masked(prox_logp, valid) - _masked(behav_logp, valid)
+  )
   rho = _clamped_exp(log_rho)
   ones = jnp.ones_like(rho)
   keep = valid
@@ -262,54 +307,66 @@ def importance_weights(
       weight = ones
       keep = valid & (jnp.abs(log_geo) <= log_cap)
   if veto_threshold is not None:
-    vetoed = jnp.any(valid & (log_rho < math.log(veto_threshold)), axis=-1,
-                     keepdims=True)
+    vetoed = jnp.any(
+      valid & (log_rho < math.log(veto_threshold)), axis=-1, keepdims=True
+    )
     keep = keep & ~vetoed
   weight = jnp.where(keep, weight, 0.0)
   return ImportanceWeights(weight=weight, upper_scale=upper_scale, keep=keep)
 
 
 def policy_loss_keep(
-    prox_logp: Float[ArrayLike, "B T"],
-    behav_logp: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    config: PolicyLossConfig,
+  prox_logp: Float[ArrayLike, "B T"],
+  behav_logp: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  config: PolicyLossConfig,
 ) -> Bool[Array, "B T"]:
   """The keep-mask `policy_loss_per_token` aggregates over, from ρ and the
   mask alone (no current log-probs needed): mask minus what the correction
   (and the veto) reject."""
-  return importance_weights(prox_logp, behav_logp, mask, config.correction,
-                            config.tis_cap, config.veto_threshold).keep
+  return importance_weights(
+    prox_logp,
+    behav_logp,
+    mask,
+    config.correction,
+    config.tis_cap,
+    config.veto_threshold,
+  ).keep
 
 
 def policy_loss_denominator(
-    prox_logp: Float[ArrayLike, "B T"],
-    behav_logp: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    config: PolicyLossConfig,
+  prox_logp: Float[ArrayLike, "B T"],
+  behav_logp: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  config: PolicyLossConfig,
 ) -> Float[Array, ""]:
   """The denominator `policy_loss_terms` returns, computed before any forward
   pass: an update step splitting a minibatch into micro-batches sums it over
   them first, then divides each micro-batch's sum by the total."""
   keep = policy_loss_keep(prox_logp, behav_logp, mask, config)
-  _, denominator = aggregation.aggregate(jnp.zeros(keep.shape, jnp.float32), keep,
-                                         config.aggregation, config.norm_const)
+  _, denominator = aggregation.aggregate(
+    jnp.zeros(keep.shape, jnp.float32),
+    keep,
+    config.aggregation,
+    config.norm_const,
+  )
   return denominator
 
 
-def reinforce_objective(logp: Float[ArrayLike, "B T"],
-                        advantages: Float[ArrayLike, "B T"]) -> Float[Array, "B T"]:
+def reinforce_objective(
+  logp: Float[ArrayLike, "B T"], advantages: Float[ArrayLike, "B T"]
+) -> Float[Array, "B T"]:
   """REINFORCE per-token objective A·log π_θ(o_t) (Williams 1992); ∇ = A·∇logp."""
   return jax.lax.stop_gradient(v.as_float(advantages)) * v.as_float(logp)
 
 
 def ppo_clip_objective(
-    ratio: Float[ArrayLike, "*s"],
-    advantages: Float[ArrayLike, "*s"],
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip: float | None = None,
-    upper_scale: Float[ArrayLike, "*s"] | float = 1.0,
+  ratio: Float[ArrayLike, "*s"],
+  advantages: Float[ArrayLike, "*s"],
+  eps_low: float = 0.2,
+  eps_high: float = 0.2,
+  dual_clip: float | None = None,
+  upper_scale: Float[ArrayLike, "*s"] | float = 1.0,
 ) -> Float[Array, "*s"]:
   """Clipped surrogate  min(R·A, clip(R, 1−ε_low, (1+ε_high)·u)·A).
 
@@ -333,17 +390,19 @@ def ppo_clip_objective(
   clipped = jnp.clip(ratio, low, high)
   objective = jnp.minimum(ratio * adv, clipped * adv)
   if dual_clip is not None:
-    objective = jnp.where(adv < 0, jnp.maximum(objective, dual_clip * adv), objective)
+    objective = jnp.where(
+      adv < 0, jnp.maximum(objective, dual_clip * adv), objective
+    )
   return objective
 
 
 def cispo_objective(
-    logp: Float[ArrayLike, "*s"],
-    ratio: Float[ArrayLike, "*s"],
-    advantages: Float[ArrayLike, "*s"],
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    upper_scale: Float[ArrayLike, "*s"] | float = 1.0,
+  logp: Float[ArrayLike, "*s"],
+  ratio: Float[ArrayLike, "*s"],
+  advantages: Float[ArrayLike, "*s"],
+  eps_low: float = 0.2,
+  eps_high: float = 0.2,
+  upper_scale: Float[ArrayLike, "*s"] | float = 1.0,
 ) -> Float[Array, "*s"]:
   """CISPO  sg(clip(R, 1−ε_low, (1+ε_high)·u))·A·log π_θ(o_t).
 
@@ -351,13 +410,18 @@ def cispo_objective(
   every token keeps a gradient (A·clip(R)·∇logp) however far R has moved.
   """
   high = (1.0 + eps_high) * jax.lax.stop_gradient(upper_scale)
-  clipped = jax.lax.stop_gradient(jnp.clip(v.as_float(ratio), 1.0 - eps_low, high))
+  clipped = jax.lax.stop_gradient(
+    jnp.clip(v.as_float(ratio), 1.0 - eps_low, high)
+  )
   adv = jax.lax.stop_gradient(v.as_float(advantages))
   return clipped * adv * v.as_float(logp)
 
 
-def gspo_sequence_log_ratio(logp: Float[ArrayLike, "B T"], old_logp: Float[ArrayLike, "B T"],
-                            mask: Bool[ArrayLike, "B T"]) -> Float[Array, "B"]:
+def gspo_sequence_log_ratio(
+  logp: Float[ArrayLike, "B T"],
+  old_logp: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+) -> Float[Array, "B"]:
   """log s_i = (1/|y_i|) Σ_t (logp − old_logp) over valid tokens (0 if none).
 
   Zheng et al. 2025 (GSPO): s_i = (π_θ(y_i)/π_old(y_i))^(1/|y_i|), the
@@ -370,15 +434,15 @@ def gspo_sequence_log_ratio(logp: Float[ArrayLike, "B T"], old_logp: Float[Array
 
 
 def gspo_objective(
-    logp: Float[ArrayLike, "B T"],
-    old_logp: Float[ArrayLike, "B T"],
-    advantages: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip: float | None = None,
-    upper_scale: Float[ArrayLike, "B T"] | float = 1.0,
-    token_level: bool = False,
+  logp: Float[ArrayLike, "B T"],
+  old_logp: Float[ArrayLike, "B T"],
+  advantages: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  eps_low: float = 0.2,
+  eps_high: float = 0.2,
+  dual_clip: float | None = None,
+  upper_scale: Float[ArrayLike, "B T"] | float = 1.0,
+  token_level: bool = False,
 ) -> Float[Array, "B T"]:
   """GSPO per-token objective min(s·A, clip(s, 1−ε_low, (1+ε_high)·u)·A).
 
@@ -388,27 +452,37 @@ def gspo_objective(
   sg(s_i)·∇logp_t so per-token advantages are possible. s_i = `ratio_exp`
   (log s_i): exact value and gradient wherever f32 can hold them.
   """
-  valid = _check_tokens(mask, logp=logp, old_logp=old_logp, advantages=advantages)
+  valid = _check_tokens(
+    mask, logp=logp, old_logp=old_logp, advantages=advantages
+  )
   s = ratio_exp(gspo_sequence_log_ratio(logp, old_logp, valid))[:, None]
   if token_level:
     lp = _masked(logp, valid)
     s = jax.lax.stop_gradient(s) * jnp.exp(lp - jax.lax.stop_gradient(lp))
   s = jnp.broadcast_to(s, v.shape_of(logp))
-  return ppo_clip_objective(s, advantages, eps_low, eps_high, dual_clip, upper_scale)
+  return ppo_clip_objective(
+    s, advantages, eps_low, eps_high, dual_clip, upper_scale
+  )
 
 
-def _broadcast_advantages(advantages: ArrayLike, shape: tuple[int, int]) -> jnp.ndarray:
+def _broadcast_advantages(
+  advantages: ArrayLike, shape: tuple[int, int]
+) -> jnp.ndarray:
   v.check_rank("advantages", advantages, (1, 2))
   v.check_floating("advantages", advantages)
   adv_shape = v.shape_of(advantages)
   if len(adv_shape) == 1:
     if adv_shape[0] != shape[0]:
-      raise ValueError(f"advantages has shape {adv_shape}; expected ({shape[0]},) "
-                       f"(one per sequence) or {shape} (one per token) to match logp.")
+      raise ValueError(
+        f"advantages has shape {adv_shape}; expected ({shape[0]},) "
+        f"(one per sequence) or {shape} (one per token) to match logp."
+      )
     return jnp.broadcast_to(v.as_float(advantages)[:, None], shape)
   if adv_shape != shape:
-    raise ValueError(f"advantages has shape {adv_shape}; expected ({shape[0]},) or "
-                     f"{shape} to match logp.")
+    raise ValueError(
+      f"advantages has shape {adv_shape}; expected ({shape[0]},) or "
+      f"{shape} to match logp."
+    )
   return v.as_float(advantages)
 
 
@@ -428,13 +502,16 @@ def token_entropy(logits: Float[ArrayLike, "B T V"]) -> Float[Array, "B T"]:
   return -jnp.sum(jnp.where(finite, jnp.exp(safe) * safe, 0.0), axis=-1)
 
 
-def entropy_from_logits(logits: Float[ArrayLike, "B T V"],
-                        mask: Bool[ArrayLike, "B T"]) -> Float[Array, ""]:
+def entropy_from_logits(
+  logits: Float[ArrayLike, "B T V"], mask: Bool[ArrayLike, "B T"]
+) -> Float[Array, ""]:
   """Masked token-mean policy entropy (the entropy metric / bonus term)."""
   v.check_rank("mask", mask, 2)
   if v.shape_of(logits)[:2] != v.shape_of(mask):
-    raise ValueError(f"logits has shape {v.shape_of(logits)} but mask has shape "
-                     f"{v.shape_of(mask)}; expected logits [B, T, V] with mask [B, T].")
+    raise ValueError(
+      f"logits has shape {v.shape_of(logits)} but mask has shape "
+      f"{v.shape_of(mask)}; expected logits [B, T, V] with mask [B, T]."
+    )
   return aggregation.masked_mean(token_entropy(logits), mask)
 
 
@@ -443,14 +520,14 @@ def _fraction(indicator: jnp.ndarray, valid: jnp.ndarray) -> jnp.ndarray:
 
 
 def policy_loss_per_token(
-    logp: Float[ArrayLike, "B T"],
-    prox_logp: Float[ArrayLike, "B T"],
-    behav_logp: Float[ArrayLike, "B T"],
-    advantages: Float[ArrayLike, "B"] | Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    config: PolicyLossConfig,
-    *,
-    logits: Float[ArrayLike, "B T V"] | None = None,
+  logp: Float[ArrayLike, "B T"],
+  prox_logp: Float[ArrayLike, "B T"],
+  behav_logp: Float[ArrayLike, "B T"],
+  advantages: Float[ArrayLike, "B"] | Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  config: PolicyLossConfig,
+  *,
+  logits: Float[ArrayLike, "B T V"] | None = None,
 ) -> tuple[Float[Array, "B T"], Bool[Array, "B T"], dict[str, Array]]:
   """(per-token loss ℓ_t = −w_t·surrogate_t, keep-mask, metrics).
 
@@ -486,16 +563,23 @@ def policy_loss_per_token(
     entropy: masked mean entropy, only when `logits` [B, T, V] is given.
   """
   if not isinstance(config, PolicyLossConfig):
-    raise TypeError(f"config must be a PolicyLossConfig; got {type(config).__name__}.")
-  valid = _check_tokens(mask, logp=logp, prox_logp=prox_logp, behav_logp=behav_logp)
+    raise TypeError(
+      f"config must be a PolicyLossConfig; got {type(config).__name__}."
+    )
+  valid = _check_tokens(
+    mask, logp=logp, prox_logp=prox_logp, behav_logp=behav_logp
+  )
   shape = v.shape_of(logp)
-  adv = jax.lax.stop_gradient(jnp.where(valid, _broadcast_advantages(advantages, shape), 0.0))
+  adv = jax.lax.stop_gradient(
+    jnp.where(valid, _broadcast_advantages(advantages, shape), 0.0)
+  )
   lp = _masked(logp, valid)
   prox = jax.lax.stop_gradient(_masked(prox_logp, valid))
   behav = jax.lax.stop_gradient(_masked(behav_logp, valid))
 
-  iw = importance_weights(prox, behav, valid, config.correction, config.tis_cap,
-                          config.veto_threshold)
+  iw = importance_weights(
+    prox, behav, valid, config.correction, config.tis_cap, config.veto_threshold
+  )
   keep = iw.keep
   old = behav if config.correction == "naive" else prox
   high = (1.0 + config.eps_high) * iw.upper_scale
@@ -507,16 +591,31 @@ def policy_loss_per_token(
     ratio = ratio_exp(lp - old)
   elif surrogate == "ppo":
     ratio = ratio_exp(lp - old)
-    objective = ppo_clip_objective(ratio, adv, config.eps_low, config.eps_high,
-                                   config.dual_clip, iw.upper_scale)
+    objective = ppo_clip_objective(
+      ratio,
+      adv,
+      config.eps_low,
+      config.eps_high,
+      config.dual_clip,
+      iw.upper_scale,
+    )
   elif surrogate == "cispo":
     ratio = ratio_exp(lp - old)
-    objective = cispo_objective(lp, ratio, adv, config.eps_low, config.eps_high,
-                                iw.upper_scale)
+    objective = cispo_objective(
+      lp, ratio, adv, config.eps_low, config.eps_high, iw.upper_scale
+    )
   else:  # gspo, gspo_token
-    objective = gspo_objective(lp, old, adv, keep, config.eps_low, config.eps_high,
-                               config.dual_clip, iw.upper_scale,
-                               token_level=surrogate == "gspo_token")
+    objective = gspo_objective(
+      lp,
+      old,
+      adv,
+      keep,
+      config.eps_low,
+      config.eps_high,
+      config.dual_clip,
+      iw.upper_scale,
+      token_level=surrogate == "gspo_token",
+    )
     log_s = gspo_sequence_log_ratio(lp, old, keep)
     ratio = jnp.broadcast_to(ratio_exp(log_s)[:, None], shape)
   per_token_loss = jnp.where(keep, -iw.weight * objective, 0.0)
@@ -542,35 +641,38 @@ def policy_loss_per_token(
     dual = jnp.zeros(shape, bool)
   rho = _clamped_exp(prox - behav)
   metrics = {
-      "clip_fraction_low": _fraction(clipped_low, keep),
-      "clip_fraction_high": _fraction(clipped_high, keep),
-      "dual_clip_fraction": _fraction(dual, keep),
-      "ratio_mean": aggregation.masked_mean(r, keep),
-      "behav_prox_kl": aggregation.masked_mean(kl.k3(behav, prox), valid),
-      "behav_prox_log_ratio_mean": aggregation.masked_mean(behav - prox, valid),
-      "max_prox_behav_ratio": jnp.max(jnp.where(valid, rho, 0.0), initial=0.0),
-      "tis_truncated_fraction": _fraction(rho > config.tis_cap, valid),
-      "acr_active_fraction": _fraction(acr_active, keep),
-      "mis_masked_fraction": _fraction(valid & ~keep, valid),
-      "weight_mean": aggregation.masked_mean(iw.weight, keep),
+    "clip_fraction_low": _fraction(clipped_low, keep),
+    "clip_fraction_high": _fraction(clipped_high, keep),
+    "dual_clip_fraction": _fraction(dual, keep),
+    "ratio_mean": aggregation.masked_mean(r, keep),
+    "behav_prox_kl": aggregation.masked_mean(kl.k3(behav, prox), valid),
+    "behav_prox_log_ratio_mean": aggregation.masked_mean(behav - prox, valid),
+    "max_prox_behav_ratio": jnp.max(jnp.where(valid, rho, 0.0), initial=0.0),
+    "tis_truncated_fraction": _fraction(rho > config.tis_cap, valid),
+    "acr_active_fraction": _fraction(acr_active, keep),
+    "mis_masked_fraction": _fraction(valid & ~keep, valid),
+    "weight_mean": aggregation.masked_mean(iw.weight, keep),
   }
-  metrics["clip_fraction"] = metrics["clip_fraction_low"] + metrics["clip_fraction_high"]
+  metrics["clip_fraction"] = (
+    metrics["clip_fraction_low"] + metrics["clip_fraction_high"]
+  )
   if logits is not None:
     metrics["entropy"] = entropy_from_logits(logits, valid)
   metrics = jax.tree_util.tree_map(
-      lambda x: jax.lax.stop_gradient(x.astype(jnp.float32)), metrics)
+    lambda x: jax.lax.stop_gradient(x.astype(jnp.float32)), metrics
+  )
   return per_token_loss, keep, metrics
 
 
 def policy_loss_terms(
-    logp: Float[ArrayLike, "B T"],
-    prox_logp: Float[ArrayLike, "B T"],
-    behav_logp: Float[ArrayLike, "B T"],
-    advantages: Float[ArrayLike, "B"] | Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    config: PolicyLossConfig,
-    *,
-    logits: Float[ArrayLike, "B T V"] | None = None,
+  logp: Float[ArrayLike, "B T"],
+  prox_logp: Float[ArrayLike, "B T"],
+  behav_logp: Float[ArrayLike, "B T"],
+  advantages: Float[ArrayLike, "B"] | Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  config: PolicyLossConfig,
+  *,
+  logits: Float[ArrayLike, "B T V"] | None = None,
 ) -> tuple[Float[Array, ""], Float[Array, ""], dict[str, Array]]:
   """(sum, denominator, metrics) of the policy loss of one micro-batch.
 
@@ -580,21 +682,23 @@ def policy_loss_terms(
   `aggregation.finalize` once: that is exactly the full-batch loss.
   """
   per_token_loss, keep, metrics = policy_loss_per_token(
-      logp, prox_logp, behav_logp, advantages, mask, config, logits=logits)
-  total, denominator = aggregation.aggregate(per_token_loss, keep, config.aggregation,
-                                             config.norm_const)
+    logp, prox_logp, behav_logp, advantages, mask, config, logits=logits
+  )
+  total, denominator = aggregation.aggregate(
+    per_token_loss, keep, config.aggregation, config.norm_const
+  )
   return total, denominator, metrics
 
 
 def policy_loss(
-    logp: Float[ArrayLike, "B T"],
-    prox_logp: Float[ArrayLike, "B T"],
-    behav_logp: Float[ArrayLike, "B T"],
-    advantages: Float[ArrayLike, "B"] | Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    config: PolicyLossConfig,
-    *,
-    logits: Float[ArrayLike, "B T V"] | None = None,
+  logp: Float[ArrayLike, "B T"],
+  prox_logp: Float[ArrayLike, "B T"],
+  behav_logp: Float[ArrayLike, "B T"],
+  advantages: Float[ArrayLike, "B"] | Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  config: PolicyLossConfig,
+  *,
+  logits: Float[ArrayLike, "B T V"] | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
   """Scalar policy loss to minimise and its metrics (contract API).
 
@@ -604,18 +708,19 @@ def policy_loss(
   An empty mask gives loss 0 and zero gradient.
   """
   total, denominator, metrics = policy_loss_terms(
-      logp, prox_logp, behav_logp, advantages, mask, config, logits=logits)
+    logp, prox_logp, behav_logp, advantages, mask, config, logits=logits
+  )
   return aggregation.finalize(total, denominator), metrics
 
 
 def value_loss_terms(
-    values: Float[ArrayLike, "B T"],
-    old_values: Float[ArrayLike, "B T"],
-    returns: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    clip_eps: float | None = 0.2,
-    aggregation_mode: str = "token-mean",
-    norm_const: float | None = None,
+  values: Float[ArrayLike, "B T"],
+  old_values: Float[ArrayLike, "B T"],
+  returns: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  clip_eps: float | None = 0.2,
+  aggregation_mode: str = "token-mean",
+  norm_const: float | None = None,
 ) -> tuple[Float[Array, ""], Float[Array, ""], dict[str, Array]]:
   """(sum, denominator, metrics) of the PPO clipped value loss.
 
@@ -624,7 +729,9 @@ def value_loss_terms(
   or ½ (V − G)² when clip_eps is None. Returns G and V_old are constants.
   Metrics: value_clip_fraction (the clipped branch is the max), value_error.
   """
-  valid = _check_tokens(mask, values=values, old_values=old_values, returns=returns)
+  valid = _check_tokens(
+    mask, values=values, old_values=old_values, returns=returns
+  )
   if clip_eps is not None:
     clip_eps = v.check_real("clip_eps", clip_eps, low=0.0, low_inclusive=False)
   vals = _masked(values, valid)
@@ -635,27 +742,34 @@ def value_loss_terms(
     per_token = 0.5 * unclipped
     clipped_active = jnp.zeros(v.shape_of(values), bool)
   else:
-    clipped = jnp.square(old + jnp.clip(vals - old, -clip_eps, clip_eps) - target)
+    clipped = jnp.square(
+      old + jnp.clip(vals - old, -clip_eps, clip_eps) - target
+    )
     per_token = 0.5 * jnp.maximum(unclipped, clipped)
     clipped_active = clipped > unclipped
-  total, denominator = aggregation.aggregate(per_token, valid, aggregation_mode, norm_const)
+  total, denominator = aggregation.aggregate(
+    per_token, valid, aggregation_mode, norm_const
+  )
   metrics = {
-      "value_clip_fraction": _fraction(clipped_active, valid),
-      "value_error": aggregation.masked_mean(jax.lax.stop_gradient(unclipped), valid),
+    "value_clip_fraction": _fraction(clipped_active, valid),
+    "value_error": aggregation.masked_mean(
+      jax.lax.stop_gradient(unclipped), valid
+    ),
   }
   return total, denominator, metrics
 
 
 def value_loss(
-    values: Float[ArrayLike, "B T"],
-    old_values: Float[ArrayLike, "B T"],
-    returns: Float[ArrayLike, "B T"],
-    mask: Bool[ArrayLike, "B T"],
-    clip_eps: float | None = 0.2,
-    aggregation_mode: str = "token-mean",
-    norm_const: float | None = None,
+  values: Float[ArrayLike, "B T"],
+  old_values: Float[ArrayLike, "B T"],
+  returns: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  clip_eps: float | None = 0.2,
+  aggregation_mode: str = "token-mean",
+  norm_const: float | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
   """PPO clipped value loss (scalar) and metrics; see `value_loss_terms`."""
-  total, denominator, metrics = value_loss_terms(values, old_values, returns, mask,
-                                                 clip_eps, aggregation_mode, norm_const)
+  total, denominator, metrics = value_loss_terms(
+    values, old_values, returns, mask, clip_eps, aggregation_mode, norm_const
+  )
   return aggregation.finalize(total, denominator), metrics

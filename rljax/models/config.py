@@ -4,6 +4,7 @@
 `jax.jit`. It reads and writes the HF `config.json` vocabulary
 (`ModelConfig.from_hf`, `ModelConfig.to_hf`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,11 @@ ARCHS = ("llama", "qwen2", "qwen3")
 # implements exactly as HF transformers does.
 ROPE_SCALING_TYPES = ("linear", "llama3")
 
-_HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                     "qwen3": "Qwen3ForCausalLM"}
+_HF_ARCHITECTURES = {
+  "llama": "LlamaForCausalLM",
+  "qwen2": "Qwen2ForCausalLM",
+  "qwen3": "Qwen3ForCausalLM",
+}
 
 
 def _as_token_ids(value: Any, name: str) -> int | tuple[int, ...] | None:
@@ -29,8 +33,9 @@ def _as_token_ids(value: Any, name: str) -> int | tuple[int, ...] | None:
     return ids[0] if len(ids) == 1 else ids
   if isinstance(value, int) and not isinstance(value, bool):
     return value
-  raise TypeError(f"ModelConfig.{name}={value!r}; expected an int, a list of "
-                  "ints or None")
+  raise TypeError(
+    f"ModelConfig.{name}={value!r}; expected an int, a list of ints or None"
+  )
 
 
 def _as_rope_scaling(value: Any) -> tuple[tuple[str, Any], ...] | None:
@@ -42,8 +47,10 @@ def _as_rope_scaling(value: Any) -> tuple[tuple[str, Any], ...] | None:
   elif isinstance(value, (tuple, list)):
     items = dict(value)
   else:
-    raise TypeError(f"ModelConfig.rope_scaling={value!r}; expected a dict, a "
-                    "tuple of (key, value) items or None")
+    raise TypeError(
+      f"ModelConfig.rope_scaling={value!r}; expected a dict, a "
+      "tuple of (key, value) items or None"
+    )
   # HF spells the type "type" in old configs and "rope_type" in new ones.
   if "type" in items and "rope_type" not in items:
     items["rope_type"] = items.pop("type")
@@ -81,6 +88,7 @@ class ModelConfig:
     bos_token_id, eos_token_id, pad_token_id: special tokens (eos may be a
       tuple when a checkpoint lists several).
   """
+
   arch: str = "llama"
   vocab_size: int = 32000
   hidden_size: int = 4096
@@ -101,43 +109,65 @@ class ModelConfig:
 
   def __post_init__(self):
     if self.arch not in ARCHS:
-      raise ValueError(f"ModelConfig.arch={self.arch!r}; expected one of {ARCHS}")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                 "num_heads", "num_kv_heads", "head_dim",
-                 "max_position_embeddings"):
+      raise ValueError(
+        f"ModelConfig.arch={self.arch!r}; expected one of {ARCHS}"
+      )
+    for name in (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "max_position_embeddings",
+    ):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"ModelConfig.{name}={value!r}; expected a positive int")
+        raise ValueError(
+          f"ModelConfig.{name}={value!r}; expected a positive int"
+        )
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
-          f"ModelConfig.num_kv_heads={self.num_kv_heads} does not divide "
-          f"num_heads={self.num_heads}; GQA needs num_heads % num_kv_heads == 0")
+        f"ModelConfig.num_kv_heads={self.num_kv_heads} does not divide "
+        f"num_heads={self.num_heads}; GQA needs num_heads % num_kv_heads == 0"
+      )
     if self.head_dim % 2:
-      raise ValueError(f"ModelConfig.head_dim={self.head_dim}; RoPE needs an "
-                       "even head_dim")
+      raise ValueError(
+        f"ModelConfig.head_dim={self.head_dim}; RoPE needs an even head_dim"
+      )
     if not self.rope_theta > 0:
-      raise ValueError(f"ModelConfig.rope_theta={self.rope_theta!r}; expected > 0")
+      raise ValueError(
+        f"ModelConfig.rope_theta={self.rope_theta!r}; expected > 0"
+      )
     if not self.rms_norm_eps > 0:
       raise ValueError(
-          f"ModelConfig.rms_norm_eps={self.rms_norm_eps!r}; expected > 0")
+        f"ModelConfig.rms_norm_eps={self.rms_norm_eps!r}; expected > 0"
+      )
     if self.arch == "qwen2":
       # HF Qwen2 always has q/k/v biases; the field is not read from its config.
       object.__setattr__(self, "attention_bias", True)
-    object.__setattr__(self, "rope_scaling",
-                       _as_rope_scaling(self.rope_scaling))
+    object.__setattr__(
+      self, "rope_scaling", _as_rope_scaling(self.rope_scaling)
+    )
     if self.rope_scaling is not None:
       rope_type = dict(self.rope_scaling).get("rope_type")
       if rope_type not in ROPE_SCALING_TYPES:
         raise ValueError(
-            f"ModelConfig.rope_scaling rope_type={rope_type!r}; supported: "
-            f"{ROPE_SCALING_TYPES} (or None for plain RoPE)")
+          f"ModelConfig.rope_scaling rope_type={rope_type!r}; supported: "
+          f"{ROPE_SCALING_TYPES} (or None for plain RoPE)"
+        )
     for name in ("bos_token_id", "pad_token_id"):
       value = getattr(self, name)
-      if value is not None and (not isinstance(value, int) or
-                                isinstance(value, bool)):
-        raise TypeError(f"ModelConfig.{name}={value!r}; expected an int or None")
-    object.__setattr__(self, "eos_token_id",
-                       _as_token_ids(self.eos_token_id, "eos_token_id"))
+      if value is not None and (
+        not isinstance(value, int) or isinstance(value, bool)
+      ):
+        raise TypeError(
+          f"ModelConfig.{name}={value!r}; expected an int or None"
+        )
+    object.__setattr__(
+      self, "eos_token_id", _as_token_ids(self.eos_token_id, "eos_token_id")
+    )
 
   # --------------------------------------------------------------- helpers
   @property
@@ -188,8 +218,9 @@ class ModelConfig:
 
   # ------------------------------------------------------------ HF config
   @classmethod
-  def from_hf(cls, config: Mapping[str, Any] | str | os.PathLike
-              ) -> "ModelConfig":
+  def from_hf(
+    cls, config: Mapping[str, Any] | str | os.PathLike
+  ) -> "ModelConfig":
     """Builds a config from an HF `config.json` (dict, file, or model dir)."""
     if isinstance(config, (str, os.PathLike)):
       path = os.fspath(config)
@@ -200,8 +231,10 @@ class ModelConfig:
       with open(path) as f:
         config = json.load(f)
     if not isinstance(config, Mapping):
-      raise TypeError(f"ModelConfig.from_hf got {type(config).__name__}; "
-                      "expected a dict or a path")
+      raise TypeError(
+        f"ModelConfig.from_hf got {type(config).__name__}; "
+        "expected a dict or a path"
+      )
     c = dict(config)
     if "text_config" in c and "model_type" not in c.get("text_config", {}):
       raise ValueError("multimodal configs (text_config) are not supported")
@@ -210,16 +243,25 @@ class ModelConfig:
       raise ValueError(f"config.json model_type={arch!r}; supported: {ARCHS}")
     act = c.get("hidden_act", "silu")
     if act != "silu":
-      raise ValueError(f"config.json hidden_act={act!r}; only 'silu' (SwiGLU) "
-                       "is supported")
+      raise ValueError(
+        f"config.json hidden_act={act!r}; only 'silu' (SwiGLU) is supported"
+      )
     if c.get("mlp_bias"):
-      raise ValueError("config.json mlp_bias=True; MLP biases are not "
-                       "supported")
+      raise ValueError(
+        "config.json mlp_bias=True; MLP biases are not supported"
+      )
     if c.get("use_sliding_window"):
-      raise ValueError("config.json use_sliding_window=True; sliding-window "
-                       "attention is not supported")
-    for key in ("vocab_size", "hidden_size", "intermediate_size",
-                "num_hidden_layers", "num_attention_heads"):
+      raise ValueError(
+        "config.json use_sliding_window=True; sliding-window "
+        "attention is not supported"
+      )
+    for key in (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+    ):
       if key not in c:
         raise ValueError(f"config.json lacks required field {key!r}")
     num_heads = int(c["num_attention_heads"])
@@ -229,179 +271,338 @@ class ModelConfig:
     rope_theta = c.get("rope_theta", rope_params.get("rope_theta", 10000.0))
     rope_scaling = c.get("rope_scaling") or rope_params or None
     return cls(
-        arch=arch,
-        vocab_size=int(c["vocab_size"]),
-        hidden_size=hidden,
-        intermediate_size=int(c["intermediate_size"]),
-        num_layers=int(c["num_hidden_layers"]),
-        num_heads=num_heads,
-        num_kv_heads=int(c.get("num_key_value_heads") or num_heads),
-        head_dim=int(head_dim),
-        rope_theta=float(rope_theta),
-        rope_scaling=rope_scaling,
-        rms_norm_eps=float(c.get("rms_norm_eps", 1e-5 if arch == "llama" else
-                                 1e-6)),
-        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-        attention_bias=bool(c.get("attention_bias", arch == "qwen2")),
-        max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
-        bos_token_id=c.get("bos_token_id"),
-        eos_token_id=c.get("eos_token_id"),
-        pad_token_id=c.get("pad_token_id"),
+      arch=arch,
+      vocab_size=int(c["vocab_size"]),
+      hidden_size=hidden,
+      intermediate_size=int(c["intermediate_size"]),
+      num_layers=int(c["num_hidden_layers"]),
+      num_heads=num_heads,
+      num_kv_heads=int(c.get("num_key_value_heads") or num_heads),
+      head_dim=int(head_dim),
+      rope_theta=float(rope_theta),
+      rope_scaling=rope_scaling,
+      rms_norm_eps=float(
+        c.get("rms_norm_eps", 1e-5 if arch == "llama" else 1e-6)
+      ),
+      tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+      attention_bias=bool(c.get("attention_bias", arch == "qwen2")),
+      max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
+      bos_token_id=c.get("bos_token_id"),
+      eos_token_id=c.get("eos_token_id"),
+      pad_token_id=c.get("pad_token_id"),
     )
 
   def to_hf(self) -> dict[str, Any]:
     """The HF `config.json` dict (legacy rope keys: read by transformers 4 & 5
     and by vLLM)."""
     out = {
-        "architectures": [_HF_ARCHITECTURES[self.arch]],
-        "model_type": self.arch,
-        "vocab_size": self.vocab_size,
-        "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads,
-        "head_dim": self.head_dim,
-        "hidden_act": "silu",
-        "rope_theta": self.rope_theta,
-        "rope_scaling": self.rope_scaling_dict,
-        "rms_norm_eps": self.rms_norm_eps,
-        "tie_word_embeddings": self.tie_word_embeddings,
-        "max_position_embeddings": self.max_position_embeddings,
-        "initializer_range": 0.02,
-        "attention_dropout": 0.0,
-        "use_cache": True,
-        "bos_token_id": self.bos_token_id,
-        "eos_token_id": (list(self.eos_token_id) if isinstance(
-            self.eos_token_id, tuple) else self.eos_token_id),
-        "pad_token_id": self.pad_token_id,
+      "architectures": [_HF_ARCHITECTURES[self.arch]],
+      "model_type": self.arch,
+      "vocab_size": self.vocab_size,
+      "hidden_size": self.hidden_size,
+      "intermediate_size": self.intermediate_size,
+      "num_hidden_layers": self.num_layers,
+      "num_attention_heads": self.num_heads,
+      "num_key_value_heads": self.num_kv_heads,
+      "head_dim": self.head_dim,
+      "hidden_act": "silu",
+      "rope_theta": self.rope_theta,
+      "rope_scaling": self.rope_scaling_dict,
+      "rms_norm_eps": self.rms_norm_eps,
+      "tie_word_embeddings": self.tie_word_embeddings,
+      "max_position_embeddings": self.max_position_embeddings,
+      "initializer_range": 0.02,
+      "attention_dropout": 0.0,
+      "use_cache": True,
+      "bos_token_id": self.bos_token_id,
+      "eos_token_id": (
+        list(self.eos_token_id)
+        if isinstance(self.eos_token_id, tuple)
+        else self.eos_token_id
+      ),
+      "pad_token_id": self.pad_token_id,
     }
     if self.arch == "llama":
-      out.update(attention_bias=self.attention_bias, mlp_bias=False,
-                 pretraining_tp=1)
+      out.update(
+        attention_bias=self.attention_bias, mlp_bias=False, pretraining_tp=1
+      )
     elif self.arch == "qwen3":
-      out.update(attention_bias=self.attention_bias, use_sliding_window=False,
-                 sliding_window=None, max_window_layers=self.num_layers)
+      out.update(
+        attention_bias=self.attention_bias,
+        use_sliding_window=False,
+        sliding_window=None,
+        max_window_layers=self.num_layers,
+      )
     else:
-      out.update(use_sliding_window=False, sliding_window=None,
-                 max_window_layers=self.num_layers)
+      out.update(
+        use_sliding_window=False,
+        sliding_window=None,
+        max_window_layers=self.num_layers,
+      )
     return out
 
 
 # ------------------------------------------------------------------ presets
-_LLAMA3_ROPE = (("factor", 32.0), ("high_freq_factor", 4.0),
-                ("low_freq_factor", 1.0),
-                ("original_max_position_embeddings", 8192),
-                ("rope_type", "llama3"))
+_LLAMA3_ROPE = (
+  ("factor", 32.0),
+  ("high_freq_factor", 4.0),
+  ("low_freq_factor", 1.0),
+  ("original_max_position_embeddings", 8192),
+  ("rope_type", "llama3"),
+)
 
 
 def _smollm2(**kw) -> ModelConfig:
-  return ModelConfig(arch="llama", vocab_size=49152, head_dim=64,
-                     rope_theta=100000.0, rms_norm_eps=1e-5,
-                     tie_word_embeddings=True, max_position_embeddings=8192,
-                     **kw)
+  return ModelConfig(
+    arch="llama",
+    vocab_size=49152,
+    head_dim=64,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    max_position_embeddings=8192,
+    **kw,
+  )
 
 
 def _qwen2(**kw) -> ModelConfig:
   kw.setdefault("rope_theta", 1000000.0)
-  return ModelConfig(arch="qwen2", head_dim=kw.pop("head_dim", 128),
-                     rms_norm_eps=1e-6, attention_bias=True, **kw)
+  return ModelConfig(
+    arch="qwen2",
+    head_dim=kw.pop("head_dim", 128),
+    rms_norm_eps=1e-6,
+    attention_bias=True,
+    **kw,
+  )
 
 
 def _qwen3(**kw) -> ModelConfig:
   # Qwen3 dense (Qwen3 technical report, 2025): head_dim 128 at every size
   # (not hidden / heads), θ = 1e6, 40,960-token context, no rope scaling.
-  return ModelConfig(arch="qwen3", vocab_size=151936, head_dim=128,
-                     rope_theta=1000000.0, rms_norm_eps=1e-6,
-                     attention_bias=False, max_position_embeddings=40960,
-                     bos_token_id=151643, eos_token_id=151645, **kw)
+  return ModelConfig(
+    arch="qwen3",
+    vocab_size=151936,
+    head_dim=128,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    attention_bias=False,
+    max_position_embeddings=40960,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    **kw,
+  )
 
 
 # Numbers from each checkpoint's HF config.json.
 PRESETS: dict[str, ModelConfig] = {
-    "smollm2-135m": _smollm2(hidden_size=576, intermediate_size=1536,
-                             num_layers=30, num_heads=9, num_kv_heads=3,
-                             bos_token_id=0, eos_token_id=0),
-    "smollm2-135m-instruct": _smollm2(
-        hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-        num_kv_heads=3, bos_token_id=1, eos_token_id=2, pad_token_id=2),
-    "smollm2-360m": _smollm2(hidden_size=960, intermediate_size=2560,
-                             num_layers=32, num_heads=15, num_kv_heads=5,
-                             bos_token_id=0, eos_token_id=0),
-    "smollm2-360m-instruct": _smollm2(
-        hidden_size=960, intermediate_size=2560, num_layers=32, num_heads=15,
-        num_kv_heads=5, bos_token_id=1, eos_token_id=2, pad_token_id=2),
-    "qwen2.5-0.5b": _qwen2(vocab_size=151936, hidden_size=896,
-                           intermediate_size=4864, num_layers=24, num_heads=14,
-                           num_kv_heads=2, head_dim=64,
-                           tie_word_embeddings=True,
-                           max_position_embeddings=32768,
-                           bos_token_id=151643, eos_token_id=151643),
-    "qwen2.5-0.5b-instruct": _qwen2(
-        vocab_size=151936, hidden_size=896, intermediate_size=4864,
-        num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64,
-        tie_word_embeddings=True, max_position_embeddings=32768,
-        bos_token_id=151643, eos_token_id=151645),
-    "qwen2.5-1.5b": _qwen2(vocab_size=151936, hidden_size=1536,
-                           intermediate_size=8960, num_layers=28, num_heads=12,
-                           num_kv_heads=2, tie_word_embeddings=True,
-                           max_position_embeddings=131072,
-                           bos_token_id=151643, eos_token_id=151643),
-    "qwen2.5-1.5b-instruct": _qwen2(
-        vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-        num_layers=28, num_heads=12, num_kv_heads=2, tie_word_embeddings=True,
-        max_position_embeddings=32768, bos_token_id=151643,
-        eos_token_id=151645),
-    "qwen2.5-7b": _qwen2(vocab_size=152064, hidden_size=3584,
-                         intermediate_size=18944, num_layers=28, num_heads=28,
-                         num_kv_heads=4, tie_word_embeddings=False,
-                         max_position_embeddings=131072,
-                         bos_token_id=151643, eos_token_id=151643),
-    "qwen2.5-7b-instruct": _qwen2(
-        vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-        num_layers=28, num_heads=28, num_kv_heads=4, tie_word_embeddings=False,
-        max_position_embeddings=32768, bos_token_id=151643,
-        eos_token_id=151645),
-    "deepseek-r1-distill-qwen-1.5b": _qwen2(
-        vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-        num_layers=28, num_heads=12, num_kv_heads=2, rope_theta=10000.0,
-        tie_word_embeddings=False, max_position_embeddings=131072,
-        bos_token_id=151646, eos_token_id=151643),
-    "deepseek-r1-distill-qwen-7b": _qwen2(
-        vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-        num_layers=28, num_heads=28, num_kv_heads=4, rope_theta=10000.0,
-        tie_word_embeddings=False, max_position_embeddings=131072,
-        bos_token_id=151646, eos_token_id=151643),
-    # Qwen3 post-trained (hybrid thinking) checkpoints; the -Base ones share
-    # the architecture. Model cards: 0.6B = 0.60B params (0.44B
-    # non-embedding), 1.7B = 1.72B (1.4B), 4B = 4.02B (3.6B), 8B = 8.19B
-    # (6.95B); tests/models/test_qwen3.py checks `num_params` against them.
-    "qwen3-0.6b": _qwen3(hidden_size=1024, intermediate_size=3072,
-                         num_layers=28, num_heads=16, num_kv_heads=8,
-                         tie_word_embeddings=True),
-    "qwen3-1.7b": _qwen3(hidden_size=2048, intermediate_size=6144,
-                         num_layers=28, num_heads=16, num_kv_heads=8,
-                         tie_word_embeddings=True),
-    "qwen3-4b": _qwen3(hidden_size=2560, intermediate_size=9728,
-                       num_layers=36, num_heads=32, num_kv_heads=8,
-                       tie_word_embeddings=True),
-    "qwen3-8b": _qwen3(hidden_size=4096, intermediate_size=12288,
-                       num_layers=36, num_heads=32, num_kv_heads=8,
-                       tie_word_embeddings=False),
-    "llama-3.2-1b": ModelConfig(
-        arch="llama", vocab_size=128256, hidden_size=2048,
-        intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
-        head_dim=64, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE,
-        rms_norm_eps=1e-5, tie_word_embeddings=True,
-        max_position_embeddings=131072, bos_token_id=128000,
-        eos_token_id=128001),
-    "llama-3.2-1b-instruct": ModelConfig(
-        arch="llama", vocab_size=128256, hidden_size=2048,
-        intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
-        head_dim=64, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE,
-        rms_norm_eps=1e-5, tie_word_embeddings=True,
-        max_position_embeddings=131072, bos_token_id=128000,
-        eos_token_id=(128001, 128008, 128009)),
+  "smollm2-135m": _smollm2(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    bos_token_id=0,
+    eos_token_id=0,
+  ),
+  "smollm2-135m-instruct": _smollm2(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+  ),
+  "smollm2-360m": _smollm2(
+    hidden_size=960,
+    intermediate_size=2560,
+    num_layers=32,
+    num_heads=15,
+    num_kv_heads=5,
+    bos_token_id=0,
+    eos_token_id=0,
+  ),
+  "smollm2-360m-instruct": _smollm2(
+    hidden_size=960,
+    intermediate_size=2560,
+    num_layers=32,
+    num_heads=15,
+    num_kv_heads=5,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+  ),
+  "qwen2.5-0.5b": _qwen2(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+    head_dim=64,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    bos_token_id=151643,
+    eos_token_id=151643,
+  ),
+  "qwen2.5-0.5b-instruct": _qwen2(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+    head_dim=64,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    bos_token_id=151643,
+    eos_token_id=151645,
+  ),
+  "qwen2.5-1.5b": _qwen2(
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_layers=28,
+    num_heads=12,
+    num_kv_heads=2,
+    tie_word_embeddings=True,
+    max_position_embeddings=131072,
+    bos_token_id=151643,
+    eos_token_id=151643,
+  ),
+  "qwen2.5-1.5b-instruct": _qwen2(
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_layers=28,
+    num_heads=12,
+    num_kv_heads=2,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    bos_token_id=151643,
+    eos_token_id=151645,
+  ),
+  "qwen2.5-7b": _qwen2(
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_layers=28,
+    num_heads=28,
+    num_kv_heads=4,
+    tie_word_embeddings=False,
+    max_position_embeddings=131072,
+    bos_token_id=151643,
+    eos_token_id=151643,
+  ),
+  "qwen2.5-7b-instruct": _qwen2(
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_layers=28,
+    num_heads=28,
+    num_kv_heads=4,
+    tie_word_embeddings=False,
+    max_position_embeddings=32768,
+    bos_token_id=151643,
+    eos_token_id=151645,
+  ),
+  "deepseek-r1-distill-qwen-1.5b": _qwen2(
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_layers=28,
+    num_heads=12,
+    num_kv_heads=2,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    max_position_embeddings=131072,
+    bos_token_id=151646,
+    eos_token_id=151643,
+  ),
+  "deepseek-r1-distill-qwen-7b": _qwen2(
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_layers=28,
+    num_heads=28,
+    num_kv_heads=4,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    max_position_embeddings=131072,
+    bos_token_id=151646,
+    eos_token_id=151643,
+  ),
+  # Qwen3 post-trained (hybrid thinking) checkpoints; the -Base ones share
+  # the architecture. Model cards: 0.6B = 0.60B params (0.44B
+  # non-embedding), 1.7B = 1.72B (1.4B), 4B = 4.02B (3.6B), 8B = 8.19B
+  # (6.95B); tests/models/test_qwen3.py checks `num_params` against them.
+  "qwen3-0.6b": _qwen3(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_layers=28,
+    num_heads=16,
+    num_kv_heads=8,
+    tie_word_embeddings=True,
+  ),
+  "qwen3-1.7b": _qwen3(
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_layers=28,
+    num_heads=16,
+    num_kv_heads=8,
+    tie_word_embeddings=True,
+  ),
+  "qwen3-4b": _qwen3(
+    hidden_size=2560,
+    intermediate_size=9728,
+    num_layers=36,
+    num_heads=32,
+    num_kv_heads=8,
+    tie_word_embeddings=True,
+  ),
+  "qwen3-8b": _qwen3(
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_layers=36,
+    num_heads=32,
+    num_kv_heads=8,
+    tie_word_embeddings=False,
+  ),
+  "llama-3.2-1b": ModelConfig(
+    arch="llama",
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_layers=16,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=64,
+    rope_theta=500000.0,
+    rope_scaling=_LLAMA3_ROPE,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    max_position_embeddings=131072,
+    bos_token_id=128000,
+    eos_token_id=128001,
+  ),
+  "llama-3.2-1b-instruct": ModelConfig(
+    arch="llama",
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_layers=16,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=64,
+    rope_theta=500000.0,
+    rope_scaling=_LLAMA3_ROPE,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    max_position_embeddings=131072,
+    bos_token_id=128000,
+    eos_token_id=(128001, 128008, 128009),
+  ),
 }
 
 
@@ -419,11 +620,23 @@ def tiny_config(**overrides) -> ModelConfig:
   Sizes are multiples of 2 and 4 so that every sharded dimension divides the
   8 fake devices' mesh axes.
   """
-  base = dict(arch="llama", vocab_size=128, hidden_size=32,
-              intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-              head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5,
-              tie_word_embeddings=False, attention_bias=False,
-              max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
-              pad_token_id=0)
+  base = dict(
+    arch="llama",
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    max_position_embeddings=128,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+  )
   base.update(overrides)
   return ModelConfig(**base)

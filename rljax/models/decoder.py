@@ -7,6 +7,7 @@ calls, because quantized `QTensor` leaves and `NamedSharding`s plug into a
 plain dict without module surgery. `Decoder` is a thin `flax.linen` wrapper for
 users who want `init`/`apply`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -25,8 +26,15 @@ KVCache = dict[str, jax.Array]
 
 _INIT_STD = 0.02  # HF initializer_range of Llama/Qwen2.
 
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                "down_proj")
+_PROJECTIONS = (
+  "q_proj",
+  "k_proj",
+  "v_proj",
+  "o_proj",
+  "gate_proj",
+  "up_proj",
+  "down_proj",
+)
 
 
 def layer_kernel_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -34,9 +42,15 @@ def layer_kernel_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
   d, f = config.hidden_size, config.intermediate_size
   hd = config.head_dim
   q, kv = config.num_heads * hd, config.num_kv_heads * hd
-  return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv),
-          "o_proj": (q, d), "gate_proj": (d, f), "up_proj": (d, f),
-          "down_proj": (f, d)}
+  return {
+    "q_proj": (d, q),
+    "k_proj": (d, kv),
+    "v_proj": (d, kv),
+    "o_proj": (q, d),
+    "gate_proj": (d, f),
+    "up_proj": (d, f),
+    "down_proj": (f, d),
+  }
 
 
 def _normal(rng, shape, dtype):
@@ -44,16 +58,19 @@ def _normal(rng, shape, dtype):
 
 
 def init_embed(config: ModelConfig, rng: PRNGKeyArray, dtype=jnp.float32):
-  return {"embedding": _normal(rng, (config.vocab_size, config.hidden_size),
-                               dtype)}
+  return {
+    "embedding": _normal(rng, (config.vocab_size, config.hidden_size), dtype)
+  }
 
 
 def init_layers(config: ModelConfig, rng: PRNGKeyArray, dtype=jnp.float32):
   n, d = config.num_layers, config.hidden_size
   shapes = layer_kernel_shapes(config)
   rngs = jax.random.split(rng, len(shapes))
-  out: dict[str, Any] = {"attn_norm": {"scale": jnp.ones((n, d), dtype)},
-                         "mlp_norm": {"scale": jnp.ones((n, d), dtype)}}
+  out: dict[str, Any] = {
+    "attn_norm": {"scale": jnp.ones((n, d), dtype)},
+    "mlp_norm": {"scale": jnp.ones((n, d), dtype)},
+  }
   for key, name in zip(rngs, _PROJECTIONS):
     out[name] = {"kernel": _normal(key, (n, *shapes[name]), dtype)}
   if config.has_qkv_bias:
@@ -75,13 +92,16 @@ def init_lm_head(config: ModelConfig, rng: PRNGKeyArray, dtype=jnp.float32):
   return {"kernel": _normal(rng, shape, dtype)}
 
 
-def init_params(config: ModelConfig, rng: PRNGKeyArray,
-                dtype=jnp.float32) -> dict[str, Any]:
+def init_params(
+  config: ModelConfig, rng: PRNGKeyArray, dtype=jnp.float32
+) -> dict[str, Any]:
   """Random params, HF's init: N(0, 0.02²) weights, unit norms, zero biases."""
   k_embed, k_layers, k_head = jax.random.split(rng, 3)
-  params = {"embed": init_embed(config, k_embed, dtype),
-            "layers": init_layers(config, k_layers, dtype),
-            "final_norm": init_final_norm(config, None, dtype)}
+  params = {
+    "embed": init_embed(config, k_embed, dtype),
+    "layers": init_layers(config, k_layers, dtype),
+    "final_norm": init_final_norm(config, None, dtype),
+  }
   if not config.tie_word_embeddings:
     params["lm_head"] = init_lm_head(config, k_head, dtype)
   return params
@@ -92,10 +112,9 @@ def param_shapes(config: ModelConfig) -> dict[str, Any]:
   """The shape of every leaf `init_params(config, ...)` creates."""
   n, d, v = config.num_layers, config.hidden_size, config.vocab_size
   shapes: dict[str, Any] = {
-      "embed": {"embedding": (v, d)},
-      "layers": {"attn_norm": {"scale": (n, d)},
-                 "mlp_norm": {"scale": (n, d)}},
-      "final_norm": {"scale": (d,)},
+    "embed": {"embedding": (v, d)},
+    "layers": {"attn_norm": {"scale": (n, d)}, "mlp_norm": {"scale": (n, d)}},
+    "final_norm": {"scale": (d,)},
   }
   for name, (d_in, d_out) in layer_kernel_shapes(config).items():
     shapes["layers"][name] = {"kernel": (n, d_in, d_out)}
@@ -112,16 +131,20 @@ def param_shapes(config: ModelConfig) -> dict[str, Any]:
 def check_params(config: ModelConfig, params: Params) -> None:
   """Raises naming the first leaf of `params` whose presence or shape does
   not fit `config` (a QTensor kernel is checked by its `value`)."""
+
   def walk(expected, got, path):
     if not isinstance(expected, dict):
       shape = tuple(got.shape)
       if shape != expected:
-        raise ValueError(f"params{path} has shape {shape}; expected {expected} "
-                         f"for this ModelConfig")
+        raise ValueError(
+          f"params{path} has shape {shape}; expected {expected} "
+          f"for this ModelConfig"
+        )
       return
     if not isinstance(got, Mapping):
-      raise TypeError(f"params{path} is a {type(got).__name__}; expected a "
-                      "dict")
+      raise TypeError(
+        f"params{path} is a {type(got).__name__}; expected a dict"
+      )
     missing = sorted(set(expected) - set(got))
     if missing:
       raise KeyError(f"params{path} lacks {missing}")
@@ -132,18 +155,23 @@ def check_params(config: ModelConfig, params: Params) -> None:
 
 
 def _check_tokens(tokens, name="tokens"):
-  if not hasattr(tokens, "dtype") or not jnp.issubdtype(tokens.dtype,
-                                                        jnp.integer):
-    raise TypeError(f"{name} must be an integer array [B, T]; got "
-                    f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
+  if not hasattr(tokens, "dtype") or not jnp.issubdtype(
+    tokens.dtype, jnp.integer
+  ):
+    raise TypeError(
+      f"{name} must be an integer array [B, T]; got "
+      f"{getattr(tokens, 'dtype', type(tokens).__name__)}"
+    )
   if tokens.ndim != 2:
     raise ValueError(f"{name} must have shape [B, T]; got {tokens.shape}")
 
 
 def _check_same_shape(x, tokens, name):
   if x is not None and tuple(x.shape) != tuple(tokens.shape):
-    raise ValueError(f"{name} has shape {tuple(x.shape)}; expected the shape "
-                     f"of tokens {tuple(tokens.shape)}")
+    raise ValueError(
+      f"{name} has shape {tuple(x.shape)}; expected the shape "
+      f"of tokens {tuple(tokens.shape)}"
+    )
 
 
 def compute_dtype(params: Params) -> jnp.dtype:
@@ -156,8 +184,9 @@ def positions_from_mask(attention_mask: Int[Array, "b t"]) -> Int[Array, "b t"]:
 
   With left padding the first real token gets position 0, as HF's generate.
   """
-  return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1,
-                     0)
+  return jnp.maximum(
+    jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0
+  )
 
 
 # ---------------------------------------------------------------- the block
@@ -179,27 +208,34 @@ def _attention_block(config: ModelConfig, layer: Params, x, cos, sin, k_fn):
   k = layers.apply_rope(k, cos, sin)
   keys, values, mask, extra = k_fn(k, v)
   out = layers.attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask)
-  x = x + layers.linear(out.reshape(b, t, config.num_heads * hd),
-                        layer["o_proj"])
+  x = x + layers.linear(
+    out.reshape(b, t, config.num_heads * hd), layer["o_proj"]
+  )
   return x, extra
 
 
 def _mlp_block(config: ModelConfig, layer: Params, x):
   h = layers.rms_norm(x, layer["mlp_norm"]["scale"], config.rms_norm_eps)
-  return x + layers.swiglu_mlp(h, layer["gate_proj"], layer["up_proj"],
-                               layer["down_proj"])
+  return x + layers.swiglu_mlp(
+    h, layer["gate_proj"], layer["up_proj"], layer["down_proj"]
+  )
 
 
-def embed_tokens(params: Params, tokens: Int[Array, "b t"]
-                 ) -> Float[Array, "b t d"]:
+def embed_tokens(
+  params: Params, tokens: Int[Array, "b t"]
+) -> Float[Array, "b t d"]:
   return jnp.take(params["embed"]["embedding"], tokens, axis=0)
 
 
-def final_hidden_states(config: ModelConfig, params: Params,
-                        tokens: Int[Array, "b t"],
-                        attention_mask: Int[Array, "b t"] | None = None,
-                        positions: Int[Array, "b t"] | None = None,
-                        *, remat: bool = False) -> Float[Array, "b t d"]:
+def final_hidden_states(
+  config: ModelConfig,
+  params: Params,
+  tokens: Int[Array, "b t"],
+  attention_mask: Int[Array, "b t"] | None = None,
+  positions: Int[Array, "b t"] | None = None,
+  *,
+  remat: bool = False,
+) -> Float[Array, "b t d"]:
   """Hidden states after the final RMSNorm, in the params' dtype.
 
   Args:
@@ -220,9 +256,11 @@ def final_hidden_states(config: ModelConfig, params: Params,
   _check_same_shape(positions, tokens, "positions")
   b, t = tokens.shape
   if positions is None:
-    positions = (positions_from_mask(attention_mask)
-                 if attention_mask is not None else
-                 jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)))
+    positions = (
+      positions_from_mask(attention_mask)
+      if attention_mask is not None
+      else jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    )
   causal = jnp.tril(jnp.ones((t, t), jnp.bool_))[None]
   if attention_mask is not None:
     mask = causal & attention_mask.astype(jnp.bool_)[:, None, :]
@@ -231,8 +269,9 @@ def final_hidden_states(config: ModelConfig, params: Params,
   cos, sin = layers.rope_cos_sin(config, positions)
 
   def block(x, layer):
-    x, _ = _attention_block(config, layer, x, cos, sin,
-                            lambda k, v: (k, v, mask, None))
+    x, _ = _attention_block(
+      config, layer, x, cos, sin, lambda k, v: (k, v, mask, None)
+    )
     return _mlp_block(config, layer, x), None
 
   if remat:
@@ -247,13 +286,15 @@ def lm_head_kernel(config: ModelConfig, params: Params) -> Any:
   if config.tie_word_embeddings:
     return params["embed"]["embedding"].T
   if "lm_head" not in params:
-    raise KeyError("params has no 'lm_head' but config.tie_word_embeddings is "
-                   "False")
+    raise KeyError(
+      "params has no 'lm_head' but config.tie_word_embeddings is False"
+    )
   return params["lm_head"]["kernel"]
 
 
-def logits_from_hidden(config: ModelConfig, params: Params,
-                       hidden: Float[Array, "... d"]) -> Float[Array, "... v"]:
+def logits_from_hidden(
+  config: ModelConfig, params: Params, hidden: Float[Array, "... d"]
+) -> Float[Array, "... v"]:
   """LM head in float32.
 
   Log-probs feed importance ratios, where bf16 logits are a known source of
@@ -268,43 +309,64 @@ def logits_from_hidden(config: ModelConfig, params: Params,
   # float32 copy of the [D, V] weight.
   dtype = jnp.promote_types(hidden.dtype, kernel.dtype)
   return jax.lax.dot_general(
-      hidden.astype(dtype), kernel.astype(dtype),
-      (((hidden.ndim - 1,), (0,)), ((), ())),
-      preferred_element_type=jnp.float32)
+    hidden.astype(dtype),
+    kernel.astype(dtype),
+    (((hidden.ndim - 1,), (0,)), ((), ())),
+    preferred_element_type=jnp.float32,
+  )
 
 
-def forward(config: ModelConfig, params: Params, tokens: Int[Array, "b t"],
-            attention_mask: Int[Array, "b t"] | None = None,
-            positions: Int[Array, "b t"] | None = None, *,
-            remat: bool = False, return_hidden: bool = False):
+def forward(
+  config: ModelConfig,
+  params: Params,
+  tokens: Int[Array, "b t"],
+  attention_mask: Int[Array, "b t"] | None = None,
+  positions: Int[Array, "b t"] | None = None,
+  *,
+  remat: bool = False,
+  return_hidden: bool = False,
+):
   """Next-token logits of a Llama/Qwen2/Qwen3 decoder.
 
   Returns float32 logits [B, T, V]; with `return_hidden`, the pair
   (logits, final hidden states [B, T, D]). See `final_hidden_states` for the
   arguments.
   """
-  hidden = final_hidden_states(config, params, tokens, attention_mask,
-                               positions, remat=remat)
+  hidden = final_hidden_states(
+    config, params, tokens, attention_mask, positions, remat=remat
+  )
   logits = logits_from_hidden(config, params, hidden)
   return (logits, hidden) if return_hidden else logits
 
 
 # ---------------------------------------------------------------- KV cache
-def init_cache(config: ModelConfig, batch: int, max_len: int,
-               dtype=jnp.float32) -> KVCache:
+def init_cache(
+  config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32
+) -> KVCache:
   """Zeroed KV cache: {"k", "v"}: [L, B, S=max_len, Hkv, hd]."""
   if batch <= 0 or max_len <= 0:
-    raise ValueError(f"init_cache batch={batch}, max_len={max_len}; expected "
-                     "positive ints")
-  shape = (config.num_layers, batch, max_len, config.num_kv_heads,
-           config.head_dim)
+    raise ValueError(
+      f"init_cache batch={batch}, max_len={max_len}; expected positive ints"
+    )
+  shape = (
+    config.num_layers,
+    batch,
+    max_len,
+    config.num_kv_heads,
+    config.head_dim,
+  )
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
-def forward_with_cache(config: ModelConfig, params: Params,
-                       tokens: Int[Array, "b t"], positions: Int[Array, "b t"],
-                       cache: KVCache, write_index: Int[Array, ""] | int,
-                       kv_mask: Bool[Array, "b s"]):
+def forward_with_cache(
+  config: ModelConfig,
+  params: Params,
+  tokens: Int[Array, "b t"],
+  positions: Int[Array, "b t"],
+  cache: KVCache,
+  write_index: Int[Array, ""] | int,
+  kv_mask: Bool[Array, "b s"],
+):
   """Runs T new tokens against a KV cache: prefill (T > 1) or decode (T = 1).
 
   The new keys/values are written at cache slots [write_index, write_index+T)
@@ -330,15 +392,20 @@ def forward_with_cache(config: ModelConfig, params: Params,
   b, t = tokens.shape
   s = cache["k"].shape[2]
   if cache["k"].shape[:2] != (config.num_layers, b):
-    raise ValueError(f"cache k has shape {cache['k'].shape}; expected "
-                     f"[L={config.num_layers}, B={b}, S, Hkv, hd]")
+    raise ValueError(
+      f"cache k has shape {cache['k'].shape}; expected "
+      f"[L={config.num_layers}, B={b}, S, Hkv, hd]"
+    )
   if tuple(kv_mask.shape) != (b, s):
-    raise ValueError(f"kv_mask has shape {tuple(kv_mask.shape)}; expected "
-                     f"[B={b}, S={s}]")
+    raise ValueError(
+      f"kv_mask has shape {tuple(kv_mask.shape)}; expected [B={b}, S={s}]"
+    )
   if isinstance(write_index, int) and not 0 <= write_index <= s - t:
     # (A traced index cannot be checked; XLA would clamp it silently.)
-    raise ValueError(f"write_index={write_index} with {t} new tokens does not "
-                     f"fit a cache of {s} slots")
+    raise ValueError(
+      f"write_index={write_index} with {t} new tokens does not "
+      f"fit a cache of {s} slots"
+    )
   write_index = jnp.asarray(write_index, jnp.int32)
   query_slot = write_index + jnp.arange(t, dtype=jnp.int32)
   causal = jnp.arange(s, dtype=jnp.int32)[None, :] <= query_slot[:, None]
@@ -354,33 +421,43 @@ def forward_with_cache(config: ModelConfig, params: Params,
       # Update the whole [L, ...] buffer in place (a loop-carried
       # dynamic_update_slice aliases), then read this layer's slice.
       start = (i, zero, write_index, zero, zero)
-      ck = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype),
-                                        start)
-      cv = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype),
-                                        start)
+      ck = jax.lax.dynamic_update_slice(
+        cache_k, k[None].astype(cache_k.dtype), start
+      )
+      cv = jax.lax.dynamic_update_slice(
+        cache_v, v[None].astype(cache_v.dtype), start
+      )
       return ck[i], cv[i], mask, (ck, cv)
 
-    x, (cache_k, cache_v) = _attention_block(config, layer, x, cos, sin,
-                                             write_and_read)
+    x, (cache_k, cache_v) = _attention_block(
+      config, layer, x, cos, sin, write_and_read
+    )
     x = _mlp_block(config, layer, x)
     return (x, cache_k, cache_v), None
 
   x = embed_tokens(params, tokens)
   (x, k, v), _ = jax.lax.scan(
-      block, (x, cache["k"], cache["v"]),
-      (params["layers"], jnp.arange(config.num_layers, dtype=jnp.int32)))
-  hidden = layers.rms_norm(x, params["final_norm"]["scale"],
-                           config.rms_norm_eps)
+    block,
+    (x, cache["k"], cache["v"]),
+    (params["layers"], jnp.arange(config.num_layers, dtype=jnp.int32)),
+  )
+  hidden = layers.rms_norm(
+    x, params["final_norm"]["scale"], config.rms_norm_eps
+  )
   return logits_from_hidden(config, params, hidden), {"k": k, "v": v}
 
 
-def decode_with_prefix_cache(config: ModelConfig, params: Params,
-                             tokens: Int[Array, "b 1"],
-                             positions: Int[Array, "b 1"],
-                             prefix_cache: KVCache,
-                             prefix_mask: Bool[Array, "p sp"],
-                             cache: KVCache, write_index: Int[Array, ""] | int,
-                             kv_mask: Bool[Array, "b s"]):
+def decode_with_prefix_cache(
+  config: ModelConfig,
+  params: Params,
+  tokens: Int[Array, "b 1"],
+  positions: Int[Array, "b 1"],
+  prefix_cache: KVCache,
+  prefix_mask: Bool[Array, "p sp"],
+  cache: KVCache,
+  write_index: Int[Array, ""] | int,
+  kv_mask: Bool[Array, "b s"],
+):
   """One decode step of B = P·n rows whose caches start with P shared prompts.
 
   Row b = i·n + j continues prompt i: its keys are prefix_cache[:, i] (the
@@ -410,21 +487,29 @@ def decode_with_prefix_cache(config: ModelConfig, params: Params,
   num_layers, p, sp = prefix_cache["k"].shape[:3]
   s = cache["k"].shape[2]
   if t != 1:
-    raise ValueError(f"decode_with_prefix_cache: tokens has {t} columns; "
-                     "expected 1")
+    raise ValueError(
+      f"decode_with_prefix_cache: tokens has {t} columns; expected 1"
+    )
   if num_layers != config.num_layers or b % p:
-    raise ValueError(f"prefix_cache k has shape {prefix_cache['k'].shape}; "
-                     f"expected [L={config.num_layers}, P, Sp, Hkv, hd] with "
-                     f"P dividing B={b}")
+    raise ValueError(
+      f"prefix_cache k has shape {prefix_cache['k'].shape}; "
+      f"expected [L={config.num_layers}, P, Sp, Hkv, hd] with "
+      f"P dividing B={b}"
+    )
   if tuple(prefix_mask.shape) != (p, sp):
-    raise ValueError(f"prefix_mask has shape {tuple(prefix_mask.shape)}; "
-                     f"expected [P={p}, Sp={sp}]")
+    raise ValueError(
+      f"prefix_mask has shape {tuple(prefix_mask.shape)}; "
+      f"expected [P={p}, Sp={sp}]"
+    )
   if cache["k"].shape[:2] != (config.num_layers, b):
-    raise ValueError(f"cache k has shape {cache['k'].shape}; expected "
-                     f"[L={config.num_layers}, B={b}, S, Hkv, hd]")
+    raise ValueError(
+      f"cache k has shape {cache['k'].shape}; expected "
+      f"[L={config.num_layers}, B={b}, S, Hkv, hd]"
+    )
   if tuple(kv_mask.shape) != (b, s):
-    raise ValueError(f"kv_mask has shape {tuple(kv_mask.shape)}; expected "
-                     f"[B={b}, S={s}]")
+    raise ValueError(
+      f"kv_mask has shape {tuple(kv_mask.shape)}; expected [B={b}, S={s}]"
+    )
   write_index = jnp.asarray(write_index, jnp.int32)
   causal = jnp.arange(s, dtype=jnp.int32) <= write_index
   mask = (causal[None] & kv_mask.astype(jnp.bool_))[:, None, :]
@@ -439,10 +524,12 @@ def decode_with_prefix_cache(config: ModelConfig, params: Params,
     hd = config.head_dim
     h = layers.rms_norm(x, layer["attn_norm"]["scale"], config.rms_norm_eps)
     q = layers.linear(h, layer["q_proj"]).reshape(bb, tt, config.num_heads, hd)
-    k = layers.linear(h, layer["k_proj"]).reshape(bb, tt, config.num_kv_heads,
-                                                  hd)
-    v = layers.linear(h, layer["v_proj"]).reshape(bb, tt, config.num_kv_heads,
-                                                  hd)
+    k = layers.linear(h, layer["k_proj"]).reshape(
+      bb, tt, config.num_kv_heads, hd
+    )
+    v = layers.linear(h, layer["v_proj"]).reshape(
+      bb, tt, config.num_kv_heads, hd
+    )
     if config.qk_norm:
       q = layers.rms_norm(q, layer["q_norm"]["scale"], config.rms_norm_eps)
       k = layers.rms_norm(k, layer["k_norm"]["scale"], config.rms_norm_eps)
@@ -450,23 +537,39 @@ def decode_with_prefix_cache(config: ModelConfig, params: Params,
     k = layers.apply_rope(k, cos, sin)
     start = (i, zero, write_index, zero, zero)
     cache_k = jax.lax.dynamic_update_slice(
-        cache_k, k[None].astype(cache_k.dtype), start)
+      cache_k, k[None].astype(cache_k.dtype), start
+    )
     cache_v = jax.lax.dynamic_update_slice(
-        cache_v, v[None].astype(cache_v.dtype), start)
+      cache_v, v[None].astype(cache_v.dtype), start
+    )
     out = layers.shared_prefix_attention(
-        q, prefix_k.astype(q.dtype), prefix_v.astype(q.dtype), prefix_mask,
-        cache_k[i].astype(q.dtype), cache_v[i].astype(q.dtype), mask)
-    x = x + layers.linear(out.reshape(bb, tt, config.num_heads * hd),
-                          layer["o_proj"])
+      q,
+      prefix_k.astype(q.dtype),
+      prefix_v.astype(q.dtype),
+      prefix_mask,
+      cache_k[i].astype(q.dtype),
+      cache_v[i].astype(q.dtype),
+      mask,
+    )
+    x = x + layers.linear(
+      out.reshape(bb, tt, config.num_heads * hd), layer["o_proj"]
+    )
     return (_mlp_block(config, layer, x), cache_k, cache_v), None
 
   x = embed_tokens(params, tokens)
   (x, k, v), _ = jax.lax.scan(
-      block, (x, cache["k"], cache["v"]),
-      (params["layers"], prefix_cache["k"], prefix_cache["v"],
-       jnp.arange(config.num_layers, dtype=jnp.int32)))
-  hidden = layers.rms_norm(x, params["final_norm"]["scale"],
-                           config.rms_norm_eps)
+    block,
+    (x, cache["k"], cache["v"]),
+    (
+      params["layers"],
+      prefix_cache["k"],
+      prefix_cache["v"],
+      jnp.arange(config.num_layers, dtype=jnp.int32),
+    ),
+  )
+  hidden = layers.rms_norm(
+    x, params["final_norm"]["scale"], config.rms_norm_eps
+  )
   return logits_from_hidden(config, params, hidden), {"k": k, "v": v}
 
 
@@ -474,18 +577,38 @@ def decode_with_prefix_cache(config: ModelConfig, params: Params,
 class Decoder(nn.Module):
   """`flax.linen` face of the decoder: `init` creates the contract params
   layout under "params", `apply` calls `forward`."""
+
   config: ModelConfig
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens, attention_mask=None, positions=None, *,
-               remat: bool = False, return_hidden: bool = False):
+  def __call__(
+    self,
+    tokens,
+    attention_mask=None,
+    positions=None,
+    *,
+    remat: bool = False,
+    return_hidden: bool = False,
+  ):
     cfg, dtype = self.config, self.param_dtype
-    parts = {"embed": init_embed, "layers": init_layers,
-             "final_norm": init_final_norm}
+    parts = {
+      "embed": init_embed,
+      "layers": init_layers,
+      "final_norm": init_final_norm,
+    }
     if not cfg.tie_word_embeddings:
       parts["lm_head"] = init_lm_head
-    params = {name: self.param(name, lambda rng, f=init: f(cfg, rng, dtype))
-              for name, init in parts.items()}
-    return forward(cfg, params, tokens, attention_mask, positions, remat=remat,
-                   return_hidden=return_hidden)
+    params = {
+      name: self.param(name, lambda rng, f=init: f(cfg, rng, dtype))
+      for name, init in parts.items()
+    }
+    return forward(
+      cfg,
+      params,
+      tokens,
+      attention_mask,
+      positions,
+      remat=remat,
+      return_hidden=return_hidden,
+    )

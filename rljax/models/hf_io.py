@@ -6,6 +6,7 @@ HF stores `nn.Linear` weights as [out, in] per layer
 `from_hf_state_dict` convert between the two, strictly: a missing, unexpected
 or mis-shaped tensor is an error that names it.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,20 +26,20 @@ from rljax.quant.qtensor import QTensor
 
 # Per-layer HF names: rljax layer leaf -> suffix after "model.layers.{i}.".
 _LAYER_NAMES = {
-    ("attn_norm", "scale"): "input_layernorm.weight",
-    ("q_proj", "kernel"): "self_attn.q_proj.weight",
-    ("q_proj", "bias"): "self_attn.q_proj.bias",
-    ("k_proj", "kernel"): "self_attn.k_proj.weight",
-    ("k_proj", "bias"): "self_attn.k_proj.bias",
-    ("v_proj", "kernel"): "self_attn.v_proj.weight",
-    ("v_proj", "bias"): "self_attn.v_proj.bias",
-    ("o_proj", "kernel"): "self_attn.o_proj.weight",
-    ("mlp_norm", "scale"): "post_attention_layernorm.weight",
-    ("gate_proj", "kernel"): "mlp.gate_proj.weight",
-    ("up_proj", "kernel"): "mlp.up_proj.weight",
-    ("down_proj", "kernel"): "mlp.down_proj.weight",
-    ("q_norm", "scale"): "self_attn.q_norm.weight",  # Qwen3 only
-    ("k_norm", "scale"): "self_attn.k_norm.weight",  # Qwen3 only
+  ("attn_norm", "scale"): "input_layernorm.weight",
+  ("q_proj", "kernel"): "self_attn.q_proj.weight",
+  ("q_proj", "bias"): "self_attn.q_proj.bias",
+  ("k_proj", "kernel"): "self_attn.k_proj.weight",
+  ("k_proj", "bias"): "self_attn.k_proj.bias",
+  ("v_proj", "kernel"): "self_attn.v_proj.weight",
+  ("v_proj", "bias"): "self_attn.v_proj.bias",
+  ("o_proj", "kernel"): "self_attn.o_proj.weight",
+  ("mlp_norm", "scale"): "post_attention_layernorm.weight",
+  ("gate_proj", "kernel"): "mlp.gate_proj.weight",
+  ("up_proj", "kernel"): "mlp.up_proj.weight",
+  ("down_proj", "kernel"): "mlp.down_proj.weight",
+  ("q_norm", "scale"): "self_attn.q_norm.weight",  # Qwen3 only
+  ("k_norm", "scale"): "self_attn.k_norm.weight",  # Qwen3 only
 }
 _QK_NORMS = (("q_norm", "scale"), ("k_norm", "scale"))
 _EMBED = "model.embed_tokens.weight"
@@ -48,8 +49,11 @@ _LM_HEAD = "lm_head.weight"
 # Buffers some older checkpoints carry that are not parameters.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
-_SAVE_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32,
-                "float16": np.float16}
+_SAVE_DTYPES = {
+  "bfloat16": ml_dtypes.bfloat16,
+  "float32": np.float32,
+  "float16": np.float16,
+}
 
 
 def _layer_leaves(config: ModelConfig) -> list[tuple[str, str]]:
@@ -101,15 +105,16 @@ def _layer_slice(leaf: Any, i: int) -> Any:
   return jax.tree.map(lambda x: x[i], leaf)
 
 
-def to_hf_state_dict(config: ModelConfig, params: Mapping[str, Any]
-                     ) -> dict[str, np.ndarray]:
+def to_hf_state_dict(
+  config: ModelConfig, params: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
   """HF name -> numpy array ([out, in] for linear weights), in the params'
   dtypes. A QTensor kernel exports its quantized `weight` plus
   `weight_scale` [out, 1]; tied embeddings export no `lm_head.weight`."""
   params = jax.device_get(params)
   out: dict[str, np.ndarray] = {
-      _EMBED: np.asarray(params["embed"]["embedding"]),
-      _FINAL_NORM: np.asarray(params["final_norm"]["scale"]),
+    _EMBED: np.asarray(params["embed"]["embedding"]),
+    _FINAL_NORM: np.asarray(params["final_norm"]["scale"]),
   }
   if not config.tie_word_embeddings:
     _kernel_to_hf(_LM_HEAD, decoder.lm_head_kernel(config, params), out)
@@ -149,21 +154,30 @@ def count_non_finite(array: Any) -> tuple[int, int]:
   return nan, inf
 
 
-def _non_finite_error(bad: list[tuple[str, int, int, int]],
-                      source: str | None) -> ValueError:
+def _non_finite_error(
+  bad: list[tuple[str, int, int, int]], source: str | None
+) -> ValueError:
   where = f"checkpoint {source!r}" if source else "checkpoint"
-  shown = "; ".join(f"{name!r}: {nan} NaN, {inf} inf of {size} values"
-                    for name, nan, inf, size in bad[:6])
+  shown = "; ".join(
+    f"{name!r}: {nan} NaN, {inf} inf of {size} values"
+    for name, nan, inf, size in bad[:6]
+  )
   more = f"; and {len(bad) - 6} more tensors" if len(bad) > 6 else ""
-  return ValueError(f"{where} has non-finite weights in {len(bad)} tensor(s) "
-                    f"({shown}{more}); expected finite values (the file is "
-                    "corrupt, or was saved from a diverged run)")
+  return ValueError(
+    f"{where} has non-finite weights in {len(bad)} tensor(s) "
+    f"({shown}{more}); expected finite values (the file is "
+    "corrupt, or was saved from a diverged run)"
+  )
 
 
-def from_hf_state_dict(config: ModelConfig,
-                       state_dict: Mapping[str, Any],
-                       dtype=None, *, source: str | None = None,
-                       check_finite: bool = True) -> dict[str, Any]:
+def from_hf_state_dict(
+  config: ModelConfig,
+  state_dict: Mapping[str, Any],
+  dtype=None,
+  *,
+  source: str | None = None,
+  check_finite: bool = True,
+) -> dict[str, Any]:
   """HF state dict (numpy/torch-free arrays, [out, in]) -> rljax params.
 
   Strict: raises KeyError naming missing or unexpected tensors and ValueError
@@ -180,26 +194,31 @@ def from_hf_state_dict(config: ModelConfig,
     check_finite: refuse NaN/inf values.
   """
   expected = expected_hf_shapes(config)
-  present = {k for k in state_dict
-             if not k.endswith(_IGNORED_SUFFIXES)}
+  present = {k for k in state_dict if not k.endswith(_IGNORED_SUFFIXES)}
   if config.tie_word_embeddings and _LM_HEAD in present:
-    if not np.array_equal(np.asarray(state_dict[_LM_HEAD]),
-                          np.asarray(state_dict.get(_EMBED))):
-      raise ValueError(f"tensor {_LM_HEAD!r} differs from {_EMBED!r} but "
-                       "config.tie_word_embeddings=True")
+    if not np.array_equal(
+      np.asarray(state_dict[_LM_HEAD]), np.asarray(state_dict.get(_EMBED))
+    ):
+      raise ValueError(
+        f"tensor {_LM_HEAD!r} differs from {_EMBED!r} but "
+        "config.tie_word_embeddings=True"
+      )
     present.discard(_LM_HEAD)
   missing = set(expected) - present
   if missing:
     raise KeyError(f"checkpoint is missing tensors: {_format_names(missing)}")
   unexpected = present - set(expected)
   if unexpected:
-    raise KeyError(f"checkpoint has unexpected tensors: "
-                   f"{_format_names(unexpected)}")
+    raise KeyError(
+      f"checkpoint has unexpected tensors: {_format_names(unexpected)}"
+    )
   for name, shape in expected.items():
     got = _shape_of(state_dict, name)
     if got != shape:
-      raise ValueError(f"tensor {name!r} has shape {got}; expected {shape} "
-                       f"for {config.arch} config")
+      raise ValueError(
+        f"tensor {name!r} has shape {got}; expected {shape} "
+        f"for {config.arch} config"
+      )
   bad: list[tuple[str, int, int, int]] = []
 
   def read(name: str) -> np.ndarray:
@@ -218,14 +237,18 @@ def from_hf_state_dict(config: ModelConfig,
 
   layers: dict[str, dict[str, jax.Array]] = {}
   for proj, kind in _layer_leaves(config):
-    per_layer = [read(f"model.layers.{i}.{_LAYER_NAMES[(proj, kind)]}")
-                 for i in range(config.num_layers)]
+    per_layer = [
+      read(f"model.layers.{i}.{_LAYER_NAMES[(proj, kind)]}")
+      for i in range(config.num_layers)
+    ]
     if kind == "kernel":
       per_layer = [w.T for w in per_layer]
     layers.setdefault(proj, {})[kind] = as_param(np.stack(per_layer))
-  params = {"embed": {"embedding": as_param(embed)},
-            "layers": layers,
-            "final_norm": {"scale": as_param(read(_FINAL_NORM))}}
+  params = {
+    "embed": {"embedding": as_param(embed)},
+    "layers": layers,
+    "final_norm": {"scale": as_param(read(_FINAL_NORM))},
+  }
   if not config.tie_word_embeddings:
     params["lm_head"] = {"kernel": as_param(read(_LM_HEAD).T)}
   if bad:
@@ -247,8 +270,10 @@ class LazyStateDict(Mapping):
       with safe_open(file, framework="np") as f:
         for name in f.keys():
           if name in self._where:
-            raise ValueError(f"tensor {name!r} appears in two files "
-                             f"({self._where[name]}, {file})")
+            raise ValueError(
+              f"tensor {name!r} appears in two files "
+              f"({self._where[name]}, {file})"
+            )
           self._where[name] = file
 
   def shape(self, name: str) -> tuple[int, ...]:
@@ -272,20 +297,27 @@ def load_hf_state_dict(path: str | os.PathLike) -> Mapping[str, np.ndarray]:
   return LazyStateDict(safetensors_io.checkpoint_files(path))
 
 
-def load_hf(path: str | os.PathLike, dtype=jnp.float32
-            ) -> tuple[ModelConfig, dict[str, Any]]:
+def load_hf(
+  path: str | os.PathLike, dtype=jnp.float32
+) -> tuple[ModelConfig, dict[str, Any]]:
   """(config, params) from an HF Llama/Qwen2 safetensors dir."""
   path = os.fspath(path)
   if not os.path.isdir(path):
     raise FileNotFoundError(f"not a directory: {path!r}")
   config = ModelConfig.from_hf(path)
-  return config, from_hf_state_dict(config, load_hf_state_dict(path), dtype,
-                                    source=path)
+  return config, from_hf_state_dict(
+    config, load_hf_state_dict(path), dtype, source=path
+  )
 
 
-def save_hf(config: ModelConfig, params: Mapping[str, Any],
-            out_dir: str | os.PathLike, tokenizer=None,
-            dtype: str = "bfloat16", max_shard_bytes: int = 2 * 2**30) -> str:
+def save_hf(
+  config: ModelConfig,
+  params: Mapping[str, Any],
+  out_dir: str | os.PathLike,
+  tokenizer=None,
+  dtype: str = "bfloat16",
+  max_shard_bytes: int = 2 * 2**30,
+) -> str:
   """Writes an HF checkpoint dir that `AutoModelForCausalLM` and vLLM load.
 
   Float tensors are cast to `dtype` ("bfloat16", "float16" or "float32");
@@ -313,15 +345,18 @@ def save_hf(config: ModelConfig, params: Mapping[str, Any],
   for stale in os.listdir(out_dir):
     if stale.endswith(".safetensors") or stale == safetensors_io.INDEX_FILE:
       os.remove(os.path.join(out_dir, stale))
-  safetensors_io.write_checkpoint(tensors, out_dir, max_shard_bytes,
-                                 single_file=True)
+  safetensors_io.write_checkpoint(
+    tensors, out_dir, max_shard_bytes, single_file=True
+  )
 
   hf_config = config.to_hf()
   hf_config["torch_dtype"] = dtype
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(hf_config, f, indent=2)
-  generation = {"bos_token_id": config.bos_token_id,
-                "eos_token_id": hf_config["eos_token_id"]}
+  generation = {
+    "bos_token_id": config.bos_token_id,
+    "eos_token_id": hf_config["eos_token_id"],
+  }
   if config.pad_token_id is not None:
     generation["pad_token_id"] = config.pad_token_id
   with open(os.path.join(out_dir, "generation_config.json"), "w") as f:

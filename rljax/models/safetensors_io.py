@@ -8,6 +8,7 @@ length, JSON header, raw bytes) to write directly. Tensor data is read with
 the `safetensors` package (vLLM reads these files with `safetensors.torch`);
 headers are parsed here, which is cheap for any model size.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,18 +24,18 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 _DTYPE_NAMES = {
-    np.dtype(np.bool_): "BOOL",
-    np.dtype(np.uint8): "U8",
-    np.dtype(np.int8): "I8",
-    np.dtype(np.int16): "I16",
-    np.dtype(np.int32): "I32",
-    np.dtype(np.int64): "I64",
-    np.dtype(np.float16): "F16",
-    np.dtype(np.float32): "F32",
-    np.dtype(np.float64): "F64",
-    np.dtype(ml_dtypes.bfloat16): "BF16",
-    np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3",
-    np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2",
+  np.dtype(np.bool_): "BOOL",
+  np.dtype(np.uint8): "U8",
+  np.dtype(np.int8): "I8",
+  np.dtype(np.int16): "I16",
+  np.dtype(np.int32): "I32",
+  np.dtype(np.int64): "I64",
+  np.dtype(np.float16): "F16",
+  np.dtype(np.float32): "F32",
+  np.dtype(np.float64): "F64",
+  np.dtype(ml_dtypes.bfloat16): "BF16",
+  np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3",
+  np.dtype(ml_dtypes.float8_e5m2): "F8_E5M2",
 }
 # safetensors dtype tag -> numpy dtype.
 _DTYPES = {tag: dtype for dtype, tag in _DTYPE_NAMES.items()}
@@ -43,6 +44,7 @@ _DTYPES = {tag: dtype for dtype, tag in _DTYPE_NAMES.items()}
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
   """Shape and dtype of one checkpoint tensor."""
+
   shape: tuple[int, ...]
   dtype: np.dtype
 
@@ -60,8 +62,9 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorSpec]:
   with open(path, "rb") as f:
     raw_len = f.read(8)
     if len(raw_len) != 8:
-      raise ValueError(f"{path!r} is not a safetensors file (shorter than 8 "
-                       "bytes)")
+      raise ValueError(
+        f"{path!r} is not a safetensors file (shorter than 8 bytes)"
+      )
     (header_len,) = struct.unpack("<Q", raw_len)
     header = json.loads(f.read(header_len))
   specs = {}
@@ -71,10 +74,12 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorSpec]:
     tag = entry["dtype"]
     if tag not in _DTYPES:
       raise ValueError(
-          f"{path!r}: tensor {name!r} has safetensors dtype {tag!r}; expected "
-          f"one of {sorted(_DTYPES)}")
-    specs[name] = TensorSpec(tuple(int(d) for d in entry["shape"]),
-                             _DTYPES[tag])
+        f"{path!r}: tensor {name!r} has safetensors dtype {tag!r}; expected "
+        f"one of {sorted(_DTYPES)}"
+      )
+    specs[name] = TensorSpec(
+      tuple(int(d) for d in entry["shape"]), _DTYPES[tag]
+    )
   return specs
 
 
@@ -89,17 +94,20 @@ def checkpoint_files(model_dir: str | os.PathLike) -> list[str]:
   elif os.path.isfile(os.path.join(model_dir, SINGLE_FILE)):
     names = [SINGLE_FILE]
   else:
-    names = sorted(n for n in os.listdir(model_dir)
-                   if n.endswith(".safetensors"))
+    names = sorted(
+      n for n in os.listdir(model_dir) if n.endswith(".safetensors")
+    )
   if not names:
     raise FileNotFoundError(
-        f"no .safetensors files in {model_dir!r}; expected an HF checkpoint "
-        "directory")
+      f"no .safetensors files in {model_dir!r}; expected an HF checkpoint "
+      "directory"
+    )
   return [os.path.join(model_dir, n) for n in names]
 
 
-def shard(tensors: Mapping[str, np.ndarray], max_shard_bytes: int
-          ) -> list[dict[str, np.ndarray]]:
+def shard(
+  tensors: Mapping[str, np.ndarray], max_shard_bytes: int
+) -> list[dict[str, np.ndarray]]:
   """Splits tensors (in name order) into shards of at most `max_shard_bytes`
   (a tensor larger than that gets a shard of its own)."""
   if max_shard_bytes < 1:
@@ -117,10 +125,13 @@ def shard(tensors: Mapping[str, np.ndarray], max_shard_bytes: int
   return shards
 
 
-def write_checkpoint(tensors: Mapping[str, np.ndarray],
-                     out_dir: str | os.PathLike, max_shard_bytes: int = 1 << 30,
-                     single_file: bool = False,
-                     metadata: Mapping[str, str] | None = None) -> int:
+def write_checkpoint(
+  tensors: Mapping[str, np.ndarray],
+  out_dir: str | os.PathLike,
+  max_shard_bytes: int = 1 << 30,
+  single_file: bool = False,
+  metadata: Mapping[str, str] | None = None,
+) -> int:
   """Writes tensors as `model-0000k-of-0000n.safetensors` + index.
 
   Args:
@@ -146,13 +157,17 @@ def write_checkpoint(tensors: Mapping[str, np.ndarray],
     save_safetensors(os.path.join(out_dir, file), part, metadata)
     weight_map.update({name: file for name in part})
   with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
-    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
-              f, indent=2)
+    json.dump(
+      {"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2
+    )
   return total
 
 
-def save_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
-                     metadata: Mapping[str, str] | None = None) -> None:
+def save_safetensors(
+  path: str | os.PathLike,
+  tensors: Mapping[str, np.ndarray],
+  metadata: Mapping[str, str] | None = None,
+) -> None:
   """Writes `tensors` (name -> array) to a `.safetensors` file at `path`."""
   header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
   arrays = []
@@ -161,12 +176,16 @@ def save_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
     a = np.ascontiguousarray(np.asarray(tensors[name]))
     if a.dtype not in _DTYPE_NAMES:
       raise TypeError(
-          f"save_safetensors: tensor {name!r} has dtype {a.dtype}; supported: "
-          f"{sorted(str(d) for d in _DTYPE_NAMES)}")
+        f"save_safetensors: tensor {name!r} has dtype {a.dtype}; supported: "
+        f"{sorted(str(d) for d in _DTYPE_NAMES)}"
+      )
     if not a.dtype.isnative and a.dtype.itemsize > 1:
       a = a.astype(a.dtype.newbyteorder("<"))
-    header[name] = {"dtype": _DTYPE_NAMES[a.dtype], "shape": list(a.shape),
-                    "data_offsets": [offset, offset + a.nbytes]}
+    header[name] = {
+      "dtype": _DTYPE_NAMES[a.dtype],
+      "shape": list(a.shape),
+      "data_offsets": [offset, offset + a.nbytes],
+    }
     offset += a.nbytes
     arrays.append(a)
   blob = json.dumps(header, separators=(",", ":")).encode()

@@ -8,6 +8,7 @@ style; XLA all-gathers it for the matmul). The batch is split over
 ("data", "fsdp"). A dimension that an axis does not divide is replicated over
 that axis rather than rejected, so odd head counts still run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,23 +28,26 @@ BATCH_AXES = ("data", "fsdp")
 # Every sharding in rljax (params, optimizer state, critic, batch, KV cache)
 # is derived from it; change a layout here, not at a call site.
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", BATCH_AXES),  # sequences of a batch: data parallel + ZeRO
-    ("embed", "fsdp"),      # D, the residual width: ZeRO-3 split
-    ("heads", "tensor"),    # Hq * hd: Megatron column/row split
-    ("kv_heads", "tensor"),  # Hkv * hd (and the cache's Hkv axis)
-    ("mlp", "tensor"),      # F, the SwiGLU width
-    ("vocab", "tensor"),    # V, embedding rows and LM-head columns
-    ("layers", None),       # the scanned layer axis stays whole
-    ("length", None),       # sequence / cache slots
-    ("head_dim", None),
+  ("batch", BATCH_AXES),  # sequences of a batch: data parallel + ZeRO
+  ("embed", "fsdp"),  # D, the residual width: ZeRO-3 split
+  ("heads", "tensor"),  # Hq * hd: Megatron column/row split
+  ("kv_heads", "tensor"),  # Hkv * hd (and the cache's Hkv axis)
+  ("mlp", "tensor"),  # F, the SwiGLU width
+  ("vocab", "tensor"),  # V, embedding rows and LM-head columns
+  ("layers", None),  # the scanned layer axis stays whole
+  ("length", None),  # sequence / cache slots
+  ("head_dim", None),
 )
 
 # Logical axes of each kernel's [in, out] dims (after the layer axis).
 _KERNEL_AXES = {
-    "q_proj": ("embed", "heads"), "k_proj": ("embed", "kv_heads"),
-    "v_proj": ("embed", "kv_heads"), "o_proj": ("heads", "embed"),
-    "gate_proj": ("embed", "mlp"), "up_proj": ("embed", "mlp"),
-    "down_proj": ("mlp", "embed"),
+  "q_proj": ("embed", "heads"),
+  "k_proj": ("embed", "kv_heads"),
+  "v_proj": ("embed", "kv_heads"),
+  "o_proj": ("heads", "embed"),
+  "gate_proj": ("embed", "mlp"),
+  "up_proj": ("embed", "mlp"),
+  "down_proj": ("mlp", "embed"),
 }
 # Top-level names of the params tree (docs/CONTRACTS.md). A path is read from
 # the first of these it contains, so optimizer states (whose mu/nu mirror the
@@ -52,15 +56,15 @@ _KERNEL_AXES = {
 _ROOTS = ("embed", "layers", "final_norm", "lm_head")
 
 
-def mesh_axes(logical: tuple[str | None, ...],
-              rules=LOGICAL_RULES) -> tuple:
+def mesh_axes(logical: tuple[str | None, ...], rules=LOGICAL_RULES) -> tuple:
   """Mesh axis (or None) of each logical axis name, by `rules`."""
   table = dict(rules)
   out = []
   for name in logical:
     if name is not None and name not in table:
-      raise ValueError(f"logical axis {name!r} has no rule; known: "
-                       f"{sorted(table)}")
+      raise ValueError(
+        f"logical axis {name!r} has no rule; known: {sorted(table)}"
+      )
     out.append(None if name is None else table[name])
   return tuple(out)
 
@@ -71,6 +75,7 @@ class MeshConfig:
   devices left over). The default puts every device on "data" (pure data
   parallelism: right for models that fit one device with their optimizer
   state); raise `fsdp` when they do not, `tensor` for very wide layers."""
+
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
@@ -87,13 +92,19 @@ class MeshConfig:
     except ValueError:
       sizes = []
     if len(sizes) != 3:
-      raise ValueError(f"mesh={text!r}; expected three comma-separated ints "
-                       "data,fsdp,tensor such as 2,2,2 (one may be -1)")
+      raise ValueError(
+        f"mesh={text!r}; expected three comma-separated ints "
+        "data,fsdp,tensor such as 2,2,2 (one may be -1)"
+      )
     return cls(*sizes)
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
-              devices: Sequence[Any] | None = None) -> Mesh:
+def make_mesh(
+  data: int = 1,
+  fsdp: int = -1,
+  tensor: int = 1,
+  devices: Sequence[Any] | None = None,
+) -> Mesh:
   """Mesh with axes ("data", "fsdp", "tensor"); one size may be -1 (the rest).
 
   The product of the sizes must equal the number of `devices` (default: all
@@ -103,21 +114,26 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
   sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
   for name, size in sizes.items():
     if not isinstance(size, int) or (size <= 0 and size != -1):
-      raise ValueError(f"make_mesh {name}={size!r}; expected a positive int "
-                       "or -1")
+      raise ValueError(
+        f"make_mesh {name}={size!r}; expected a positive int or -1"
+      )
   free = [n for n, s in sizes.items() if s == -1]
   if len(free) > 1:
     raise ValueError(f"make_mesh: only one axis may be -1; got {free}")
   fixed = int(np.prod([s for s in sizes.values() if s != -1]))
   if free:
     if len(devices) % fixed:
-      raise ValueError(f"make_mesh: {len(devices)} devices not divisible by "
-                       f"the fixed axis sizes {sizes}")
+      raise ValueError(
+        f"make_mesh: {len(devices)} devices not divisible by "
+        f"the fixed axis sizes {sizes}"
+      )
     sizes[free[0]] = len(devices) // fixed
   shape = tuple(sizes[a] for a in AXES)
   if int(np.prod(shape)) != len(devices):
-    raise ValueError(f"make_mesh: axis sizes {dict(zip(AXES, shape))} need "
-                     f"{int(np.prod(shape))} devices; have {len(devices)}")
+    raise ValueError(
+      f"make_mesh: axis sizes {dict(zip(AXES, shape))} need "
+      f"{int(np.prod(shape))} devices; have {len(devices)}"
+    )
   return Mesh(np.asarray(devices, dtype=object).reshape(shape), AXES)
 
 
@@ -133,7 +149,7 @@ def logical_axes(keys: tuple[str, ...], ndim: int) -> tuple:
   roots = [i for i, k in enumerate(keys) if k in _ROOTS]
   if not roots:
     return (None,) * ndim
-  keys = keys[roots[0]:]
+  keys = keys[roots[0] :]
   quant_field = keys[-1] if keys[-1] in ("value", "scale") else None
   if quant_field:
     keys = keys[:-1]
@@ -141,11 +157,11 @@ def logical_axes(keys: tuple[str, ...], ndim: int) -> tuple:
     spec = ("vocab", "embed")
   elif keys == ("lm_head", "kernel"):
     spec = ("embed", "vocab")
-  elif (keys[:1] == ("layers",) and len(keys) == 3 and
-        keys[1] in _KERNEL_AXES):
+  elif keys[:1] == ("layers",) and len(keys) == 3 and keys[1] in _KERNEL_AXES:
     d_in, d_out = _KERNEL_AXES[keys[1]]
-    spec = (("layers", d_in, d_out) if keys[2] == "kernel" else
-            ("layers", d_out))  # bias
+    spec = (
+      ("layers", d_in, d_out) if keys[2] == "kernel" else ("layers", d_out)
+    )  # bias
   else:
     return (None,) * ndim  # norms, value heads, counts: small, replicated
   if quant_field == "scale":
@@ -182,8 +198,9 @@ def param_shardings(config: ModelConfig, params, mesh: Mesh):
   def leaf_sharding(path, leaf):
     keys = tuple(_key_name(k) for k in path)
     shape = tuple(np.shape(leaf))
-    return NamedSharding(mesh, _fit(_logical_spec(keys, len(shape)), shape,
-                                    mesh))
+    return NamedSharding(
+      mesh, _fit(_logical_spec(keys, len(shape)), shape, mesh)
+    )
 
   return jax.tree_util.tree_map_with_path(leaf_sharding, params)
 
@@ -205,9 +222,10 @@ def shard_batch(batch, mesh: Mesh):
   def put(path, x):
     if np.ndim(x) == 0 or np.shape(x)[0] % n:
       raise ValueError(
-          f"batch leaf {jax.tree_util.keystr(path) or 'array'} has shape "
-          f"{np.shape(x)}; its leading dim must be divisible by "
-          f"data*fsdp={n}")
+        f"batch leaf {jax.tree_util.keystr(path) or 'array'} has shape "
+        f"{np.shape(x)}; its leading dim must be divisible by "
+        f"data*fsdp={n}"
+      )
     return jax.device_put(x, batch_sharding(mesh))
 
   return jax.tree_util.tree_map_with_path(put, batch)
@@ -220,4 +238,5 @@ def cache_shardings(mesh: Mesh, cache):
 
   def leaf_sharding(x):
     return NamedSharding(mesh, _fit(spec, np.shape(x), mesh))
+
   return jax.tree.map(leaf_sharding, cache)

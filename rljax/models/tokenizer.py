@@ -1,22 +1,28 @@
 """Tokenizers (with chat templates) for rljax checkpoints, via transformers."""
+
 from __future__ import annotations
 
 import os
 from typing import Any
 
 # Files any one of which makes an HF dir carry a tokenizer.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                   "vocab.json")
+TOKENIZER_FILES = (
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "tokenizer.model",
+  "vocab.json",
+)
 
 
 def missing_tokenizer_error(path: str | os.PathLike) -> FileNotFoundError:
   """The error for an HF dir without tokenizer files, naming what was looked
   for and how to fix it."""
   return FileNotFoundError(
-      f"{os.fspath(path)!r} has no tokenizer: looked for "
-      f"{', '.join(TOKENIZER_FILES)} and found none; save the checkpoint with "
-      "its tokenizer (models.save_hf(..., tokenizer=tok)) or copy the "
-      "tokenizer files of the model it was trained from into that directory")
+    f"{os.fspath(path)!r} has no tokenizer: looked for "
+    f"{', '.join(TOKENIZER_FILES)} and found none; save the checkpoint with "
+    "its tokenizer (models.save_hf(..., tokenizer=tok)) or copy the "
+    "tokenizer files of the model it was trained from into that directory"
+  )
 
 
 def require_tokenizer(tokenizer: Any, path: str | os.PathLike) -> Any:
@@ -37,6 +43,7 @@ def load_tokenizer(path: str | os.PathLike):
   rollouts need one.
   """
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+
   path = os.fspath(path)
   if path.endswith(".gguf"):
     if not os.path.isfile(path):
@@ -48,8 +55,9 @@ def load_tokenizer(path: str | os.PathLike):
       raise missing_tokenizer_error(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
   else:
-    raise FileNotFoundError(f"load_tokenizer: {path!r} is neither an HF "
-                            "directory nor a .gguf file")
+    raise FileNotFoundError(
+      f"load_tokenizer: {path!r} is neither an HF directory nor a .gguf file"
+    )
   if tokenizer.pad_token is None and tokenizer.eos_token is not None:
     tokenizer.pad_token = tokenizer.eos_token
   return tokenizer

@@ -8,6 +8,7 @@
 quant sits below models: the decoder stands on `QTensor`/`qdot`, and the
 export to HF names lives in `models.quant_export`.
 """
+
 from rljax.quant.diagnostics import SyncDiagnostics
 from rljax.quant.diagnostics import absolute_quant_error
 from rljax.quant.diagnostics import normalized_quant_error

@@ -6,6 +6,7 @@ large (docs/performance.md): on Intel Sapphire Rapids, AMX makes bf16 x bf16
 EPYC with AVX-512 VNNI but no AMX, int8 is only ~1.2-1.5x f32 and bf16 inputs
 gain little. Code that picks a compute path asks here instead of assuming.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,13 +14,21 @@ import functools
 import platform
 
 # Flags of /proc/cpuinfo that decide the fast dot path.
-FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
-         "amx_bf16", "avx_vnni")
+FLAGS = (
+  "avx512f",
+  "avx512_vnni",
+  "avx512_bf16",
+  "amx_tile",
+  "amx_int8",
+  "amx_bf16",
+  "avx_vnni",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class CpuInfo:
   """Model name and the dot-relevant feature flags of the host CPU."""
+
   model: str
   flags: tuple[str, ...]
 
@@ -29,8 +38,9 @@ class CpuInfo:
   @property
   def fast_int8_dot(self) -> bool:
     """int8 x int8 -> int32 dots run on AMX or VNNI units."""
-    return self.has("amx_int8") or self.has("avx512_vnni") or self.has(
-        "avx_vnni")
+    return (
+      self.has("amx_int8") or self.has("avx512_vnni") or self.has("avx_vnni")
+    )
 
   @property
   def fast_bf16_dot(self) -> bool:
@@ -54,8 +64,7 @@ def parse_cpuinfo(text: str) -> CpuInfo:
       model = value.strip()
     elif key == "flags" and not flags:
       flags = tuple(sorted(f for f in value.split() if f in FLAGS))
-  return CpuInfo(model=model or platform.processor() or "unknown",
-                 flags=flags)
+  return CpuInfo(model=model or platform.processor() or "unknown", flags=flags)
 
 
 @functools.lru_cache(maxsize=1)

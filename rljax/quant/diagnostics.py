@@ -6,6 +6,7 @@ quantized copy the rollout samples from, so the rollout barely sees training.
 These functions measure both sides on our params trees, and the fraction of
 quantized weights that actually changed between two syncs.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,18 +44,21 @@ def normalized_weight_update(prev_params: Any, new_params: Any) -> jax.Array:
   new_leaves, new_def = jax.tree.flatten(new_params, is_leaf=_is_qtensor)
   if prev_def != new_def:
     raise ValueError(
-        "normalized_weight_update: prev_params and new_params have different "
-        f"tree structures:\n{prev_def}\nvs\n{new_def}")
+      "normalized_weight_update: prev_params and new_params have different "
+      f"tree structures:\n{prev_def}\nvs\n{new_def}"
+    )
   num = jnp.float32(0)
   den = jnp.float32(0)
   for a, b in zip(prev_leaves, new_leaves):
     if _is_qtensor(a) or _is_qtensor(b):
       raise TypeError(
-          "normalized_weight_update: got a QTensor leaf; pass full-precision "
-          "params (use quantized_change_fraction for quantized trees)")
+        "normalized_weight_update: got a QTensor leaf; pass full-precision "
+        "params (use quantized_change_fraction for quantized trees)"
+      )
     if a.shape != b.shape:
       raise ValueError(
-          f"normalized_weight_update: leaf shapes differ: {a.shape} vs {b.shape}")
+        f"normalized_weight_update: leaf shapes differ: {a.shape} vs {b.shape}"
+      )
     num += _sq(b.astype(jnp.float32) - a.astype(jnp.float32))
     den += _sq(a)
   return num / den
@@ -67,13 +71,15 @@ def _quant_pairs(params: Params, qparams: Params, where: str):
       w = qparams_lib.get_path(params, path)
     except (KeyError, TypeError):
       raise ValueError(
-          f"{where}: qparams has a QTensor at {'/'.join(path)} but params has "
-          "no leaf there") from None
+        f"{where}: qparams has a QTensor at {'/'.join(path)} but params has "
+        "no leaf there"
+      ) from None
     if isinstance(w, QTensor) or w.shape != q.value.shape:
       raise ValueError(
-          f"{where}: params/{'/'.join(path)} should be a float array of shape "
-          f"{q.value.shape}, got {type(w).__name__} "
-          f"{getattr(w, 'shape', None)}")
+        f"{where}: params/{'/'.join(path)} should be a float array of shape "
+        f"{q.value.shape}, got {type(w).__name__} "
+        f"{getattr(w, 'shape', None)}"
+      )
     pairs.append(("/".join(path), w, q))
   if not pairs:
     raise ValueError(f"{where}: qparams holds no QTensor leaves")
@@ -94,7 +100,8 @@ def normalized_quant_error(params: Params, qparams: Params) -> jax.Array:
   """
   pairs = _quant_pairs(params, qparams, "normalized_quant_error")
   return _normalized_quant_error(
-      [w for _, w, _ in pairs], [q for _, _, q in pairs])
+    [w for _, w, _ in pairs], [q for _, _, q in pairs]
+  )
 
 
 @jax.jit
@@ -104,8 +111,9 @@ def _normalized_quant_error(ws, qs):
   return num / den
 
 
-def normalized_quant_error_per_layer(params: Params, qparams: Params
-                                     ) -> dict[str, jax.Array]:
+def normalized_quant_error_per_layer(
+  params: Params, qparams: Params
+) -> dict[str, jax.Array]:
   """Eq. 14 per quantized kernel and per block.
 
   Returns:
@@ -118,19 +126,25 @@ def normalized_quant_error_per_layer(params: Params, qparams: Params
 
 @jax.jit
 def _per_matrix_error(w, q):
-  return (_sq(q.dequantize() - w.astype(jnp.float32), axes=(-2, -1))
-          / _sq(w, axes=(-2, -1)))
+  return _sq(q.dequantize() - w.astype(jnp.float32), axes=(-2, -1)) / _sq(
+    w, axes=(-2, -1)
+  )
 
 
-def absolute_quant_error(params: Params, qparams: Params) -> dict[str, jax.Array]:
+def absolute_quant_error(
+  params: Params, qparams: Params
+) -> dict[str, jax.Array]:
   """‖Q(W) − W‖_F per quantized kernel (all blocks together)."""
   pairs = _quant_pairs(params, qparams, "absolute_quant_error")
-  return {name: jnp.sqrt(_sq(q.dequantize() - w.astype(jnp.float32)))
-          for name, w, q in pairs}
+  return {
+    name: jnp.sqrt(_sq(q.dequantize() - w.astype(jnp.float32)))
+    for name, w, q in pairs
+  }
 
 
-def quantized_change_fraction(prev_qparams: Params, new_qparams: Params
-                              ) -> jax.Array:
+def quantized_change_fraction(
+  prev_qparams: Params, new_qparams: Params
+) -> jax.Array:
   """Fraction of quantized weight codes that changed between two syncs.
 
   Counts elements whose integer (or e4m3) code differs. A channel whose absmax
@@ -146,23 +160,27 @@ def quantized_change_fraction(prev_qparams: Params, new_qparams: Params
   new = dict(qparams_lib.iter_qtensors(new_qparams))
   if prev.keys() != new.keys():
     raise ValueError(
-        "quantized_change_fraction: the trees quantize different kernels: "
-        f"{sorted(prev)} vs {sorted(new)}")
+      "quantized_change_fraction: the trees quantize different kernels: "
+      f"{sorted(prev)} vs {sorted(new)}"
+    )
   if not prev:
     raise ValueError("quantized_change_fraction: no QTensor leaves")
   for k in prev:
     if prev[k].value.shape != new[k].value.shape:
       raise ValueError(
-          f"quantized_change_fraction: {'/'.join(k)} shapes differ: "
-          f"{prev[k].value.shape} vs {new[k].value.shape}")
+        f"quantized_change_fraction: {'/'.join(k)} shapes differ: "
+        f"{prev[k].value.shape} vs {new[k].value.shape}"
+      )
   keys = sorted(prev)
   return _change_fraction([prev[k] for k in keys], [new[k] for k in keys])
 
 
 @jax.jit
 def _change_fraction(prev, new):
-  changed = sum(jnp.sum(a.value.astype(jnp.float32)
-                        != b.value.astype(jnp.float32)) for a, b in zip(prev, new))
+  changed = sum(
+    jnp.sum(a.value.astype(jnp.float32) != b.value.astype(jnp.float32))
+    for a, b in zip(prev, new)
+  )
   total = sum(a.value.size for a in prev)
   return changed.astype(jnp.float32) / total
 
@@ -207,18 +225,25 @@ class SyncDiagnostics:
       short = name.split("/")[-2]
       out[f"quant/normalized_quant_error/{short}"] = jnp.mean(err)
     if self._prev_params is None:
-      for k in ("normalized_weight_update", "normalized_kernel_update",
-                "update_to_quant_error", "quantized_change_fraction"):
+      for k in (
+        "normalized_weight_update",
+        "normalized_kernel_update",
+        "update_to_quant_error",
+        "quantized_change_fraction",
+      ):
         out[f"quant/{k}"] = math.nan
     else:
       kernel_update = normalized_weight_update(
-          _select(self._prev_params, paths), _select(params, paths))
+        _select(self._prev_params, paths), _select(params, paths)
+      )
       out["quant/normalized_weight_update"] = normalized_weight_update(
-          self._prev_params, params)
+        self._prev_params, params
+      )
       out["quant/normalized_kernel_update"] = kernel_update
       out["quant/update_to_quant_error"] = kernel_update / quant_err
       out["quant/quantized_change_fraction"] = quantized_change_fraction(
-          self._prev_qparams, qparams)
+        self._prev_qparams, qparams
+      )
     self._prev_params = jax.tree.map(jnp.copy, params)
     self._prev_qparams = jax.tree.map(jnp.copy, qparams)
     return {k: float(v) for k, v in jax.device_get(out).items()}

@@ -9,6 +9,7 @@ Layout follows Flax: a kernel is `[..., in, out]` (leading axes are stacked
 layers), and per-output-channel scales are `[..., 1, out]`, so that
 `dequantize(q) == q.value * q.scale` broadcasts without reshapes.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -40,6 +41,7 @@ class QTensor:
     fake: if True the matmul dequantizes and runs in float (quantize-dequantize
       emulation for backends without a native low-precision dot); static.
   """
+
   value: jax.Array
   scale: jax.Array
   mode: str = flax.struct.field(pytree_node=False, default="int8")
@@ -78,7 +80,8 @@ def quantize_activations_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _contract_last(x: jax.Array, w: jax.Array, out_dtype) -> jax.Array:
   return jax.lax.dot_general(
-      x, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=out_dtype)
+    x, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=out_dtype
+  )
 
 
 def _has_native_fp8_dot() -> bool:
@@ -111,24 +114,27 @@ def qdot(x: jax.Array, w: Any) -> jax.Array:
     return jnp.matmul(x, w.astype(x.dtype))
   if w.value.ndim != 2 or x.shape[-1] != w.value.shape[0]:
     raise ValueError(
-        f"qdot: x has shape {tuple(x.shape)} and the QTensor value "
-        f"{tuple(w.value.shape)}; expected x [..., in] and value [in, out] "
-        "(slice stacked layers before the matmul)")
+      f"qdot: x has shape {tuple(x.shape)} and the QTensor value "
+      f"{tuple(w.value.shape)}; expected x [..., in] and value [in, out] "
+      "(slice stacked layers before the matmul)"
+    )
   out_dtype = x.dtype
   if w.mode == "int8_wo":
     return jnp.matmul(x, w.dequantize(x.dtype))
   if w.mode == "int8":
     xq, sx = quantize_activations_int8(x)
     if w.fake:
-      y = _contract_last(xq.astype(jnp.float32), w.value.astype(jnp.float32),
-                         jnp.float32)
+      y = _contract_last(
+        xq.astype(jnp.float32), w.value.astype(jnp.float32), jnp.float32
+      )
     else:
       y = _contract_last(xq, w.value, jnp.int32).astype(jnp.float32)
   elif w.mode == "fp8":
     xq, sx = quantize_activations_fp8(x)
     if w.fake or not _has_native_fp8_dot():
-      y = _contract_last(xq.astype(jnp.float32), w.value.astype(jnp.float32),
-                         jnp.float32)
+      y = _contract_last(
+        xq.astype(jnp.float32), w.value.astype(jnp.float32), jnp.float32
+      )
     else:
       y = _contract_last(xq, w.value, jnp.float32)
   else:

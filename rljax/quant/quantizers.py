@@ -10,6 +10,7 @@ with the max taken over the input dimension of the kernel (Flax layout
 `[..., in, out]`, so `axis=-2`), and `w ≈ q * s`. Rounding is round-half-to-
 even, the rule of `torch.round` and of XLA's float8 conversion.
 """
+
 from __future__ import annotations
 
 import jax
@@ -23,12 +24,14 @@ from rljax.quant.qtensor import QTensor
 def _check_float_kernel(w, name: str) -> None:
   if not hasattr(w, "dtype") or not jnp.issubdtype(w.dtype, jnp.floating):
     raise TypeError(
-        f"{name}: expected a float array, got {type(w).__name__} with dtype "
-        f"{getattr(w, 'dtype', None)}")
+      f"{name}: expected a float array, got {type(w).__name__} with dtype "
+      f"{getattr(w, 'dtype', None)}"
+    )
   if w.ndim < 2:
     raise ValueError(
-        f"{name}: expected a kernel of rank >= 2 ([..., in, out]), got shape "
-        f"{tuple(w.shape)}")
+      f"{name}: expected a kernel of rank >= 2 ([..., in, out]), got shape "
+      f"{tuple(w.shape)}"
+    )
 
 
 def _amax_scale(w: jax.Array, axes: tuple[int, ...], qmax: float) -> jax.Array:
@@ -41,8 +44,12 @@ def _safe_divide(w: jax.Array, scale: jax.Array) -> jax.Array:
   return w.astype(jnp.float32) / jnp.where(scale == 0, 1.0, scale)
 
 
-def quantize_int8(w: Float[Array, "... d_in d_out"], axis: int = -2,
-                  mode: str = "int8", fake: bool = False) -> QTensor:
+def quantize_int8(
+  w: Float[Array, "... d_in d_out"],
+  axis: int = -2,
+  mode: str = "int8",
+  fake: bool = False,
+) -> QTensor:
   """Symmetric INT8 with one scale per slice along `axis`.
 
   s = max_{axis} |w| / 127,  q = clip(round(w / s), -127, 127).
@@ -61,18 +68,24 @@ def quantize_int8(w: Float[Array, "... d_in d_out"], axis: int = -2,
   _check_float_kernel(w, "quantize_int8(w)")
   if mode not in ("int8", "int8_wo"):
     raise ValueError(
-        f"quantize_int8: mode={mode!r}; expected 'int8' or 'int8_wo'")
+      f"quantize_int8: mode={mode!r}; expected 'int8' or 'int8_wo'"
+    )
   if not -w.ndim <= axis < w.ndim:
     raise ValueError(
-        f"quantize_int8: axis={axis} out of range for shape {tuple(w.shape)}")
+      f"quantize_int8: axis={axis} out of range for shape {tuple(w.shape)}"
+    )
   scale = _amax_scale(w, (axis,), qtensor.INT8_MAX)
-  q = jnp.clip(jnp.round(_safe_divide(w, scale)), -qtensor.INT8_MAX,
-               qtensor.INT8_MAX)
+  q = jnp.clip(
+    jnp.round(_safe_divide(w, scale)), -qtensor.INT8_MAX, qtensor.INT8_MAX
+  )
   return QTensor(q.astype(jnp.int8), scale, mode=mode, fake=fake)
 
 
-def quantize_fp8(w: Float[Array, "... d_in d_out"], per_tensor: bool = False,
-                 fake: bool = False) -> QTensor:
+def quantize_fp8(
+  w: Float[Array, "... d_in d_out"],
+  per_tensor: bool = False,
+  fake: bool = False,
+) -> QTensor:
   """FP8 e4m3 (float8_e4m3fn) with a per-output-channel or per-matrix scale.
 
   s = max |w| / 448 (over the input axis, or over the last two axes when
@@ -90,26 +103,31 @@ def quantize_fp8(w: Float[Array, "... d_in d_out"], per_tensor: bool = False,
   _check_float_kernel(w, "quantize_fp8(w)")
   axes = (-2, -1) if per_tensor else (-2,)
   scale = _amax_scale(w, axes, qtensor.FP8_E4M3_MAX)
-  q = jnp.clip(_safe_divide(w, scale), -qtensor.FP8_E4M3_MAX,
-               qtensor.FP8_E4M3_MAX)
+  q = jnp.clip(
+    _safe_divide(w, scale), -qtensor.FP8_E4M3_MAX, qtensor.FP8_E4M3_MAX
+  )
   return QTensor(q.astype(jnp.float8_e4m3fn), scale, mode="fp8", fake=fake)
 
 
 def dequantize(q: QTensor, dtype=jnp.float32) -> jax.Array:
   """`q.value * q.scale` in `dtype` (computed in float32)."""
   if not isinstance(q, QTensor):
-    raise TypeError(f"dequantize(q): expected a QTensor, got {type(q).__name__}")
+    raise TypeError(
+      f"dequantize(q): expected a QTensor, got {type(q).__name__}"
+    )
   return q.dequantize(dtype)
 
 
-def quantize(w: jax.Array, mode: str, fake: bool = False,
-             per_tensor: bool = False) -> QTensor:
+def quantize(
+  w: jax.Array, mode: str, fake: bool = False, per_tensor: bool = False
+) -> QTensor:
   """Dispatch on `mode` (one of `qtensor.MODES`) for a kernel `[..., in, out]`."""
   if mode in ("int8", "int8_wo"):
     if per_tensor:
       raise ValueError(
-          f"quantize: per_tensor=True is only supported for mode='fp8', "
-          f"got mode={mode!r}")
+        f"quantize: per_tensor=True is only supported for mode='fp8', "
+        f"got mode={mode!r}"
+      )
     return quantize_int8(w, axis=-2, mode=mode, fake=fake)
   if mode == "fp8":
     return quantize_fp8(w, per_tensor=per_tensor, fake=fake)

@@ -4,6 +4,7 @@ QuRL (§3) samples from a quantized actor π_{Q(θ)}: the trainer prepares
 these weights once per sync, here, so the quantization diagnostics measure
 exactly the tree every engine then loads as given (no engine converts).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,9 @@ def is_quantized(mode: str) -> bool:
   return mode in qtensor.MODES
 
 
-def prepare_rollout_weights(config: Any, params: Any, mode: str,
-                            fake: bool = False) -> Any:
+def prepare_rollout_weights(
+  config: Any, params: Any, mode: str, fake: bool = False
+) -> Any:
   """The rollout tree for `mode`, in fresh buffers.
 
   Args:
@@ -41,8 +43,9 @@ def prepare_rollout_weights(config: Any, params: Any, mode: str,
     A tree sharing no buffer with `params` (the update step donates θ's).
   """
   if mode not in ROLLOUT_MODES:
-    raise ValueError(f"prepare_rollout_weights: mode={mode!r}; expected one "
-                     f"of {ROLLOUT_MODES}")
+    raise ValueError(
+      f"prepare_rollout_weights: mode={mode!r}; expected one of {ROLLOUT_MODES}"
+    )
   if is_quantized(mode):
     return qparams_lib.quantize_params(config, params, mode=mode, fake=fake)
   if mode == "bf16":

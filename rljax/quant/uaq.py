@@ -25,6 +25,7 @@ Optional further folds through linear paths inside a block:
     columns by s and dividing down's input rows by s is exact; up's kernel
     likewise returns to W_up and down gains.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,27 +44,29 @@ def _check_scale(scale: Any) -> float:
     s = float(scale)
   except (TypeError, ValueError):
     raise TypeError(
-        f"UAQ scale: expected a positive number, got {scale!r}") from None
+      f"UAQ scale: expected a positive number, got {scale!r}"
+    ) from None
   if not math.isfinite(s) or s <= 0:
     raise ValueError(f"UAQ scale={scale!r}; expected a finite number > 0")
   return s
 
 
-def uaq_powers(fold_vo: bool = False, fold_up_down: bool = False
-               ) -> dict[tuple[str, str], int]:
+def uaq_powers(
+  fold_vo: bool = False, fold_up_down: bool = False
+) -> dict[tuple[str, str], int]:
   """k such that each leaf of `params["layers"]` is multiplied by s^k.
 
   Kernels are scaled as a whole because s is a scalar: dividing the input rows
   of all channels by s is dividing the matrix by s.
   """
   k = {
-      ("attn_norm", "scale"): 1,
-      ("mlp_norm", "scale"): 1,
-      ("q_proj", "kernel"): -1,
-      ("k_proj", "kernel"): -1,
-      ("v_proj", "kernel"): -1,
-      ("gate_proj", "kernel"): -1,
-      ("up_proj", "kernel"): -1,
+    ("attn_norm", "scale"): 1,
+    ("mlp_norm", "scale"): 1,
+    ("q_proj", "kernel"): -1,
+    ("k_proj", "kernel"): -1,
+    ("v_proj", "kernel"): -1,
+    ("gate_proj", "kernel"): -1,
+    ("up_proj", "kernel"): -1,
   }
   if fold_vo:
     k[("v_proj", "kernel")] = 0  # (1/s on the input side) · (s on outputs)
@@ -75,8 +78,9 @@ def uaq_powers(fold_vo: bool = False, fold_up_down: bool = False
   return k
 
 
-def _apply_powers(config: Any, params: Params, scale: float, powers,
-                  where: str) -> Params:
+def _apply_powers(
+  config: Any, params: Params, scale: float, powers, where: str
+) -> Params:
   del config
   s = jnp.float32(_check_scale(scale))
   qparams_lib._check_params(params, where)
@@ -88,19 +92,26 @@ def _apply_powers(config: Any, params: Params, scale: float, powers,
     x = layers[module][leaf]
     if isinstance(x, QTensor):
       raise TypeError(
-          f"{where}: layers/{module}/{leaf} is a QTensor; fold the full-"
-          "precision params, then quantize")
+        f"{where}: layers/{module}/{leaf} is a QTensor; fold the full-"
+        "precision params, then quantize"
+      )
     # One correctly rounded float32 op per weight (x·s or x/s; not x·(1/s),
     # which would round twice), so the fold perturbs the function as little
     # as float32 allows; bf16 params round once more, at the end.
     x32 = x.astype(jnp.float32)
     new_leaves[("layers", module, leaf)] = (
-        x32 * s if k > 0 else x32 / s).astype(x.dtype)
+      x32 * s if k > 0 else x32 / s
+    ).astype(x.dtype)
   return qparams_lib.replace_paths(params, new_leaves)
 
 
-def fold_uaq(config: Any, params: Params, scale: float = 1.5,
-             fold_vo: bool = False, fold_up_down: bool = False) -> Params:
+def fold_uaq(
+  config: Any,
+  params: Params,
+  scale: float = 1.5,
+  fold_vo: bool = False,
+  fold_up_down: bool = False,
+) -> Params:
   """Folds UAQ's invariant scaling into `params` (same function, new weights).
 
   attn_norm.γ, mlp_norm.γ ← s·γ;  q/k/v/gate/up kernels ← W / s; optionally
@@ -116,12 +127,18 @@ def fold_uaq(config: Any, params: Params, scale: float = 1.5,
   Returns:
     A new params tree computing the same logits up to float rounding.
   """
-  return _apply_powers(config, params, scale,
-                       uaq_powers(fold_vo, fold_up_down), "fold_uaq")
+  return _apply_powers(
+    config, params, scale, uaq_powers(fold_vo, fold_up_down), "fold_uaq"
+  )
 
 
-def unfold_uaq(config: Any, params: Params, scale: float = 1.5,
-               fold_vo: bool = False, fold_up_down: bool = False) -> Params:
+def unfold_uaq(
+  config: Any,
+  params: Params,
+  scale: float = 1.5,
+  fold_vo: bool = False,
+  fold_up_down: bool = False,
+) -> Params:
   """Inverse of `fold_uaq` with the same arguments: back to the plain model.
 
   Use it to export or evaluate a model trained in the folded parametrisation.

@@ -8,6 +8,7 @@ forward pass: it must run in the trainer's process, on the accelerator, and
 a per-item call in a worker would reload the model in every process. Such
 rewards implement `BatchedReward`; `rljax.train.tasks.Task` takes either.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Protocol, Sequence
@@ -29,28 +30,39 @@ class BatchedReward(Protocol):
   def close(self) -> None: ...
 
 
-def reward_batch(scores, components: Mapping[str, np.ndarray], *,
-                 seconds: float, status: Sequence[str] | None = None,
-                 metrics: Mapping[str, float] | None = None) -> RewardBatch:
+def reward_batch(
+  scores,
+  components: Mapping[str, np.ndarray],
+  *,
+  seconds: float,
+  status: Sequence[str] | None = None,
+  metrics: Mapping[str, float] | None = None,
+) -> RewardBatch:
   """A `RewardBatch` with the metric keys `RewardPool` reports (items,
   timeouts, errors, worker_restarts, seconds) plus `metrics`."""
   scores = np.asarray(scores, np.float32)
   count = scores.shape[0]
   status = tuple(status) if status is not None else ("ok",) * count
   if len(status) != count:
-    raise ValueError(f"reward_batch: {len(status)} status entries for "
-                     f"{count} scores")
+    raise ValueError(
+      f"reward_batch: {len(status)} status entries for {count} scores"
+    )
   comps = {}
   for name, value in components.items():
     value = np.asarray(value, np.float32)
     if value.shape != (count,):
-      raise ValueError(f"reward_batch: component {name!r} has shape "
-                       f"{value.shape}; expected ({count},)")
+      raise ValueError(
+        f"reward_batch: component {name!r} has shape "
+        f"{value.shape}; expected ({count},)"
+      )
     comps[name] = value
-  out = {"items": float(count),
-         "timeouts": float(sum(s == "timeout" for s in status)),
-         "errors": float(sum(s == "error" for s in status)),
-         "worker_restarts": 0.0, "seconds": float(seconds)}
+  out = {
+    "items": float(count),
+    "timeouts": float(sum(s == "timeout" for s in status)),
+    "errors": float(sum(s == "error" for s in status)),
+    "worker_restarts": 0.0,
+    "seconds": float(seconds),
+  }
   out.update({k: float(v) for k, v in (metrics or {}).items()})
   return RewardBatch(scores, comps, status, out)
 

@@ -25,6 +25,7 @@ Decisions (math-verify's rules where it has one):
   exactly 3), one separator kind per number: ``1 2``, ``12 34`` and
   ``1 2 3`` are lists, not numbers, and never equal ``12``/``1234``/``123``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,11 +34,11 @@ import logging
 from rljax.data.numbers import parse_plain_number
 
 __all__ = [
-    "MAX_ANSWER_CHARS",
-    "warm_up",
-    "parse_plain_number",
-    "plain_numbers_equal",
-    "symbolic_equal",
+  "MAX_ANSWER_CHARS",
+  "warm_up",
+  "parse_plain_number",
+  "plain_numbers_equal",
+  "symbolic_equal",
 ]
 
 # Longer "answers" are not answers; bounding them also bounds parse time.
@@ -45,68 +46,75 @@ MAX_ANSWER_CHARS = 1000
 
 
 def plain_numbers_equal(pred: str, gold: str) -> bool | None:
-    """True/False when both are plain numbers and that decides it, else None.
+  """True/False when both are plain numbers and that decides it, else None.
 
-    Exact equality is decisive; inequality is decisive only between integer
-    literals (two decimals may still agree to math-verify's 6 places).
-    """
-    parsed_pred = parse_plain_number(pred)
-    parsed_gold = parse_plain_number(gold)
-    if parsed_pred is None or parsed_gold is None:
-        return None
-    (pred_value, pred_is_int), (gold_value, gold_is_int) = parsed_pred, parsed_gold
-    if pred_value == gold_value:
-        return True
-    if pred_is_int and gold_is_int:
-        return False
+  Exact equality is decisive; inequality is decisive only between integer
+  literals (two decimals may still agree to math-verify's 6 places).
+  """
+  parsed_pred = parse_plain_number(pred)
+  parsed_gold = parse_plain_number(gold)
+  if parsed_pred is None or parsed_gold is None:
     return None
+  (pred_value, pred_is_int), (gold_value, gold_is_int) = (
+    parsed_pred,
+    parsed_gold,
+  )
+  if pred_value == gold_value:
+    return True
+  if pred_is_int and gold_is_int:
+    return False
+  return None
 
 
 class _DropTimeoutDisabledWarning(logging.Filter):
-    """math-verify warns once that its timeouts are off; ours are on."""
+  """math-verify warns once that its timeouts are off; ours are on."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Timeout is disabled")
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Timeout is disabled")
 
 
 @functools.cache
 def _math_verify():
-    import math_verify  # imported lazily: it pulls in sympy (about 1 s)
+  import math_verify  # imported lazily: it pulls in sympy (about 1 s)
 
-    for name in ("math_verify.parser", "math_verify.grader"):
-        logging.getLogger(name).addFilter(_DropTimeoutDisabledWarning())
-    return math_verify
+  for name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(name).addFilter(_DropTimeoutDisabledWarning())
+  return math_verify
 
 
 @functools.lru_cache(maxsize=4096)
 def _parse(answer: str):
-    math_verify = _math_verify()
-    # Wrapping in \boxed makes math-verify take the whole string as the answer
-    # instead of searching it for one.
-    parsed = math_verify.parse("\\boxed{" + answer + "}", parsing_timeout=None)
-    if not parsed:
-        parsed = math_verify.parse(answer, parsing_timeout=None)
-    return tuple(parsed)
+  math_verify = _math_verify()
+  # Wrapping in \boxed makes math-verify take the whole string as the answer
+  # instead of searching it for one.
+  parsed = math_verify.parse("\\boxed{" + answer + "}", parsing_timeout=None)
+  if not parsed:
+    parsed = math_verify.parse(answer, parsing_timeout=None)
+  return tuple(parsed)
 
 
 def symbolic_equal(pred: str, gold: str) -> bool:
-    """math-verify's verdict on two extracted answers (no time limit here).
+  """math-verify's verdict on two extracted answers (no time limit here).
 
-    May be slow on adversarial input; call it through ``IsolatedWorker``
-    unless you already run inside one.
-    """
-    if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
-        return False
-    parsed_gold = _parse(gold)
-    parsed_pred = _parse(pred)
-    if not parsed_gold or not parsed_pred:
-        return False
-    return bool(_math_verify().verify(list(parsed_gold), list(parsed_pred), timeout_seconds=None))
+  May be slow on adversarial input; call it through ``IsolatedWorker``
+  unless you already run inside one.
+  """
+  if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
+    return False
+  parsed_gold = _parse(gold)
+  parsed_pred = _parse(pred)
+  if not parsed_gold or not parsed_pred:
+    return False
+  return bool(
+    _math_verify().verify(
+      list(parsed_gold), list(parsed_pred), timeout_seconds=None
+    )
+  )
 
 
 def warm_up() -> None:
-    """Imports math-verify and builds its parsers (a few seconds, once per
-    process), so that a worker's first item is not charged for it."""
-    _parse.cache_clear()
-    symbolic_equal("\\frac{1}{2}", "0.5")
-    _parse.cache_clear()
+  """Imports math-verify and builds its parsers (a few seconds, once per
+  process), so that a worker's first item is not charged for it."""
+  _parse.cache_clear()
+  symbolic_equal("\\frac{1}{2}", "0.5")
+  _parse.cache_clear()

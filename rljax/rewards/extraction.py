@@ -3,6 +3,7 @@
 Datasets parse their ground truth with the same functions the verifiers
 use on completions, and data sits below rewards, so they live in data.
 """
+
 from rljax.data.extraction import MAX_EXTRACTED_CHARS  # noqa: F401
 from rljax.data.extraction import extract_boxed_all  # noqa: F401
 from rljax.data.extraction import extract_last_boxed  # noqa: F401

@@ -19,6 +19,7 @@ Robustness, because a judge is a language model and a server:
 
 Scores are mapped to [0, 1]: (s − lo) / (hi − lo) for a scale [lo, hi].
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -38,19 +39,27 @@ import numpy as np
 from rljax.rewards import batched
 from rljax.rewards.pool import RewardBatch, RewardInput
 
-__all__ = ["JudgeConfig", "JudgeError", "JudgeReward", "check_address",
-           "judge_prompt", "load_rubrics", "parse_score"]
+__all__ = [
+  "JudgeConfig",
+  "JudgeError",
+  "JudgeReward",
+  "check_address",
+  "judge_prompt",
+  "load_rubrics",
+  "parse_score",
+]
 
 APIS = ("completions", "chat")
 
 DEFAULT_TEMPLATE = (
-    "You are a strict grader. Rate the response to the prompt against the "
-    "rubrics, on a scale from {lo} to {hi} ({hi} = fully meets every "
-    "rubric). Answer with the score only.\n\n"
-    "Rubrics:\n{rubrics}\n\n"
-    "Prompt:\n{prompt}\n\n"
-    "Response:\n{response}\n\n"
-    "Score ({lo}-{hi}):")
+  "You are a strict grader. Rate the response to the prompt against the "
+  "rubrics, on a scale from {lo} to {hi} ({hi} = fully meets every "
+  "rubric). Answer with the score only.\n\n"
+  "Rubrics:\n{rubrics}\n\n"
+  "Prompt:\n{prompt}\n\n"
+  "Response:\n{response}\n\n"
+  "Score ({lo}-{hi}):"
+)
 
 
 class JudgeError(RuntimeError):
@@ -64,24 +73,31 @@ def check_address(url: str, allow_remote: bool = False) -> tuple[str, int]:
   if parsed.scheme != "http" or not parsed.hostname:
     raise ValueError(f"judge_url={url!r}; expected http://host:port")
   if parsed.path not in ("", "/") or parsed.query:
-    raise ValueError(f"judge_url={url!r} has a path or query; expected "
-                     "only http://host:port (the API path is added)")
+    raise ValueError(
+      f"judge_url={url!r} has a path or query; expected "
+      "only http://host:port (the API path is added)"
+    )
   host = parsed.hostname
   port = parsed.port or 80
   if not allow_remote:
     try:
       infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except socket.gaierror as e:
-      raise ValueError(f"judge_url={url!r}: cannot resolve {host!r} ({e})"
-                       ) from None
+      raise ValueError(
+        f"judge_url={url!r}: cannot resolve {host!r} ({e})"
+      ) from None
     addresses = {info[4][0] for info in infos}
-    remote = sorted(a for a in addresses
-                    if not ipaddress.ip_address(a.split("%")[0]).is_loopback)
+    remote = sorted(
+      a
+      for a in addresses
+      if not ipaddress.ip_address(a.split("%")[0]).is_loopback
+    )
     if remote:
       raise ValueError(
-          f"judge_url={url!r} resolves to non-loopback address(es) {remote}; "
-          "the judge only talks to 127.0.0.1/::1 unless allowed explicitly "
-          "(--judge_allow_remote / JudgeConfig.allow_remote=True)")
+        f"judge_url={url!r} resolves to non-loopback address(es) {remote}; "
+        "the judge only talks to 127.0.0.1/::1 unless allowed explicitly "
+        "(--judge_allow_remote / JudgeConfig.allow_remote=True)"
+      )
   return host, port
 
 
@@ -100,21 +116,29 @@ def load_rubrics(path: str | os.PathLike) -> str:
     try:
       items = json.loads(text)
     except json.JSONDecodeError as e:
-      raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})"
-                       ) from None
+      raise ValueError(
+        f"{path}: not valid JSON ({e.msg}, line {e.lineno})"
+      ) from None
     if not isinstance(items, list) or not items:
-      raise ValueError(f"{path}: a {type(items).__name__}; expected a "
-                       "non-empty list of rubrics")
+      raise ValueError(
+        f"{path}: a {type(items).__name__}; expected a "
+        "non-empty list of rubrics"
+      )
     lines = []
     for i, item in enumerate(items):
       if isinstance(item, str) and item.strip():
         lines.append(f"- {item.strip()}")
-      elif (isinstance(item, dict) and isinstance(item.get("name"), str)
-            and isinstance(item.get("description"), str)):
+      elif (
+        isinstance(item, dict)
+        and isinstance(item.get("name"), str)
+        and isinstance(item.get("description"), str)
+      ):
         lines.append(f"- {item['name']}: {item['description']}")
       else:
-        raise ValueError(f"{path}: rubric [{i}] is {item!r:.80}; expected a "
-                         "string or {\"name\": str, \"description\": str}")
+        raise ValueError(
+          f"{path}: rubric [{i}] is {item!r:.80}; expected a "
+          'string or {"name": str, "description": str}'
+        )
     return "\n".join(lines)
   text = text.strip()
   if not text:
@@ -126,16 +150,16 @@ _NUMBER = r"[-+]?\d+(?:\.\d+)?"
 # Most specific first: an explicit "score" label, then "n/hi", then a number
 # that is the whole answer (perhaps in markdown bold).
 _PATTERNS = (
-    re.compile(r"score\s*(?:\(.*?\))?\s*[:=is]*\s*\**\s*(" + _NUMBER + r")",
-               re.IGNORECASE),
-    re.compile(r"(" + _NUMBER + r")\s*/\s*" + _NUMBER),
-    re.compile(r"^\W*(" + _NUMBER + r")\W*$"),
-    re.compile(r"^\s*\**\s*(" + _NUMBER + r")\b"),
+  re.compile(
+    r"score\s*(?:\(.*?\))?\s*[:=is]*\s*\**\s*(" + _NUMBER + r")", re.IGNORECASE
+  ),
+  re.compile(r"(" + _NUMBER + r")\s*/\s*" + _NUMBER),
+  re.compile(r"^\W*(" + _NUMBER + r")\W*$"),
+  re.compile(r"^\s*\**\s*(" + _NUMBER + r")\b"),
 )
 
 
-def parse_score(text: Any, lo: float = 0.0, hi: float = 10.0
-                ) -> float | None:
+def parse_score(text: Any, lo: float = 0.0, hi: float = 10.0) -> float | None:
   """The judge's score in [lo, hi], or None when the answer has none.
 
   Tries, in order: "Score: n" (any case, optional "(lo-hi)"), "n/m", an
@@ -154,11 +178,13 @@ def parse_score(text: Any, lo: float = 0.0, hi: float = 10.0
   return None
 
 
-def judge_prompt(template: str, rubrics: str, prompt: str, response: str,
-                 lo: float, hi: float) -> str:
+def judge_prompt(
+  template: str, rubrics: str, prompt: str, response: str, lo: float, hi: float
+) -> str:
   fmt = lambda v: f"{v:g}"
-  return template.format(rubrics=rubrics, prompt=prompt, response=response,
-                         lo=fmt(lo), hi=fmt(hi))
+  return template.format(
+    rubrics=rubrics, prompt=prompt, response=response, lo=fmt(lo), hi=fmt(hi)
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +211,7 @@ class JudgeConfig:
       sidecar requires its run key on every route); None = no header. Not
       in the repr, so it never reaches a log or config.json.
   """
+
   url: str = "http://127.0.0.1:8000"
   model: str = ""
   rubrics: str = "- Correctness: the response answers the prompt correctly."
@@ -204,15 +231,19 @@ class JudgeConfig:
       raise ValueError(f"JudgeConfig.api={self.api!r}; expected one of {APIS}")
     lo, hi = self.score_range
     if not lo < hi:
-      raise ValueError(f"JudgeConfig.score_range={self.score_range!r}; "
-                       "expected (lo, hi) with lo < hi")
+      raise ValueError(
+        f"JudgeConfig.score_range={self.score_range!r}; "
+        "expected (lo, hi) with lo < hi"
+      )
     if not self.timeout_s > 0:
-      raise ValueError(f"JudgeConfig.timeout_s={self.timeout_s!r}; expected "
-                       "> 0")
+      raise ValueError(
+        f"JudgeConfig.timeout_s={self.timeout_s!r}; expected > 0"
+      )
     for name in ("max_tokens", "concurrency"):
       if getattr(self, name) < 1:
-        raise ValueError(f"JudgeConfig.{name}={getattr(self, name)!r}; "
-                         "expected >= 1")
+        raise ValueError(
+          f"JudgeConfig.{name}={getattr(self, name)!r}; expected >= 1"
+        )
     if not self.rubrics.strip():
       raise ValueError("JudgeConfig.rubrics is empty")
     check_address(self.url, self.allow_remote)
@@ -237,8 +268,9 @@ class JudgeReward:
 
   # -- HTTP ----------------------------------------------------------------
   def _request(self, method: str, path: str, body: Any = None) -> Any:
-    conn = http.client.HTTPConnection(self.host, self.port,
-                                      timeout=self.config.timeout_s)
+    conn = http.client.HTTPConnection(
+      self.host, self.port, timeout=self.config.timeout_s
+    )
     try:
       data = None if body is None else json.dumps(body).encode()
       headers = {"Content-Type": "application/json"} if data else {}
@@ -248,21 +280,26 @@ class JudgeReward:
       response = conn.getresponse()
       raw = response.read()
     except (socket.timeout, TimeoutError) as e:
-      raise TimeoutError(f"judge {self.config.url}{path}: no answer within "
-                         f"{self.config.timeout_s:g} s") from e
+      raise TimeoutError(
+        f"judge {self.config.url}{path}: no answer within "
+        f"{self.config.timeout_s:g} s"
+      ) from e
     except (OSError, http.client.HTTPException) as e:
-      raise JudgeError(f"judge {self.config.url}{path}: {type(e).__name__}: "
-                       f"{e}") from e
+      raise JudgeError(
+        f"judge {self.config.url}{path}: {type(e).__name__}: {e}"
+      ) from e
     finally:
       conn.close()
     if response.status != 200:
-      raise JudgeError(f"judge {self.config.url}{path}: HTTP "
-                       f"{response.status}: {raw[:500]!r}")
+      raise JudgeError(
+        f"judge {self.config.url}{path}: HTTP {response.status}: {raw[:500]!r}"
+      )
     try:
       return json.loads(raw)
     except json.JSONDecodeError:
-      raise JudgeError(f"judge {self.config.url}{path}: answer is not JSON: "
-                       f"{raw[:200]!r}") from None
+      raise JudgeError(
+        f"judge {self.config.url}{path}: answer is not JSON: {raw[:200]!r}"
+      ) from None
 
   def model_name(self) -> str:
     """The configured model, else the server's first (`/v1/models`)."""
@@ -270,8 +307,9 @@ class JudgeReward:
       answer = self._request("GET", "/v1/models")
       data = answer.get("data") if isinstance(answer, dict) else None
       if not data or not isinstance(data[0], dict) or "id" not in data[0]:
-        raise JudgeError(f"judge {self.config.url}/v1/models lists no model: "
-                         f"{answer!r:.200}")
+        raise JudgeError(
+          f"judge {self.config.url}/v1/models lists no model: {answer!r:.200}"
+        )
       self._model = str(data[0]["id"])
     return self._model
 
@@ -280,8 +318,11 @@ class JudgeReward:
     cfg = self.config
     lo, hi = cfg.score_range
     text = judge_prompt(cfg.template, cfg.rubrics, prompt, response, lo, hi)
-    body = {"model": self.model_name(), "max_tokens": cfg.max_tokens,
-            "temperature": cfg.temperature}
+    body = {
+      "model": self.model_name(),
+      "max_tokens": cfg.max_tokens,
+      "temperature": cfg.temperature,
+    }
     if cfg.api == "chat":
       body["messages"] = [{"role": "user", "content": text}]
       answer = self._request("POST", "/v1/chat/completions", body)
@@ -290,10 +331,13 @@ class JudgeReward:
       answer = self._request("POST", "/v1/completions", body)
     try:
       choice = answer["choices"][0]
-      out = choice["message"]["content"] if cfg.api == "chat" else choice["text"]
+      out = (
+        choice["message"]["content"] if cfg.api == "chat" else choice["text"]
+      )
     except (KeyError, IndexError, TypeError):
-      raise JudgeError(f"judge answer has no choices[0] text: {answer!r:.300}"
-                       ) from None
+      raise JudgeError(
+        f"judge answer has no choices[0] text: {answer!r:.300}"
+      ) from None
     if not isinstance(out, str):
       raise JudgeError(f"judge answer text is {type(out).__name__}")
     return out
@@ -304,8 +348,9 @@ class JudgeReward:
     cfg = self.config
     lo, hi = cfg.score_range
     count = len(inputs)
-    futures = [self._executor.submit(self.ask, i.prompt, i.completion)
-               for i in inputs]
+    futures = [
+      self._executor.submit(self.ask, i.prompt, i.completion) for i in inputs
+    ]
     rewards = np.full(count, cfg.failure_score, np.float32)
     raw = np.full(count, lo, np.float32)
     parse_fail = np.zeros(count, np.float32)
@@ -332,12 +377,20 @@ class JudgeReward:
       raw[k] = value
       rewards[k] = (value - lo) / (hi - lo)
     return batched.reward_batch(
-        rewards, {"judge": rewards, "judge_raw": raw,
-                  "judge_parse_failure": parse_fail,
-                  "judge_request_failure": request_fail},
-        status=status, seconds=time.perf_counter() - t0,
-        metrics={"judge_parse_failures": float(parse_fail.sum()),
-                 "judge_request_failures": float(request_fail.sum())})
+      rewards,
+      {
+        "judge": rewards,
+        "judge_raw": raw,
+        "judge_parse_failure": parse_fail,
+        "judge_request_failure": request_fail,
+      },
+      status=status,
+      seconds=time.perf_counter() - t0,
+      metrics={
+        "judge_parse_failures": float(parse_fail.sum()),
+        "judge_request_failures": float(request_fail.sum()),
+      },
+    )
 
   def close(self) -> None:
     self._executor.shutdown(wait=False, cancel_futures=True)

@@ -4,6 +4,7 @@
 the vLLM sidecar lives in its own modules and is imported on demand, so that
 this package imports without vLLM installed.
 """
+
 from rljax.rollout.base import FINISH_REASONS
 from rljax.rollout.base import RolloutBatch
 from rljax.rollout.base import RolloutEngine
@@ -15,7 +16,13 @@ from rljax.rollout.jax_sampler import QUANT_MODES
 from rljax.rollout.jax_sampler import sample_next_token
 
 __all__ = [
-    "FINISH_REASONS", "RolloutBatch", "RolloutEngine", "SamplingConfig",
-    "SyncStats", "check_prompts", "JaxSampler", "QUANT_MODES",
-    "sample_next_token",
+  "FINISH_REASONS",
+  "RolloutBatch",
+  "RolloutEngine",
+  "SamplingConfig",
+  "SyncStats",
+  "check_prompts",
+  "JaxSampler",
+  "QUANT_MODES",
+  "sample_next_token",
 ]

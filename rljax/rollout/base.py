@@ -7,6 +7,7 @@ under the distribution the engine actually sampled from (`behav_logp`, the
 behavior policy π_behav of QuRL §4.1), and the trainer packs that into
 padded arrays with `RolloutBatch.pack`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +25,8 @@ def _require_int(name: str, value: Any) -> None:
 
 def _require_number(name: str, value: Any) -> None:
   if isinstance(value, bool) or not isinstance(
-      value, (int, float, np.integer, np.floating)):
+    value, (int, float, np.integer, np.floating)
+  ):
     raise TypeError(f"SamplingConfig.{name}={value!r}; expected a number")
 
 
@@ -56,6 +58,7 @@ class SamplingConfig:
       point mass actually sampled from would give 0 everywhere, which carries
       no information.
   """
+
   n: int = 1
   temperature: float = 1.0
   top_p: float = 1.0
@@ -72,38 +75,49 @@ class SamplingConfig:
     _require_number("temperature", self.temperature)
     if not np.isfinite(self.temperature) or self.temperature < 0:
       raise ValueError(
-          f"SamplingConfig.temperature={self.temperature}; expected a finite "
-          "value >= 0 (0 means greedy)")
+        f"SamplingConfig.temperature={self.temperature}; expected a finite "
+        "value >= 0 (0 means greedy)"
+      )
     _require_number("top_p", self.top_p)
     if not 0.0 < self.top_p <= 1.0:
       raise ValueError(
-          f"SamplingConfig.top_p={self.top_p}; expected 0 < top_p <= 1 "
-          "(1.0 turns nucleus sampling off)")
+        f"SamplingConfig.top_p={self.top_p}; expected 0 < top_p <= 1 "
+        "(1.0 turns nucleus sampling off)"
+      )
     _require_int("top_k", self.top_k)
     if self.top_k < 0:
       raise ValueError(
-          f"SamplingConfig.top_k={self.top_k}; expected top_k >= 0 "
-          "(0 turns top-k off)")
+        f"SamplingConfig.top_k={self.top_k}; expected top_k >= 0 "
+        "(0 turns top-k off)"
+      )
     if not isinstance(self.greedy, (bool, np.bool_)):
       raise TypeError(f"SamplingConfig.greedy={self.greedy!r}; expected a bool")
     _require_int("max_new_tokens", self.max_new_tokens)
     if self.max_new_tokens < 1:
       raise ValueError(
-          f"SamplingConfig.max_new_tokens={self.max_new_tokens}; expected >= 1")
+        f"SamplingConfig.max_new_tokens={self.max_new_tokens}; expected >= 1"
+      )
     if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(
-        self.stop_token_ids, Sequence):
+      self.stop_token_ids, Sequence
+    ):
       raise TypeError(
-          f"SamplingConfig.stop_token_ids={self.stop_token_ids!r}; expected a "
-          "tuple of ints")
+        f"SamplingConfig.stop_token_ids={self.stop_token_ids!r}; expected a "
+        "tuple of ints"
+      )
     for tok in self.stop_token_ids:
-      if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or (
-          tok < 0):
+      if (
+        isinstance(tok, bool)
+        or not isinstance(tok, (int, np.integer))
+        or (tok < 0)
+      ):
         raise ValueError(
-            f"SamplingConfig.stop_token_ids contains {tok!r}; expected "
-            "non-negative ints")
+          f"SamplingConfig.stop_token_ids contains {tok!r}; expected "
+          "non-negative ints"
+        )
     # Normalize so that configs hash and compare by value (jit static args).
-    object.__setattr__(self, "stop_token_ids",
-                       tuple(int(t) for t in self.stop_token_ids))
+    object.__setattr__(
+      self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids)
+    )
     _require_int("seed", self.seed)
 
   @property
@@ -124,15 +138,18 @@ class SyncStats:
     seconds: wall time of the sync (quantize + transfer + reload).
     bytes: size of the weights as the engine holds them after the sync.
   """
+
   seconds: float
   bytes: int
 
 
 def _check_token_list(name: str, index: int, ids: Any) -> list[int]:
-  if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence,
-                                                            np.ndarray)):
+  if isinstance(ids, (str, bytes)) or not isinstance(
+    ids, (Sequence, np.ndarray)
+  ):
     raise TypeError(
-        f"{name}[{index}]={ids!r}; expected a list of int token ids")
+      f"{name}[{index}]={ids!r}; expected a list of int token ids"
+    )
   return [int(t) for t in ids]
 
 
@@ -154,6 +171,7 @@ class RolloutBatch:
     timing: engine measurements, at least "seconds", "tokens" (generated
       response tokens) and "tokens_per_s".
   """
+
   prompt_ids: list[list[int]]
   response_ids: list[list[int]]
   behav_logp: list[np.ndarray]
@@ -162,26 +180,32 @@ class RolloutBatch:
   timing: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    if isinstance(self.n, bool) or not isinstance(self.n, (int, np.integer)) or (
-        self.n < 1):
+    if (
+      isinstance(self.n, bool)
+      or not isinstance(self.n, (int, np.integer))
+      or (self.n < 1)
+    ):
       raise ValueError(f"RolloutBatch.n={self.n!r}; expected an int >= 1")
     num_rows = len(self.prompt_ids) * self.n
     for name in ("response_ids", "behav_logp", "finish_reason"):
       got = len(getattr(self, name))
       if got != num_rows:
         raise ValueError(
-            f"RolloutBatch.{name} has {got} entries; expected len(prompt_ids) "
-            f"* n = {len(self.prompt_ids)} * {self.n} = {num_rows}")
+          f"RolloutBatch.{name} has {got} entries; expected len(prompt_ids) "
+          f"* n = {len(self.prompt_ids)} * {self.n} = {num_rows}"
+        )
     for row, (ids, logp) in enumerate(zip(self.response_ids, self.behav_logp)):
       if len(ids) != len(np.asarray(logp)):
         raise ValueError(
-            f"RolloutBatch row {row}: {len(ids)} response tokens but "
-            f"{len(np.asarray(logp))} behav_logp values; expected equal")
+          f"RolloutBatch row {row}: {len(ids)} response tokens but "
+          f"{len(np.asarray(logp))} behav_logp values; expected equal"
+        )
     for row, reason in enumerate(self.finish_reason):
       if reason not in FINISH_REASONS:
         raise ValueError(
-            f"RolloutBatch.finish_reason[{row}]={reason!r}; expected one of "
-            f"{FINISH_REASONS}")
+          f"RolloutBatch.finish_reason[{row}]={reason!r}; expected one of "
+          f"{FINISH_REASONS}"
+        )
 
   @property
   def num_prompts(self) -> int:
@@ -212,36 +236,47 @@ class RolloutBatch:
     if groups.dtype == bool:
       if groups.shape != (self.num_prompts,):
         raise ValueError(
-            f"select_groups mask has shape {groups.shape}; expected "
-            f"({self.num_prompts},), one entry per prompt")
+          f"select_groups mask has shape {groups.shape}; expected "
+          f"({self.num_prompts},), one entry per prompt"
+        )
       groups = np.flatnonzero(groups)
     groups = groups.astype(np.int64).reshape(-1)
     if groups.size and (groups.min() < 0 or groups.max() >= self.num_prompts):
       raise ValueError(
-          f"select_groups indices {groups.tolist()}; expected each in "
-          f"[0, {self.num_prompts})")
+        f"select_groups indices {groups.tolist()}; expected each in "
+        f"[0, {self.num_prompts})"
+      )
     rows = [int(g) * self.n + j for g in groups for j in range(self.n)]
     return RolloutBatch(
-        prompt_ids=[self.prompt_ids[g] for g in groups],
-        response_ids=[self.response_ids[r] for r in rows],
-        behav_logp=[self.behav_logp[r] for r in rows],
-        finish_reason=[self.finish_reason[r] for r in rows], n=self.n)
+      prompt_ids=[self.prompt_ids[g] for g in groups],
+      response_ids=[self.response_ids[r] for r in rows],
+      behav_logp=[self.behav_logp[r] for r in rows],
+      finish_reason=[self.finish_reason[r] for r in rows],
+      n=self.n,
+    )
 
   @classmethod
   def concat(cls, batches: list["RolloutBatch"]) -> "RolloutBatch":
     """The groups of several batches (equal n) one after the other."""
     ns = {b.n for b in batches}
     if len(ns) != 1:
-      raise ValueError(f"concat of RolloutBatches with n={sorted(ns)}; "
-                       "expected one n")
-    return cls(prompt_ids=[p for b in batches for p in b.prompt_ids],
-               response_ids=[r for b in batches for r in b.response_ids],
-               behav_logp=[l for b in batches for l in b.behav_logp],
-               finish_reason=[f for b in batches for f in b.finish_reason],
-               n=ns.pop())
+      raise ValueError(
+        f"concat of RolloutBatches with n={sorted(ns)}; expected one n"
+      )
+    return cls(
+      prompt_ids=[p for b in batches for p in b.prompt_ids],
+      response_ids=[r for b in batches for r in b.response_ids],
+      behav_logp=[l for b in batches for l in b.behav_logp],
+      finish_reason=[f for b in batches for f in b.finish_reason],
+      n=ns.pop(),
+    )
 
-  def pack(self, pad_id: int = 0, prompt_len: int | None = None,
-           response_len: int | None = None) -> dict[str, np.ndarray]:
+  def pack(
+    self,
+    pad_id: int = 0,
+    prompt_len: int | None = None,
+    response_len: int | None = None,
+  ) -> dict[str, np.ndarray]:
     """Pads the batch into arrays the trainer can jit over.
 
     Row b = i * n + j holds prompt i LEFT-padded to `prompt_len` followed by
@@ -279,20 +314,23 @@ class RolloutBatch:
       prompt_len = max_prompt
     elif prompt_len < max_prompt:
       raise ValueError(
-          f"pack(prompt_len={prompt_len}) is shorter than the longest prompt "
-          f"({max_prompt} tokens); expected prompt_len >= {max_prompt}")
+        f"pack(prompt_len={prompt_len}) is shorter than the longest prompt "
+        f"({max_prompt} tokens); expected prompt_len >= {max_prompt}"
+      )
     if response_len is None:
       response_len = max_response
     elif response_len < max_response:
       raise ValueError(
-          f"pack(response_len={response_len}) is shorter than the longest "
-          f"response ({max_response} tokens); expected response_len >= "
-          f"{max_response}")
+        f"pack(response_len={response_len}) is shorter than the longest "
+        f"response ({max_response} tokens); expected response_len >= "
+        f"{max_response}"
+      )
     total = prompt_len + response_len
     if total < 2:
       raise ValueError(
-          f"pack: prompt_len + response_len = {total}; expected >= 2 so that "
-          "at least one next-token log-prob exists")
+        f"pack: prompt_len + response_len = {total}; expected >= 2 so that "
+        "at least one next-token log-prob exists"
+      )
     num_rows = self.num_samples
     tokens = np.full((num_rows, total), pad_id, np.int32)
     attention_mask = np.zeros((num_rows, total), np.int32)
@@ -303,51 +341,60 @@ class RolloutBatch:
       response = self.response_ids[row]
       start = prompt_len - len(prompt)
       tokens[row, start:prompt_len] = prompt
-      tokens[row, prompt_len:prompt_len + len(response)] = response
-      attention_mask[row, start:prompt_len + len(response)] = 1
+      tokens[row, prompt_len : prompt_len + len(response)] = response
+      attention_mask[row, start : prompt_len + len(response)] = 1
       # logp column t scores token t + 1: responses start at prompt_len - 1.
-      response_mask[row, prompt_len - 1:prompt_len - 1 + len(response)] = 1.0
-      behav_logp[row, prompt_len - 1:prompt_len - 1 + len(response)] = (
-          np.asarray(self.behav_logp[row], np.float32))
+      response_mask[row, prompt_len - 1 : prompt_len - 1 + len(response)] = 1.0
+      behav_logp[row, prompt_len - 1 : prompt_len - 1 + len(response)] = (
+        np.asarray(self.behav_logp[row], np.float32)
+      )
     positions = np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0).astype(
-        np.int32)
+      np.int32
+    )
     return {
-        "tokens": tokens,
-        "attention_mask": attention_mask,
-        "positions": positions,
-        "response_mask": response_mask,
-        "behav_logp": behav_logp,
-        "prompt_lengths": np.repeat(prompt_lengths, self.n),
-        "response_lengths": response_lengths,
-        "group_ids": self.group_ids,
-        "truncated": np.array([r == "length" for r in self.finish_reason],
-                              dtype=bool),
+      "tokens": tokens,
+      "attention_mask": attention_mask,
+      "positions": positions,
+      "response_mask": response_mask,
+      "behav_logp": behav_logp,
+      "prompt_lengths": np.repeat(prompt_lengths, self.n),
+      "response_lengths": response_lengths,
+      "group_ids": self.group_ids,
+      "truncated": np.array(
+        [r == "length" for r in self.finish_reason], dtype=bool
+      ),
     }
 
 
-def check_prompts(prompt_ids: Any, vocab_size: int | None = None
-                  ) -> list[list[int]]:
+def check_prompts(
+  prompt_ids: Any, vocab_size: int | None = None
+) -> list[list[int]]:
   """Validates prompt token ids; returns them as lists of Python ints."""
   if isinstance(prompt_ids, np.ndarray) and prompt_ids.ndim == 2:
     prompt_ids = prompt_ids.tolist()
   if isinstance(prompt_ids, (str, bytes)) or not isinstance(
-      prompt_ids, Sequence):
+    prompt_ids, Sequence
+  ):
     raise TypeError(
-        f"prompt_ids={prompt_ids!r:.80}; expected a list of lists of int "
-        "token ids")
+      f"prompt_ids={prompt_ids!r:.80}; expected a list of lists of int "
+      "token ids"
+    )
   if not prompt_ids:
     raise ValueError("prompt_ids is empty; expected at least one prompt")
-  prompts = [_check_token_list("prompt_ids", i, p)
-             for i, p in enumerate(prompt_ids)]
+  prompts = [
+    _check_token_list("prompt_ids", i, p) for i, p in enumerate(prompt_ids)
+  ]
   for i, prompt in enumerate(prompts):
     if not prompt:
       raise ValueError(f"prompt_ids[{i}] is empty; expected >= 1 token")
-    bad = [t for t in prompt
-           if t < 0 or (vocab_size is not None and t >= vocab_size)]
+    bad = [
+      t for t in prompt if t < 0 or (vocab_size is not None and t >= vocab_size)
+    ]
     if bad:
       raise ValueError(
-          f"prompt_ids[{i}] has token id {bad[0]}; expected ids in "
-          f"[0, {vocab_size if vocab_size is not None else 'vocab_size'})")
+        f"prompt_ids[{i}] has token id {bad[0]}; expected ids in "
+        f"[0, {vocab_size if vocab_size is not None else 'vocab_size'})"
+      )
   return prompts
 
 
@@ -355,8 +402,9 @@ def check_prompts(prompt_ids: Any, vocab_size: int | None = None
 class RolloutEngine(Protocol):
   """A rollout engine: the JAX sampler or a vLLM sidecar."""
 
-  def generate(self, prompt_ids: Sequence[Sequence[int]],
-               sampling: SamplingConfig) -> RolloutBatch:
+  def generate(
+    self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+  ) -> RolloutBatch:
     """Samples `sampling.n` responses for each prompt."""
     ...
 

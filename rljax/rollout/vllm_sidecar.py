@@ -43,6 +43,7 @@ Example:
                                                        stop_token_ids=(eos,)))
     stats = engine.update_weights(new_params)        # every RL step
 """
+
 # pylint: disable=unused-import
 # ruff: noqa: F401
 from rljax.rollout.vllm.config import SidecarError

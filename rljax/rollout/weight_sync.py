@@ -14,6 +14,7 @@ reaches the engine, because vLLM 0.32 aborts its engine process on an unknown
 tensor name (the half-reloaded layers are left without data), so a typo would
 otherwise cost a restart.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,9 @@ TensorSpec = safetensors_io.TensorSpec
 # Dtypes a float tensor may be cast to. Everything else (int8 / fp8 codes of a
 # quantized checkpoint) must arrive in exactly the checkpoint's dtype: casting
 # floats to codes would silently skip the quantizer and its scales.
-_FLOAT_DTYPES = frozenset(np.dtype(d) for d in (
-    np.float16, ml_dtypes.bfloat16, np.float32, np.float64))
+_FLOAT_DTYPES = frozenset(
+  np.dtype(d) for d in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
+)
 
 
 def is_float_dtype(dtype: Any) -> bool:
@@ -51,6 +53,7 @@ class CheckpointManifest:
     specs: tensor name -> TensorSpec, for every tensor of the checkpoint.
     source: where it was read from (for error messages).
   """
+
   specs: Mapping[str, TensorSpec]
   source: str = "<memory>"
 
@@ -61,8 +64,9 @@ class CheckpointManifest:
     for path in safetensors_io.checkpoint_files(model_dir):
       for name, spec in safetensors_io.read_header(path).items():
         if name in specs:
-          raise ValueError(f"tensor {name!r} appears in two shards of "
-                           f"{os.fspath(model_dir)!r}")
+          raise ValueError(
+            f"tensor {name!r} appears in two shards of {os.fspath(model_dir)!r}"
+          )
         specs[name] = spec
     return cls(specs=specs, source=os.fspath(model_dir))
 
@@ -80,10 +84,12 @@ def _format_names(names, limit: int = 6) -> str:
   return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
-def prepare_tensors(state_dict: Mapping[str, Any],
-                    manifest: CheckpointManifest,
-                    check_finite: bool = True,
-                    context: str = "weight sync") -> dict[str, np.ndarray]:
+def prepare_tensors(
+  state_dict: Mapping[str, Any],
+  manifest: CheckpointManifest,
+  check_finite: bool = True,
+  context: str = "weight sync",
+) -> dict[str, np.ndarray]:
   """Checks a state dict against the engine's checkpoint; casts float dtypes.
 
   Args:
@@ -107,12 +113,16 @@ def prepare_tensors(state_dict: Mapping[str, Any],
       float weights for an int8 slot of a compressed-tensors engine.
   """
   if not isinstance(state_dict, Mapping):
-    raise TypeError(f"{context}: state_dict is a {type(state_dict).__name__}; "
-                    "expected a mapping of HF tensor names to arrays")
+    raise TypeError(
+      f"{context}: state_dict is a {type(state_dict).__name__}; "
+      "expected a mapping of HF tensor names to arrays"
+    )
   bad_keys = [k for k in state_dict if not isinstance(k, str)]
   if bad_keys:
-    raise TypeError(f"{context}: state_dict key {bad_keys[0]!r} is not a "
-                    "string; expected HF tensor names")
+    raise TypeError(
+      f"{context}: state_dict key {bad_keys[0]!r} is not a "
+      "string; expected HF tensor names"
+    )
   expected = manifest.specs
   missing = set(expected) - set(state_dict)
   unexpected = set(state_dict) - set(expected)
@@ -123,29 +133,33 @@ def prepare_tensors(state_dict: Mapping[str, Any],
       if close:
         hints.append(f"{name!r} -> did you mean {close[0]!r}?")
     raise ValueError(
-        f"{context}: {len(unexpected)} tensor(s) not in the engine's "
-        f"checkpoint {manifest.source!r}: {_format_names(unexpected)}"
-        + (f" ({'; '.join(hints)})" if hints else "")
-        + f"; expected exactly the {len(expected)} names of that checkpoint")
+      f"{context}: {len(unexpected)} tensor(s) not in the engine's "
+      f"checkpoint {manifest.source!r}: {_format_names(unexpected)}"
+      + (f" ({'; '.join(hints)})" if hints else "")
+      + f"; expected exactly the {len(expected)} names of that checkpoint"
+    )
   if missing:
     raise ValueError(
-        f"{context}: {len(missing)} tensor(s) of the engine's checkpoint "
-        f"{manifest.source!r} are missing: {_format_names(missing)}; the "
-        "engine reloads every tensor, so pass the full state dict")
+      f"{context}: {len(missing)} tensor(s) of the engine's checkpoint "
+      f"{manifest.source!r} are missing: {_format_names(missing)}; the "
+      "engine reloads every tensor, so pass the full state dict"
+    )
   out: dict[str, np.ndarray] = {}
   for name, spec in expected.items():
     array = np.asarray(state_dict[name])
     if tuple(array.shape) != spec.shape:
       raise ValueError(
-          f"{context}: tensor {name!r} has shape {tuple(array.shape)}; "
-          f"expected {spec.shape} (HF layout, [out, in] for linear weights)")
+        f"{context}: tensor {name!r} has shape {tuple(array.shape)}; "
+        f"expected {spec.shape} (HF layout, [out, in] for linear weights)"
+      )
     if array.dtype != spec.dtype:
       if not (is_float_dtype(spec.dtype) and is_float_dtype(array.dtype)):
         raise TypeError(
-            f"{context}: tensor {name!r} has dtype {array.dtype}; expected "
-            f"{spec.dtype} (the engine's checkpoint stores it so; quantized "
-            "codes must be produced by the quantizer, e.g. "
-            "rljax.models.compressed_tensors_state_dict)")
+          f"{context}: tensor {name!r} has dtype {array.dtype}; expected "
+          f"{spec.dtype} (the engine's checkpoint stores it so; quantized "
+          "codes must be produced by the quantizer, e.g. "
+          "rljax.models.compressed_tensors_state_dict)"
+        )
       if check_finite and array.dtype == np.float32:
         _check_finite(name, array, context)  # cheaper before the cast
         array = array.astype(spec.dtype)
@@ -162,8 +176,10 @@ def prepare_tensors(state_dict: Mapping[str, Any],
 def _check_finite(name: str, array: np.ndarray, context: str) -> None:
   if not np.isfinite(array).all():
     bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
-    raise ValueError(f"{context}: tensor {name!r} has {bad} non-finite "
-                     "value(s) (NaN/inf); refusing to load them")
+    raise ValueError(
+      f"{context}: tensor {name!r} has {bad} non-finite "
+      "value(s) (NaN/inf); refusing to load them"
+    )
 
 
 def default_sync_root() -> str:
@@ -183,8 +199,9 @@ class SyncDirs:
 
   _counter = itertools.count()
 
-  def __init__(self, root: str | os.PathLike | None = None,
-               prefix: str = "rljax-sync"):
+  def __init__(
+    self, root: str | os.PathLike | None = None, prefix: str = "rljax-sync"
+  ):
     self.root = os.fspath(root) if root is not None else default_sync_root()
     self.prefix = f"{prefix}-{os.getpid()}-{next(self._counter)}"
     self._step = itertools.count()
@@ -202,13 +219,15 @@ class SyncDirs:
     free = shutil.disk_usage(self.root).free
     if free < nbytes * 1.05 + (16 << 20):
       raise OSError(
-          f"weight sync needs {nbytes / 2**20:.0f} MiB in {self.root!r} but "
-          f"only {free / 2**20:.0f} MiB are free; pass a larger sync_root")
+        f"weight sync needs {nbytes / 2**20:.0f} MiB in {self.root!r} but "
+        f"only {free / 2**20:.0f} MiB are free; pass a larger sync_root"
+      )
     # mkdtemp: owner-only (0700) and a random suffix (created with O_EXCL
     # semantics, so no other local user can pre-create or read it in the
     # shared /dev/shm); still matched by glob_pattern.
-    path = tempfile.mkdtemp(prefix=f"{self.prefix}-{next(self._step):06d}-",
-                            dir=self.root)
+    path = tempfile.mkdtemp(
+      prefix=f"{self.prefix}-{next(self._step):06d}-", dir=self.root
+    )
     self._pending.append(path)
     return path
 
@@ -231,4 +250,3 @@ class SyncDirs:
       shutil.rmtree(path, ignore_errors=True)
     self._pending = []
     self.current = None
-

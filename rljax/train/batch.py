@@ -4,6 +4,7 @@ Pure NumPy/JAX glue between `rljax.rollout` (token lists), `rljax.core`
 (advantages, shaping, group filtering) and `rljax.train.update` (a dict of
 equally shaped arrays). No model is called here.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +20,9 @@ def bucket(length: int, multiple: int = 32) -> int:
   return max(multiple, -(-length // multiple) * multiple)
 
 
-def sequence_advantages(cfg: TrainConfig, rewards: np.ndarray,
-                        valid: np.ndarray) -> np.ndarray:
+def sequence_advantages(
+  cfg: TrainConfig, rewards: np.ndarray, valid: np.ndarray
+) -> np.ndarray:
   """Per-sequence advantages [B] for the outcome-reward estimators.
 
   `valid` marks sequences that take part (dynamic sampling may fill a batch
@@ -45,8 +47,9 @@ def sequence_advantages(cfg: TrainConfig, rewards: np.ndarray,
   return np.where(valid, np.asarray(a), 0.0).astype(np.float32)
 
 
-def shaped_rewards(cfg: TrainConfig, rewards: np.ndarray,
-                   response_lengths: np.ndarray) -> np.ndarray:
+def shaped_rewards(
+  cfg: TrainConfig, rewards: np.ndarray, response_lengths: np.ndarray
+) -> np.ndarray:
   """Adds DAPO's soft overlong punishment when configured (Yu et al. 2025).
 
   `cfg.overlong_lengths()` gives (L_max, L_cache); the penalty is
@@ -56,7 +59,8 @@ def shaped_rewards(cfg: TrainConfig, rewards: np.ndarray,
   if lengths is None:
     return rewards
   penalty = shaping.soft_overlong_punishment(
-      jnp.asarray(response_lengths), *lengths)
+    jnp.asarray(response_lengths), *lengths
+  )
   return rewards + np.asarray(penalty, np.float32)
 
 
@@ -64,6 +68,7 @@ def group_keep(cfg: TrainConfig, rewards: np.ndarray) -> np.ndarray:
   """bool [n_groups]: groups with reward variance (DAPO dynamic sampling)."""
   if not cfg.dynamic_sampling:
     return np.ones(len(rewards) // cfg.group_size, bool)
-  zero_var = shaping.zero_variance_groups(jnp.asarray(rewards, jnp.float32),
-                                          cfg.group_size)
+  zero_var = shaping.zero_variance_groups(
+    jnp.asarray(rewards, jnp.float32), cfg.group_size
+  )
   return ~np.asarray(zero_var)

@@ -21,6 +21,7 @@ checkpoint's manifest is on disk: orbax deletes the old step as soon as the
 new one is renamed into place, so a kill between that and the manifest could
 leave no verified checkpoint at all.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -97,8 +98,9 @@ def verify(step_dir: str) -> str | None:
   try:
     with open(path, encoding="utf-8") as f:
       files = json.load(f)["files"]
-    expected = {rel: (int(e["bytes"]), str(e["sha256"]))
-                for rel, e in files.items()}
+    expected = {
+      rel: (int(e["bytes"]), str(e["sha256"])) for rel, e in files.items()
+    }
   except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
     return f"its manifest is unreadable ({type(e).__name__})"
   present = set(_files_under(step_dir))
@@ -120,8 +122,9 @@ def verify(step_dir: str) -> str | None:
 class RunCheckpointer:
   """Saves and restores (state pytree, JSON metadata) pairs under `directory`."""
 
-  def __init__(self, directory: str, every: int, keep: int,
-               owner: bool = False):
+  def __init__(
+    self, directory: str, every: int, keep: int, owner: bool = False
+  ):
     """`owner`: this process holds the run directory's lock (`RunDir`), so
     unfinished saves left by a killed process may be cleaned up; a reader
     (evaluation) must not, as a live run may be writing one."""
@@ -134,10 +137,14 @@ class RunCheckpointer:
     self.every = every
     self.keep = keep
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=None, create=True, enable_async_checkpointing=False,
-        cleanup_tmp_directories=owner)
+      max_to_keep=None,
+      create=True,
+      enable_async_checkpointing=False,
+      cleanup_tmp_directories=owner,
+    )
     self._manager = ocp.CheckpointManager(
-        self.directory, options=options, item_names=("state", "meta"))
+      self.directory, options=options, item_names=("state", "meta")
+    )
 
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
@@ -152,14 +159,21 @@ class RunCheckpointer:
   def should_save(self, step: int, last: bool = False) -> bool:
     return last or step % self.every == 0
 
-  def save(self, step: int, state: Any, meta: dict,
-           aux: dict[str, np.ndarray] | None = None) -> None:
+  def save(
+    self,
+    step: int,
+    state: Any,
+    meta: dict,
+    aux: dict[str, np.ndarray] | None = None,
+  ) -> None:
     """Writes step `step`; its manifest last; then rotates old steps."""
     self._manager.save(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                meta=ocp.args.JsonSave(meta)),
-        force=True)
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+      ),
+      force=True,
+    )
     self._manager.wait_until_finished()
     step_dir = self.step_dir(step)
     if aux:
@@ -171,7 +185,7 @@ class RunCheckpointer:
         os.fsync(f.fileno())
     write_manifest(step_dir)
     # Only now may older steps go; the newest `keep` (>= 1) stay.
-    for old in self.all_steps()[:-self.keep]:
+    for old in self.all_steps()[: -self.keep]:
       self._manager.delete(old)
 
   def latest_verified_step(self) -> tuple[int | None, list[tuple[int, str]]]:
@@ -190,9 +204,10 @@ class RunCheckpointer:
     if bad:
       listed = "; ".join(f"step {s}: {r}" for s, r in bad)
       raise CheckpointError(
-          f"no checkpoint in {self.directory} passes verification ({listed}). "
-          "Restore the directory from a copy, or move it aside to start the "
-          "run over")
+        f"no checkpoint in {self.directory} passes verification ({listed}). "
+        "Restore the directory from a copy, or move it aside to start the "
+        "run over"
+      )
     return None, []
 
   def set_aside(self, step: int) -> str:
@@ -210,7 +225,8 @@ class RunCheckpointer:
 
   def read_meta(self, step: int) -> dict:
     restored = self._manager.restore(
-        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+      step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+    )
     return dict(restored.meta)
 
   def read_aux(self, step: int) -> dict[str, np.ndarray]:
@@ -224,9 +240,11 @@ class RunCheckpointer:
     """Restores into the structure, dtypes and shardings of `target_state`."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target_state)
     restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                meta=ocp.args.JsonRestore()))
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+      ),
+    )
     return restored.state, dict(restored.meta)
 
   def close(self) -> None:

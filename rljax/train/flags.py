@@ -8,6 +8,7 @@ picks another algorithm than the script's, the script's defaults no longer
 override that preset's fields. Every problem of the result is reported at
 once (`config.validate`), before any model loads.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,12 +29,15 @@ def _field_type(field: dataclasses.Field) -> Any:
   return hints[field.name]
 
 
-def define_train_flags(flag_values: flags.FlagValues = FLAGS,
-                       **script_defaults) -> None:
+def define_train_flags(
+  flag_values: flags.FlagValues = FLAGS, **script_defaults
+) -> None:
   """Defines one flag per TrainConfig field (name, type and help)."""
   unknown = set(script_defaults) - set(field_names())
   if unknown:
-    raise ValueError(f"unknown TrainConfig fields in script defaults: {sorted(unknown)}")
+    raise ValueError(
+      f"unknown TrainConfig fields in script defaults: {sorted(unknown)}"
+    )
   _SCRIPT_DEFAULTS[id(flag_values)] = dict(script_defaults)
   fv = dict(flag_values=flag_values)
   for field in dataclasses.fields(TrainConfig):
@@ -41,9 +45,13 @@ def define_train_flags(flag_values: flags.FlagValues = FLAGS,
     ftype = _field_type(field)
     help_ = f"TrainConfig.{field.name}"
     if field.name == "algorithm":
-      flags.DEFINE_enum(field.name, default, ALGORITHMS,
-                        "Algorithm preset (sets several fields; explicit "
-                        "flags override it).", **fv)
+      flags.DEFINE_enum(
+        field.name,
+        default,
+        ALGORITHMS,
+        "Algorithm preset (sets several fields; explicit flags override it).",
+        **fv,
+      )
     elif ftype is bool:
       flags.DEFINE_bool(field.name, default, help_, **fv)
     elif ftype is int:
@@ -63,18 +71,24 @@ def script_defaults(flag_values: flags.FlagValues = FLAGS) -> dict[str, Any]:
 
 def typed_flags(flag_values: flags.FlagValues = FLAGS) -> dict[str, Any]:
   """The TrainConfig flags the user typed on the command line."""
-  return {name: flag_values[name].value for name in field_names()
-          if name in flag_values and flag_values[name].present}
+  return {
+    name: flag_values[name].value
+    for name in field_names()
+    if name in flag_values and flag_values[name].present
+  }
 
 
-def config_from_flags(base: Mapping[str, Any] | None = None,
-                      *cells: Mapping[str, Any],
-                      flag_values: flags.FlagValues = FLAGS) -> TrainConfig:
+def config_from_flags(
+  base: Mapping[str, Any] | None = None,
+  *cells: Mapping[str, Any],
+  flag_values: flags.FlagValues = FLAGS,
+) -> TrainConfig:
   """resolve(preset ← script defaults ← `base` ← typed flags ← `cells`)."""
   defaults = script_defaults(flag_values)
   preset = defaults.get("algorithm", flag_values["algorithm"].value)
-  return resolve(preset, defaults, dict(base or {}), typed_flags(flag_values),
-                 *cells)
+  return resolve(
+    preset, defaults, dict(base or {}), typed_flags(flag_values), *cells
+  )
 
 
 # ------------------------------------------------------------- benchmarks
@@ -85,32 +99,50 @@ def config_from_flags(base: Mapping[str, Any] | None = None,
 # and a missing file is skipped with a message.
 
 
-def define_benchmark_flags(benchmarks: Mapping[str, tuple[str, str]],
-                           samples: int, temperature: float, top_p: float,
-                           paper: str,
-                           flag_values: flags.FlagValues = FLAGS) -> None:
+def define_benchmark_flags(
+  benchmarks: Mapping[str, tuple[str, str]],
+  samples: int,
+  temperature: float,
+  top_p: float,
+  paper: str,
+  flag_values: flags.FlagValues = FLAGS,
+) -> None:
   """Defines --eval_<label> (one per benchmark: label -> (dataset, path))
   and the shared --bench_* and --allow_train_on_eval flags."""
   fv = dict(flag_values=flag_values)
   for label, (dataset, path) in benchmarks.items():
     flags.DEFINE_string(
-        f"eval_{label}", path,
-        f"{dataset} file evaluated after training (Avg@--bench_samples); "
-        "empty or missing: skipped.", **fv)
+      f"eval_{label}",
+      path,
+      f"{dataset} file evaluated after training (Avg@--bench_samples); "
+      "empty or missing: skipped.",
+      **fv,
+    )
   flags.DEFINE_integer(
-      "bench_samples", samples,
-      f"k of Avg@k on the benchmarks ({paper}); 0 skips the benchmarks.",
-      **fv)
-  flags.DEFINE_integer("bench_limit", 0,
-                       "First N problems of each benchmark (0 = all).", **fv)
-  flags.DEFINE_float("bench_temperature", temperature,
-                     "Sampling temperature of the benchmark evaluation.", **fv)
-  flags.DEFINE_float("bench_top_p", top_p,
-                     "Top-p of the benchmark evaluation.", **fv)
+    "bench_samples",
+    samples,
+    f"k of Avg@k on the benchmarks ({paper}); 0 skips the benchmarks.",
+    **fv,
+  )
+  flags.DEFINE_integer(
+    "bench_limit", 0, "First N problems of each benchmark (0 = all).", **fv
+  )
+  flags.DEFINE_float(
+    "bench_temperature",
+    temperature,
+    "Sampling temperature of the benchmark evaluation.",
+    **fv,
+  )
+  flags.DEFINE_float(
+    "bench_top_p", top_p, "Top-p of the benchmark evaluation.", **fv
+  )
   flags.DEFINE_bool(
-      "allow_train_on_eval", False,
-      "Train even when --data_path is one of the evaluated benchmark files "
-      "(refused by default: the scores would be on training data).", **fv)
+    "allow_train_on_eval",
+    False,
+    "Train even when --data_path is one of the evaluated benchmark files "
+    "(refused by default: the scores would be on training data).",
+    **fv,
+  )
   _BENCHMARKS[id(flag_values)] = dict(benchmarks)
 
 
@@ -121,13 +153,21 @@ def benchmarks_from_flags(flag_values: flags.FlagValues = FLAGS):
   """The `driver.BenchmarkPlan` of the --eval_*/--bench_* flags."""
   from rljax import evaluation  # no jax at import
   from rljax.train.driver import BenchmarkPlan
+
   specs = []
   for label, (dataset, _) in _BENCHMARKS.get(id(flag_values), {}).items():
-    specs.append(evaluation.EvalSpec(
-        dataset, flag_values[f"eval_{label}"].value,
-        flag_values["bench_limit"].value, label))
+    specs.append(
+      evaluation.EvalSpec(
+        dataset,
+        flag_values[f"eval_{label}"].value,
+        flag_values["bench_limit"].value,
+        label,
+      )
+    )
   return BenchmarkPlan(
-      specs=tuple(specs), samples=flag_values["bench_samples"].value,
-      temperature=flag_values["bench_temperature"].value,
-      top_p=flag_values["bench_top_p"].value,
-      allow_train_on_eval=flag_values["allow_train_on_eval"].value)
+    specs=tuple(specs),
+    samples=flag_values["bench_samples"].value,
+    temperature=flag_values["bench_temperature"].value,
+    top_p=flag_values["bench_top_p"].value,
+    allow_train_on_eval=flag_values["allow_train_on_eval"].value,
+  )

@@ -5,6 +5,7 @@ The JSONL file is appended and flushed every step, so a crash loses nothing
 already logged; a resumed run truncates it back to its checkpoint's step so
 the file never holds two different step 4s.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,19 @@ def to_float(value: Any) -> float | None:
 
 
 def nonfinite_keys(metrics: Mapping[str, Any]) -> list[str]:
-  return sorted(k for k, v in metrics.items()
-                if isinstance(v, float) and not math.isfinite(v))
+  return sorted(
+    k
+    for k, v in metrics.items()
+    if isinstance(v, float) and not math.isfinite(v)
+  )
 
 
 class MetricsWriter:
   """Writes flat dicts of floats per step to JSONL and (optionally) TensorBoard."""
 
-  def __init__(self, run_dir: str, tensorboard: bool = True,
-               resume_step: int | None = None):
+  def __init__(
+    self, run_dir: str, tensorboard: bool = True, resume_step: int | None = None
+  ):
     os.makedirs(run_dir, exist_ok=True)
     self.path = os.path.join(run_dir, "metrics.jsonl")
     if resume_step is not None and os.path.exists(self.path):
@@ -45,15 +50,18 @@ class MetricsWriter:
       stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
       kept = os.path.join(run_dir, f"metrics.{stamp}.jsonl")
       while os.path.exists(kept):
-        kept = kept[:-len(".jsonl")] + "_.jsonl"
+        kept = kept[: -len(".jsonl")] + "_.jsonl"
       os.replace(self.path, kept)
-      print(f"[rljax] {self.path} held an earlier run's metrics; moved to "
-            f"{kept}", flush=True)
+      print(
+        f"[rljax] {self.path} held an earlier run's metrics; moved to {kept}",
+        flush=True,
+      )
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter
+
         self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
       except ImportError:  # TensorBoard is optional; JSONL is the record.
         self._tb = None

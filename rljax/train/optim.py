@@ -4,6 +4,7 @@
 builds the optax transformation from it, and `learning_rate(opt_state)`
 reads the rate the last update used back out of the optimizer state.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,9 @@ class OptimConfig:
   The field order is the order of the former positional arguments of
   `make_optimizer`, so `OptimConfig(1e-3, 10)` still reads naturally.
   """
+
   learning_rate: float
-  steps: int                  # optimizer updates in the run (cosine length)
+  steps: int  # optimizer updates in the run (cosine length)
   warmup_steps: int = 0
   schedule: str = "constant"  # constant | cosine
   weight_decay: float = 0.0
@@ -31,33 +33,49 @@ class OptimConfig:
 
   def __post_init__(self):
     if self.schedule not in ("constant", "cosine"):
-      raise ValueError(f"OptimConfig.schedule={self.schedule!r}; expected "
-                       "'constant' or 'cosine'")
+      raise ValueError(
+        f"OptimConfig.schedule={self.schedule!r}; expected "
+        "'constant' or 'cosine'"
+      )
 
 
 def schedule(cfg: OptimConfig) -> optax.Schedule:
   """The learning-rate schedule of `cfg` (linear warmup from 0)."""
   if cfg.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
-        0.0, cfg.learning_rate, max(cfg.warmup_steps, 1),
-        max(cfg.steps, cfg.warmup_steps + 1))
+      0.0,
+      cfg.learning_rate,
+      max(cfg.warmup_steps, 1),
+      max(cfg.steps, cfg.warmup_steps + 1),
+    )
   if cfg.warmup_steps > 0:
     return optax.join_schedules(
-        [optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps),
-         optax.constant_schedule(cfg.learning_rate)], [cfg.warmup_steps])
+      [
+        optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps),
+        optax.constant_schedule(cfg.learning_rate),
+      ],
+      [cfg.warmup_steps],
+    )
   return optax.constant_schedule(cfg.learning_rate)
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
   """clip_by_global_norm → AdamW(schedule); hyperparameters injected so the
   current learning rate lives in the optimizer state (`learning_rate`)."""
-  clip = (optax.clip_by_global_norm(cfg.max_grad_norm)
-          if cfg.max_grad_norm > 0 else optax.identity())
+  clip = (
+    optax.clip_by_global_norm(cfg.max_grad_norm)
+    if cfg.max_grad_norm > 0
+    else optax.identity()
+  )
   return optax.chain(
-      clip,
-      optax.inject_hyperparams(optax.adamw)(
-          learning_rate=schedule(cfg), b1=cfg.b1, b2=cfg.b2,
-          weight_decay=cfg.weight_decay))
+    clip,
+    optax.inject_hyperparams(optax.adamw)(
+      learning_rate=schedule(cfg),
+      b1=cfg.b1,
+      b2=cfg.b2,
+      weight_decay=cfg.weight_decay,
+    ),
+  )
 
 
 def learning_rate(opt_state) -> jax.Array:
@@ -66,6 +84,8 @@ def learning_rate(opt_state) -> jax.Array:
   # `hyperparams_states` also holds a "learning_rate" (the schedule's count
   # state): keep the array leaf only.
   lr = optax.tree_utils.tree_get(
-      opt_state, "learning_rate",
-      filtering=lambda _, value: isinstance(value, jax.Array))
+    opt_state,
+    "learning_rate",
+    filtering=lambda _, value: isinstance(value, jax.Array),
+  )
   return jnp.asarray(jnp.nan) if lr is None else jnp.asarray(lr)

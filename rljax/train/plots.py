@@ -6,6 +6,7 @@ behavior-vs-proximal KL and max ρ, normalized weight update vs quantization
 error (QuRL Fig. 9), response length and the time per phase. Runs are
 overlaid; a panel is left out when no run logged its metric.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,19 +21,35 @@ from rljax.train.metrics import read_metrics  # noqa: E402
 
 # (title, [(metric key, line style)], log scale)
 PANELS = [
-    ("reward (mean)", [("reward_mean", "-")], False),
-    ("held-out accuracy", [("eval_accuracy", "-o")], False),
-    ("clip fraction", [("clip_fraction_low", "--"), ("clip_fraction_high", "-")],
-     False),
-    ("behavior-proximal KL", [("behav_prox_kl", "-")], False),
-    ("max ρ = π_prox/π_behav", [("max_prox_behav_ratio", "-")], True),
-    ("weight update vs quant. error", [("quant/normalized_kernel_update", "-"),
-                                       ("quant/normalized_quant_error", "--")],
-     True),
-    ("response length", [("response_length_mean", "-")], False),
-    ("seconds per phase", [("time_rollout", "-"), ("time_reward", ":"),
-                           ("time_logprobs", "-."), ("time_update", "--"),
-                           ("time_sync", "-")], False),
+  ("reward (mean)", [("reward_mean", "-")], False),
+  ("held-out accuracy", [("eval_accuracy", "-o")], False),
+  (
+    "clip fraction",
+    [("clip_fraction_low", "--"), ("clip_fraction_high", "-")],
+    False,
+  ),
+  ("behavior-proximal KL", [("behav_prox_kl", "-")], False),
+  ("max ρ = π_prox/π_behav", [("max_prox_behav_ratio", "-")], True),
+  (
+    "weight update vs quant. error",
+    [
+      ("quant/normalized_kernel_update", "-"),
+      ("quant/normalized_quant_error", "--"),
+    ],
+    True,
+  ),
+  ("response length", [("response_length_mean", "-")], False),
+  (
+    "seconds per phase",
+    [
+      ("time_rollout", "-"),
+      ("time_reward", ":"),
+      ("time_logprobs", "-."),
+      ("time_update", "--"),
+      ("time_sync", "-"),
+    ],
+    False,
+  ),
 ]
 
 
@@ -48,34 +65,48 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
   return out
 
 
-def plot_runs(run_dirs: Sequence[str], out_path: str,
-              labels: Sequence[str] | None = None, smooth: int = 1) -> list[str]:
+def plot_runs(
+  run_dirs: Sequence[str],
+  out_path: str,
+  labels: Sequence[str] | None = None,
+  smooth: int = 1,
+) -> list[str]:
   """Writes the figure; returns the titles of the panels drawn."""
   runs = []
   for d in run_dirs:
     if not os.path.exists(os.path.join(d, "metrics.jsonl")):
       raise FileNotFoundError(f"run directory {d!r} has no metrics.jsonl")
     runs.append(read_metrics(d))
-  labels = list(labels) if labels else [os.path.basename(os.path.normpath(d))
-                                        for d in run_dirs]
+  labels = (
+    list(labels)
+    if labels
+    else [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+  )
   if len(labels) != len(runs):
     raise ValueError(f"--labels has {len(labels)} entries for {len(runs)} runs")
-  drawn = [p for p in PANELS
-           if any(any(k in r for r in rows for k, _ in p[1]) for rows in runs)]
+  drawn = [
+    p
+    for p in PANELS
+    if any(any(k in r for r in rows for k, _ in p[1]) for rows in runs)
+  ]
   if not drawn:
     raise ValueError(f"no known metric in {list(run_dirs)}")
   ncol = 2 if len(drawn) > 1 else 1
   nrow = (len(drawn) + ncol - 1) // ncol
-  fig, axes = plt.subplots(nrow, ncol, figsize=(6.5 * ncol, 3.2 * nrow),
-                           squeeze=False)
+  fig, axes = plt.subplots(
+    nrow, ncol, figsize=(6.5 * ncol, 3.2 * nrow), squeeze=False
+  )
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, (title, keys, log) in zip(axes.flat, drawn):
     if title == "seconds per phase" and len(runs) > 2:
       keys = [k for k in keys if k[0] in ("time_rollout", "time_update")]
     for i, (rows, label) in enumerate(zip(runs, labels)):
       for key, style in keys:
-        pts = [(r["step"], r[key]) for r in rows
-               if isinstance(r.get(key), (int, float))]
+        pts = [
+          (r["step"], r[key])
+          for r in rows
+          if isinstance(r.get(key), (int, float))
+        ]
         if not pts:
           continue
         xs, ys = zip(*pts)
@@ -85,15 +116,21 @@ def plot_runs(run_dirs: Sequence[str], out_path: str,
         # Evaluations are a few sparse points: a moving average would blend
         # them into values that were never measured.
         window = 1 if key.startswith("eval_") else smooth
-        ax.plot(xs, moving_average(ys, window), style,
-                color=colors[i % len(colors)], label=name, markersize=3)
+        ax.plot(
+          xs,
+          moving_average(ys, window),
+          style,
+          color=colors[i % len(colors)],
+          label=name,
+          markersize=3,
+        )
     ax.set_title(title)
     ax.set_xlabel("step")
     if log:
       ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  for ax in list(axes.flat)[len(drawn):]:
+  for ax in list(axes.flat)[len(drawn) :]:
     ax.axis("off")
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)

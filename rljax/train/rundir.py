@@ -17,6 +17,7 @@ nothing until every check has passed:
      appended to `config_changes.jsonl`.
   4. only then `config.json` is (atomically) written.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,11 +40,21 @@ CHANGES_FILE = "config_changes.jsonl"
 # added later) changes the trajectory and must be named in
 # --allow_config_change to differ on resume. `eval_size` is not here: the
 # held-out examples are removed from the training pool.
-RUN_CONTROL_FIELDS = frozenset({
-    "steps", "resume", "run_dir", "checkpoint_every", "keep_checkpoints",
-    "eval_every", "export_hf", "tensorboard", "reward_workers", "vllm_urls",
+RUN_CONTROL_FIELDS = frozenset(
+  {
+    "steps",
+    "resume",
+    "run_dir",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "eval_every",
+    "export_hf",
+    "tensorboard",
+    "reward_workers",
+    "vllm_urls",
     "allow_config_change",
-})
+  }
+)
 
 
 class RunDirLockedError(RuntimeError):
@@ -56,7 +67,8 @@ class ConfigChangeError(ValueError):
 
 def _now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(
-      timespec="seconds")
+    timespec="seconds"
+  )
 
 
 def _describe(holder: str) -> str:
@@ -84,18 +96,22 @@ class RunDirLock:
       holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
       os.close(fd)
       raise RunDirLockedError(
-          f"run_dir={run_dir!r} is in use by another rljax run "
-          f"({_describe(holder)}); wait for it to end or stop it, or choose "
-          "another --run_dir") from None
+        f"run_dir={run_dir!r} is in use by another rljax run "
+        f"({_describe(holder)}); wait for it to end or stop it, or choose "
+        "another --run_dir"
+      ) from None
     except BaseException:
       os.close(fd)
       raise
     stale = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
     if stale:
-      log(f"[rljax] run_dir={run_dir!r}: taking over the lock left by "
-          f"{_describe(stale)}, which is no longer running")
-    me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                     "since": _now()})
+      log(
+        f"[rljax] run_dir={run_dir!r}: taking over the lock left by "
+        f"{_describe(stale)}, which is no longer running"
+      )
+    me = json.dumps(
+      {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+    )
     os.ftruncate(fd, 0)
     os.pwrite(fd, me.encode(), 0)
     os.fsync(fd)
@@ -114,14 +130,16 @@ class RunDirLock:
 
 def allowed_changes(cfg: TrainConfig) -> frozenset[str]:
   """The field names of `cfg.allow_config_change` (comma-separated)."""
-  names = frozenset(n.strip() for n in cfg.allow_config_change.split(",")
-                    if n.strip())
+  names = frozenset(
+    n.strip() for n in cfg.allow_config_change.split(",") if n.strip()
+  )
   known = {f.name for f in dataclasses.fields(TrainConfig)}
   unknown = sorted(names - known)
   if unknown:
     raise ValueError(
-        f"allow_config_change names {unknown}, which are not TrainConfig "
-        "fields; expected a comma-separated list of field names")
+      f"allow_config_change names {unknown}, which are not TrainConfig "
+      "fields; expected a comma-separated list of field names"
+    )
   return names
 
 
@@ -129,8 +147,9 @@ def _jsonable(value: Any) -> Any:
   return json.loads(json.dumps(value))  # tuples become lists, as on disk
 
 
-def config_changes(saved: Mapping[str, Any],
-                   cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+def config_changes(
+  saved: Mapping[str, Any], cfg: TrainConfig
+) -> dict[str, tuple[Any, Any]]:
   """{field: (saved, new)} for every trajectory-changing field that differs.
 
   A field missing from `saved` (a checkpoint written before the field
@@ -150,8 +169,9 @@ def config_changes(saved: Mapping[str, Any],
   return out
 
 
-def check_resume_config(saved: Mapping[str, Any], cfg: TrainConfig,
-                        step: int) -> dict[str, tuple[Any, Any]]:
+def check_resume_config(
+  saved: Mapping[str, Any], cfg: TrainConfig, step: int
+) -> dict[str, tuple[Any, Any]]:
   """Raises ConfigChangeError unless every change is allowed; returns them."""
   allowed = allowed_changes(cfg)
   changes = config_changes(saved, cfg)
@@ -159,10 +179,11 @@ def check_resume_config(saved: Mapping[str, Any], cfg: TrainConfig,
   if refused:
     listed = "; ".join(f"{k}: {o!r} -> {n!r}" for k, (o, n) in refused.items())
     raise ConfigChangeError(
-        f"run_dir={cfg.run_dir!r} was trained up to step {step} with another "
-        f"configuration ({listed}). Resume with the values it was trained "
-        "with, or name the fields you mean to change: "
-        f"--allow_config_change={','.join(sorted(refused))}")
+      f"run_dir={cfg.run_dir!r} was trained up to step {step} with another "
+      f"configuration ({listed}). Resume with the values it was trained "
+      "with, or name the fields you mean to change: "
+      f"--allow_config_change={','.join(sorted(refused))}"
+    )
   return changes
 
 
@@ -192,20 +213,35 @@ class RunDir:
     self.checkpointer = None
     try:
       self.checkpointer = RunCheckpointer(
-          os.path.join(cfg.run_dir, "checkpoints"), cfg.checkpoint_every,
-          cfg.keep_checkpoints, owner=True)
+        os.path.join(cfg.run_dir, "checkpoints"),
+        cfg.checkpoint_every,
+        cfg.keep_checkpoints,
+        owner=True,
+      )
       self.resume_step, self.changes = self._check(log)
-      _write_json_atomic(os.path.join(cfg.run_dir, CONFIG_FILE),
-                         dataclasses.asdict(cfg))
+      _write_json_atomic(
+        os.path.join(cfg.run_dir, CONFIG_FILE), dataclasses.asdict(cfg)
+      )
       if self.changes:
-        with open(os.path.join(cfg.run_dir, CHANGES_FILE), "a",
-                  encoding="utf-8") as f:
-          f.write(json.dumps({
-              "resumed_at_step": self.resume_step, "time": _now(),
-              "changes": {k: {"old": o, "new": n}
-                          for k, (o, n) in self.changes.items()}}) + "\n")
-        log(f"[rljax] resuming step {self.resume_step} with allowed config "
-            f"changes {sorted(self.changes)} (recorded in {CHANGES_FILE})")
+        with open(
+          os.path.join(cfg.run_dir, CHANGES_FILE), "a", encoding="utf-8"
+        ) as f:
+          f.write(
+            json.dumps(
+              {
+                "resumed_at_step": self.resume_step,
+                "time": _now(),
+                "changes": {
+                  k: {"old": o, "new": n} for k, (o, n) in self.changes.items()
+                },
+              }
+            )
+            + "\n"
+          )
+        log(
+          f"[rljax] resuming step {self.resume_step} with allowed config "
+          f"changes {sorted(self.changes)} (recorded in {CHANGES_FILE})"
+        )
     except BaseException:
       self.close()
       raise
@@ -217,16 +253,19 @@ class RunDir:
       return None, {}
     if not cfg.resume:
       raise FileExistsError(
-          f"run_dir={cfg.run_dir!r} already holds checkpoints up to step "
-          f"{latest}; pass --resume to continue that run, or choose another "
-          "--run_dir")
+        f"run_dir={cfg.run_dir!r} already holds checkpoints up to step "
+        f"{latest}; pass --resume to continue that run, or choose another "
+        "--run_dir"
+      )
     step, damaged = ckpt.latest_verified_step()
     meta = ckpt.read_meta(step)
     changes = check_resume_config(meta.get("config", {}), cfg, step)
     for bad_step, reason in damaged:
       dest = ckpt.set_aside(bad_step)
-      log(f"[rljax] checkpoint step {bad_step} in {ckpt.directory} is "
-          f"damaged ({reason}); moved to {dest}; resuming from step {step}")
+      log(
+        f"[rljax] checkpoint step {bad_step} in {ckpt.directory} is "
+        f"damaged ({reason}); moved to {dest}; resuming from step {step}"
+      )
     return step, changes
 
   def close(self) -> None:

@@ -25,6 +25,7 @@ Multi-host: the same code runs under `jax.distributed.initialize()`
 (`rljax.distributed`); `put_global` builds the global arrays from host data
 that every process holds in full.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -57,9 +58,10 @@ def batch_shardings(batch: Any, mesh: Mesh):
     shape = np.shape(x)
     if not shape or shape[0] % n:
       raise ValueError(
-          f"batch leaf {jax.tree_util.keystr(path) or 'array'} has shape "
-          f"{tuple(shape)}; its leading dim must be divisible by "
-          f"data*fsdp={n}")
+        f"batch leaf {jax.tree_util.keystr(path) or 'array'} has shape "
+        f"{tuple(shape)}; its leading dim must be divisible by "
+        f"data*fsdp={n}"
+      )
     return sharding_lib.batch_sharding(mesh)
 
   return jax.tree_util.tree_map_with_path(one, batch)
@@ -71,19 +73,26 @@ def put_global(tree: Any, shardings: Any):
   Each process fills only its addressable shards, so this works on one host
   and on many (where `jax.device_put` of a numpy array onto devices of other
   processes is not allowed)."""
+
   def put(x, s):
     if x is None:
       return None
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, s, lambda idx: host[idx])
+
   return jax.tree.map(put, tree, shardings)
 
 
 def make_sharded_update_step(
-    spec: update_lib.UpdateSpec, optimizer: optax.GradientTransformation,
-    mesh: Mesh, state_example: Any, batch_example: Any,
-    critic_optimizer: optax.GradientTransformation | None = None,
-    frozen_example: Any = None, donate: bool = True):
+  spec: update_lib.UpdateSpec,
+  optimizer: optax.GradientTransformation,
+  mesh: Mesh,
+  state_example: Any,
+  batch_example: Any,
+  critic_optimizer: optax.GradientTransformation | None = None,
+  frozen_example: Any = None,
+  donate: bool = True,
+):
   """`update.make_update_step` jitted over `mesh` with explicit shardings.
 
   Args:
@@ -105,22 +114,27 @@ def make_sharded_update_step(
     replicated; `shardings` = {"state", "batch", "frozen"} for placing
     inputs (`put_global`).
   """
-  inner = update_lib.make_update_step(spec, optimizer, critic_optimizer,
-                                      donate=False)
+  inner = update_lib.make_update_step(
+    spec, optimizer, critic_optimizer, donate=False
+  )
   s_state = state_shardings(spec, state_example, mesh)
   s_batch = batch_shardings(batch_example, mesh)
   replicated = NamedSharding(mesh, P())
   in_shardings = (s_state, s_batch)
   s_frozen = None
   if frozen_example is not None:
-    s_frozen = sharding_lib.param_shardings(spec.model_config, frozen_example,
-                                            mesh)
+    s_frozen = sharding_lib.param_shardings(
+      spec.model_config, frozen_example, mesh
+    )
     in_shardings += (s_frozen,)
   # The inner jit is inlined into this one; its own donation is off because
   # only the outermost jit's donation takes effect.
-  step = jax.jit(inner, in_shardings=in_shardings,
-                 out_shardings=(s_state, replicated),
-                 donate_argnums=(0,) if donate else ())
+  step = jax.jit(
+    inner,
+    in_shardings=in_shardings,
+    out_shardings=(s_state, replicated),
+    donate_argnums=(0,) if donate else (),
+  )
   return step, {"state": s_state, "batch": s_batch, "frozen": s_frozen}
 
 

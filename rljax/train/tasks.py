@@ -8,6 +8,7 @@ learned reward model, VR-CLI or an LLM judge (`build_reward`); held-out
 evaluation keeps the verifier (`Task.verify`), so runs with different rewards
 are compared on the same accuracy.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,14 +33,21 @@ SHORT_ANSWER_INSTRUCTION = "Put the final answer within \\boxed{}."
 class Task:
   """Training and held-out examples, rendered with a template and scored."""
 
-  def __init__(self, train: Sequence[data_lib.Example],
-               held_out: Sequence[data_lib.Example], tokenizer,
-               render: Callable[[str], str], batch_size: int, seed: int,
-               max_prompt_tokens: int, reward_workers: int = 1,
-               reward_timeout_s: float = 10.0,
-               last_number_fallback: bool = False,
-               reward: "rewards_lib.batched.BatchedReward | None" = None,
-               prompts_filtered_long: int = 0):
+  def __init__(
+    self,
+    train: Sequence[data_lib.Example],
+    held_out: Sequence[data_lib.Example],
+    tokenizer,
+    render: Callable[[str], str],
+    batch_size: int,
+    seed: int,
+    max_prompt_tokens: int,
+    reward_workers: int = 1,
+    reward_timeout_s: float = 10.0,
+    last_number_fallback: bool = False,
+    reward: "rewards_lib.batched.BatchedReward | None" = None,
+    prompts_filtered_long: int = 0,
+  ):
     if not train:
       raise ValueError("the task has no training examples")
     # Examples dropped by `drop_long_prompts` (reported in the metrics).
@@ -52,9 +60,11 @@ class Task:
     eos = getattr(tokenizer, "eos_token_id", None)
     self.stop_token_ids = (int(eos),) if eos is not None else ()
     self._pool = rewards_lib.RewardPool(
-        rewards_lib.Correctness(last_number_fallback=last_number_fallback),
-        mode="process" if reward_workers > 0 else "serial",
-        num_workers=max(reward_workers, 1), timeout_s=reward_timeout_s)
+      rewards_lib.Correctness(last_number_fallback=last_number_fallback),
+      mode="process" if reward_workers > 0 else "serial",
+      num_workers=max(reward_workers, 1),
+      timeout_s=reward_timeout_s,
+    )
     # The training reward: the verifier pool, or a batched reward that runs
     # in this process (a model on the accelerator, a judge over HTTP).
     self._reward = reward if reward is not None else self._pool
@@ -67,21 +77,27 @@ class Task:
     ids = self.tokenizer.encode(text, add_special_tokens=False)
     if len(ids) > self.max_prompt_tokens:
       raise ValueError(
-          f"example {example.uid}: prompt of {len(ids)} tokens exceeds "
-          f"max_prompt_tokens={self.max_prompt_tokens}")
+        f"example {example.uid}: prompt of {len(ids)} tokens exceeds "
+        f"max_prompt_tokens={self.max_prompt_tokens}"
+      )
     return ids
 
   def next_train_batch(self, n: int) -> list[data_lib.Example]:
     if n != self._iter.batch_size:
-      raise ValueError(f"batches are {self._iter.batch_size} prompts, asked {n}")
+      raise ValueError(
+        f"batches are {self._iter.batch_size} prompts, asked {n}"
+      )
     return next(self._iter)
 
   def eval_examples(self) -> list[data_lib.Example]:
     return list(self._held_out)
 
-  def score(self, completions: Sequence[str],
-            examples: Sequence[data_lib.Example], n: int
-            ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+  def score(
+    self,
+    completions: Sequence[str],
+    examples: Sequence[data_lib.Example],
+    n: int,
+  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Training rewards [len(completions)]; completion b answers
     examples[b // n].
 
@@ -90,17 +106,23 @@ class Task:
     """
     return self._score(self._reward, completions, examples, n)
 
-  def verify(self, completions: Sequence[str],
-             examples: Sequence[data_lib.Example], n: int
-             ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+  def verify(
+    self,
+    completions: Sequence[str],
+    examples: Sequence[data_lib.Example],
+    n: int,
+  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Like `score`, always with the task's verifier (for evaluation)."""
     return self._score(self._pool, completions, examples, n)
 
   def _score(self, scorer, completions, examples, n):
     exs = [examples[b // n] for b in range(len(completions))]
     inputs = rewards_lib.make_inputs(
-        [self.prompt_text(e) for e in exs], list(completions),
-        [e.answer for e in exs], [dict(e.metadata) for e in exs])
+      [self.prompt_text(e) for e in exs],
+      list(completions),
+      [e.answer for e in exs],
+      [dict(e.metadata) for e in exs],
+    )
     result = scorer.score(inputs)
     comps = dict(result.components)
     status = np.asarray(result.status)
@@ -124,65 +146,93 @@ def build_task(cfg: TrainConfig, tokenizer) -> Task:
   """The task named by `cfg.task`: a generated one, or a dataset file."""
   generated = cfg.task in GENERATED_TASKS
   if generated:
-    generate = (data_lib.generate_arithmetic if cfg.task == "arithmetic"
-                else data_lib.generate_countdown)
+    generate = (
+      data_lib.generate_arithmetic
+      if cfg.task == "arithmetic"
+      else data_lib.generate_countdown
+    )
     # Held-out examples come from a different seed stream than training.
-    held_out = generate(cfg.eval_size, cfg.task_difficulty, seed=10_000 + cfg.seed)
+    held_out = generate(
+      cfg.eval_size, cfg.task_difficulty, seed=10_000 + cfg.seed
+    )
     train = generate(GENERATED_POOL, cfg.task_difficulty, seed=cfg.seed)
     held_q = {e.question for e in held_out}
     train = [e for e in train if e.question not in held_q]
   else:
     if not cfg.data_path:
       raise ValueError(
-          f"task={cfg.task!r} is not a generated task {GENERATED_TASKS}; "
-          f"give its file with --data_path (datasets: "
-          f"{sorted(data_lib.DATASET_SPECS)})")
+        f"task={cfg.task!r} is not a generated task {GENERATED_TASKS}; "
+        f"give its file with --data_path (datasets: "
+        f"{sorted(data_lib.DATASET_SPECS)})"
+      )
     rows = list(data_lib.load_dataset(cfg.task, cfg.data_path))
     rows = data_lib.shuffled(rows, cfg.seed)
   if generated:
     # Short answers within a small token budget. A 135M model rarely writes an
     # answer format at all, so generated tasks grade the last number when
     # there is none (datasets keep the strict verifier).
-    render = data_lib.ChatTemplate(tokenizer, user_template=data_lib.BoxedTemplate(
-        instruction=SHORT_ANSWER_INSTRUCTION))
-    held_out, n_held = drop_long_prompts(held_out, render, tokenizer,
-                                         cfg.max_prompt_tokens)
-    train, n_train = drop_long_prompts(train, render, tokenizer,
-                                       cfg.max_prompt_tokens)
+    render = data_lib.ChatTemplate(
+      tokenizer,
+      user_template=data_lib.BoxedTemplate(
+        instruction=SHORT_ANSWER_INSTRUCTION
+      ),
+    )
+    held_out, n_held = drop_long_prompts(
+      held_out, render, tokenizer, cfg.max_prompt_tokens
+    )
+    train, n_train = drop_long_prompts(
+      train, render, tokenizer, cfg.max_prompt_tokens
+    )
   else:
     render = data_lib.ChatTemplate(tokenizer)
     # Filtered before the split, so the held-out set keeps eval_size rows.
-    rows, n_train = drop_long_prompts(rows, render, tokenizer,
-                                      cfg.max_prompt_tokens)
+    rows, n_train = drop_long_prompts(
+      rows, render, tokenizer, cfg.max_prompt_tokens
+    )
     n_held = 0
-    held_out, train = rows[:cfg.eval_size], rows[cfg.eval_size:]
+    held_out, train = rows[: cfg.eval_size], rows[cfg.eval_size :]
   if n_train + n_held:
-    print(f"[rljax] dropped {n_train + n_held} prompts longer than "
-          f"max_prompt_tokens={cfg.max_prompt_tokens}", flush=True)
+    print(
+      f"[rljax] dropped {n_train + n_held} prompts longer than "
+      f"max_prompt_tokens={cfg.max_prompt_tokens}",
+      flush=True,
+    )
   if not train:
     raise ValueError(
-        f"task={cfg.task!r}: no training prompt left ({n_train} dropped as "
-        f"longer than max_prompt_tokens={cfg.max_prompt_tokens}, "
-        f"{len(held_out)} held out by eval_size)")
-  return Task(train, held_out, tokenizer, render, cfg.prompts_per_step,
-              cfg.seed, cfg.max_prompt_tokens, cfg.reward_workers,
-              last_number_fallback=generated,
-              reward=build_reward(cfg, tokenizer),
-              prompts_filtered_long=n_train + n_held)
+      f"task={cfg.task!r}: no training prompt left ({n_train} dropped as "
+      f"longer than max_prompt_tokens={cfg.max_prompt_tokens}, "
+      f"{len(held_out)} held out by eval_size)"
+    )
+  return Task(
+    train,
+    held_out,
+    tokenizer,
+    render,
+    cfg.prompts_per_step,
+    cfg.seed,
+    cfg.max_prompt_tokens,
+    cfg.reward_workers,
+    last_number_fallback=generated,
+    reward=build_reward(cfg, tokenizer),
+    prompts_filtered_long=n_train + n_held,
+  )
 
 
-def drop_long_prompts(examples: Sequence[data_lib.Example], render,
-                      tokenizer, max_tokens: int
-                      ) -> tuple[list[data_lib.Example], int]:
+def drop_long_prompts(
+  examples: Sequence[data_lib.Example], render, tokenizer, max_tokens: int
+) -> tuple[list[data_lib.Example], int]:
   """(examples whose rendered prompt fits in `max_tokens`, number dropped).
 
   A prompt the engine cannot hold would stop the run at the step that
   draws it; dropping it up front (the usual `filter_overlong_prompts` of
   RL recipes) keeps the run going, and the count is reported.
   """
-  kept = [e for e in examples
-          if len(tokenizer.encode(render(e.question),
-                                  add_special_tokens=False)) <= max_tokens]
+  kept = [
+    e
+    for e in examples
+    if len(tokenizer.encode(render(e.question), add_special_tokens=False))
+    <= max_tokens
+  ]
   return kept, len(examples) - len(kept)
 
 
@@ -199,34 +249,56 @@ def build_reward(cfg: TrainConfig, tokenizer):
     return None
   if cfg.reward == "reward_model":
     from rljax.rewards import reward_model as rm_lib  # jax: only when used
+
     model = rm_lib.load_reward_model(cfg.reward_model_path)
-    return rm_lib.RewardModelReward(model, tokenizer=model.tokenizer
-                                    or tokenizer)
+    return rm_lib.RewardModelReward(
+      model, tokenizer=model.tokenizer or tokenizer
+    )
   if cfg.reward == "vrcli":
     from rljax.rewards import likelihood  # pylint: disable=g-import-not-at-top
     from rljax.train.loop import load_policy  # loop imports this module
-    ref_cfg = (dataclasses.replace(cfg, model=cfg.vrcli_reference)
-               if cfg.vrcli_reference else cfg)
+
+    ref_cfg = (
+      dataclasses.replace(cfg, model=cfg.vrcli_reference)
+      if cfg.vrcli_reference
+      else cfg
+    )
     reference = load_policy(ref_cfg, cfg.seed)
     if len(tokenizer) > reference.config.vocab_size:
       raise ValueError(
-          f"vrcli_reference={ref_cfg.model!r} has vocab_size="
-          f"{reference.config.vocab_size}, fewer than the policy tokenizer's "
-          f"{len(tokenizer)} tokens; the reference must share the tokenizer")
+        f"vrcli_reference={ref_cfg.model!r} has vocab_size="
+        f"{reference.config.vocab_size}, fewer than the policy tokenizer's "
+        f"{len(tokenizer)} tokens; the reference must share the tokenizer"
+      )
     return likelihood.LikelihoodImprovementReward(
-        reference.config, reference.params, tokenizer,
-        separator=cfg.vrcli_separator,
-        max_reasoning_tokens=cfg.max_new_tokens)
+      reference.config,
+      reference.params,
+      tokenizer,
+      separator=cfg.vrcli_separator,
+      max_reasoning_tokens=cfg.max_new_tokens,
+    )
   if cfg.reward == "judge":
     from rljax.rewards import judge  # pylint: disable=g-import-not-at-top
-    rubrics = (judge.load_rubrics(cfg.judge_rubrics) if cfg.judge_rubrics
-               else judge.JudgeConfig.rubrics)
-    return judge.JudgeReward(judge.JudgeConfig(
-        url=cfg.judge_url, model=cfg.judge_model, rubrics=rubrics,
+
+    rubrics = (
+      judge.load_rubrics(cfg.judge_rubrics)
+      if cfg.judge_rubrics
+      else judge.JudgeConfig.rubrics
+    )
+    return judge.JudgeReward(
+      judge.JudgeConfig(
+        url=cfg.judge_url,
+        model=cfg.judge_model,
+        rubrics=rubrics,
         api=cfg.judge_api,
-        timeout_s=cfg.judge_timeout_s, allow_remote=cfg.judge_allow_remote,
+        timeout_s=cfg.judge_timeout_s,
+        allow_remote=cfg.judge_allow_remote,
         # A secret: from the environment, never a flag (flags are recorded
         # in config.json).
-        api_key=os.environ.get(JUDGE_API_KEY_ENV) or None))
-  raise ValueError(f"reward={cfg.reward!r}; expected one of "
-                   "('verifier', 'reward_model', 'vrcli', 'judge')")
+        api_key=os.environ.get(JUDGE_API_KEY_ENV) or None,
+      )
+    )
+  raise ValueError(
+    f"reward={cfg.reward!r}; expected one of "
+    "('verifier', 'reward_model', 'vrcli', 'judge')"
+  )

@@ -4,6 +4,7 @@ real SmolLM2 tokenizer, for tests and CPU smoke runs (never for results).
 The models layer owns it (`models.load_named("tiny")`, so evaluation can
 build it without the trainer); these are the names tests use.
 """
+
 from __future__ import annotations
 
 from rljax import models

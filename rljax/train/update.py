@@ -19,6 +19,7 @@ correction and aggregation mode.
 The function is jitted once per batch shape, donates the train state's
 buffers, and runs sharded when its inputs carry NamedShardings.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,6 +41,7 @@ Batch = dict[str, jax.Array]
 
 class TrainState(flax.struct.PyTreeNode):
   """Parameters and optimiser state of the policy (and the critic, for PPO)."""
+
   step: jax.Array
   params: Any
   opt_state: Any
@@ -50,6 +52,7 @@ class TrainState(flax.struct.PyTreeNode):
 @dataclasses.dataclass(frozen=True)
 class UpdateSpec:
   """Static description of the loss; hashable so jit can close over it."""
+
   model_config: Any
   loss: objectives.PolicyLossConfig
   temperature: float = 1.0
@@ -72,8 +75,9 @@ class UpdateSpec:
   param_transform: Callable[..., Any] | None = None
 
 
-def make_optimizer(cfg: optim_lib.OptimConfig | float, *args,
-                   **kwargs) -> optax.GradientTransformation:
+def make_optimizer(
+  cfg: optim_lib.OptimConfig | float, *args, **kwargs
+) -> optax.GradientTransformation:
   """`optim.make_optimizer`; also takes OptimConfig's fields directly
   (`make_optimizer(1e-3, steps=10)`), as the scripts and tests do."""
   if not isinstance(cfg, optim_lib.OptimConfig):
@@ -91,13 +95,21 @@ def current_learning_rate(opt_state) -> jax.Array:
 def all_finite(tree) -> jax.Array:
   """True iff every floating-point leaf of `tree` is free of NaN and inf
   (integer leaves, such as Adam's step count, cannot be non-finite)."""
-  checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  checks = [
+    jnp.all(jnp.isfinite(x))
+    for x in jax.tree.leaves(tree)
+    if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+  ]
   return jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
 
 
-def guarded_update(optimizer: optax.GradientTransformation, grads, opt_state,
-                   params, loss: jax.Array):
+def guarded_update(
+  optimizer: optax.GradientTransformation,
+  grads,
+  opt_state,
+  params,
+  loss: jax.Array,
+):
   """One optimizer step that is applied only if everything it produces is
   finite; otherwise the old (params, opt_state) come back unchanged.
 
@@ -115,31 +127,45 @@ def guarded_update(optimizer: optax.GradientTransformation, grads, opt_state,
   """
   updates, new_opt_state = optimizer.update(grads, opt_state, params)
   new_params = optax.apply_updates(params, updates)
-  applied = (jnp.isfinite(loss) & all_finite(grads) & all_finite(new_params)
-             & all_finite(new_opt_state))
+  applied = (
+    jnp.isfinite(loss)
+    & all_finite(grads)
+    & all_finite(new_params)
+    & all_finite(new_opt_state)
+  )
   keep = lambda n, o: jnp.where(applied, n, o)
-  return (jax.tree.map(keep, new_params, params),
-          jax.tree.map(keep, new_opt_state, opt_state), applied)
+  return (
+    jax.tree.map(keep, new_params, params),
+    jax.tree.map(keep, new_opt_state, opt_state),
+    applied,
+  )
 
 
 def _split_micro(batch: Batch, n: int) -> Batch:
   def split(x):
     if x.shape[0] % n:
       raise ValueError(
-          f"micro_batches={n} must divide the minibatch size {x.shape[0]}")
+        f"micro_batches={n} must divide the minibatch size {x.shape[0]}"
+      )
     # Micro-batch i = rows i, i+n, i+2n, ...: a batch sharded in contiguous
     # blocks over devices then keeps every micro-batch spread over all of
     # them (rows i*B/n.. would put each micro-batch on 1/n of the devices and
     # make the others wait or recompute it). The sums are the same.
     return x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1)
+
   return jax.tree.map(split, batch)
 
 
 def _policy_logp(spec: UpdateSpec, params, batch: Batch):
   logp, entropy = models.token_logprobs(
-      spec.model_config, params, batch["tokens"],
-      attention_mask=batch["attention_mask"], temperature=spec.temperature,
-      chunk_size=spec.logprob_chunk or None, remat=spec.remat)
+    spec.model_config,
+    params,
+    batch["tokens"],
+    attention_mask=batch["attention_mask"],
+    temperature=spec.temperature,
+    chunk_size=spec.logprob_chunk or None,
+    remat=spec.remat,
+  )
   return logp, entropy
 
 
@@ -158,18 +184,26 @@ def policy_loss_sum(spec: UpdateSpec, params, mb: Batch, denoms: dict):
   else:
     prox = mb["prox_logp"]
   pg_sum, _, metrics = objectives.policy_loss_terms(
-      logp, prox, mb["behav_logp"], mb["advantages"], mask, spec.loss)
+    logp, prox, mb["behav_logp"], mb["advantages"], mask, spec.loss
+  )
   total = pg_sum / denoms["pg"]
   if spec.kl_coef > 0:
-    kl_sum, _ = kl_lib.kl_loss_terms(logp, mb["ref_logp"], mask,
-                                     spec.kl_estimator, spec.loss.aggregation,
-                                     spec.loss.norm_const)
+    kl_sum, _ = kl_lib.kl_loss_terms(
+      logp,
+      mb["ref_logp"],
+      mask,
+      spec.kl_estimator,
+      spec.loss.aggregation,
+      spec.loss.norm_const,
+    )
     total = total + spec.kl_coef * kl_sum / denoms["mask"]
     metrics["kl_to_ref"] = kl_lib.kl_loss(
-        jax.lax.stop_gradient(logp), mb["ref_logp"], mask, spec.kl_estimator)
+      jax.lax.stop_gradient(logp), mb["ref_logp"], mask, spec.kl_estimator
+    )
   if spec.entropy_coef > 0:
-    ent_sum, _ = agg_lib.aggregate(entropy, mask, spec.loss.aggregation,
-                                   spec.loss.norm_const)
+    ent_sum, _ = agg_lib.aggregate(
+      entropy, mask, spec.loss.aggregation, spec.loss.norm_const
+    )
     total = total - spec.entropy_coef * ent_sum / denoms["mask"]
   metrics["entropy"] = agg_lib.masked_mean(jax.lax.stop_gradient(entropy), mask)
   metrics["pg_loss_sum"] = pg_sum
@@ -184,36 +218,55 @@ def _with_prox(spec: UpdateSpec, params, micro: Batch) -> Batch:
   if not (spec.prox_is_current and spec.loss.rejects):
     return micro
   prox = jax.lax.map(
-      lambda mb: jax.lax.stop_gradient(_policy_logp(spec, params, mb)[0]), micro)
+    lambda mb: jax.lax.stop_gradient(_policy_logp(spec, params, mb)[0]), micro
+  )
   return dict(micro, prox_logp=prox)
 
 
 def _denominators(spec: UpdateSpec, micro: Batch) -> dict:
   """D_pg and D_mask of the whole minibatch: sums over micro-batches."""
+
   def one(mb):
     mask = mb["loss_mask"]
-    _, d_mask = agg_lib.aggregate(jnp.zeros(mask.shape, jnp.float32), mask,
-                                  spec.loss.aggregation, spec.loss.norm_const)
+    _, d_mask = agg_lib.aggregate(
+      jnp.zeros(mask.shape, jnp.float32),
+      mask,
+      spec.loss.aggregation,
+      spec.loss.norm_const,
+    )
     if spec.loss.rejects:
       d_pg = objectives.policy_loss_denominator(
-          mb["prox_logp"], mb["behav_logp"], mask, spec.loss)
+        mb["prox_logp"], mb["behav_logp"], mask, spec.loss
+      )
     else:
       d_pg = d_mask  # keep = mask: ρ cannot change it
     return d_pg, d_mask
+
   d_pg, d_mask = jax.lax.map(one, micro)
   # An all-masked minibatch: every sum is 0, and 0/1 keeps the step finite.
-  return {"pg": jnp.maximum(d_pg.sum(), 1e-8), "mask": jnp.maximum(d_mask.sum(), 1e-8)}
+  return {
+    "pg": jnp.maximum(d_pg.sum(), 1e-8),
+    "mask": jnp.maximum(d_mask.sum(), 1e-8),
+  }
 
 
-def value_loss_sum(spec: UpdateSpec, critic_params, mb: Batch,
-                   denoms: dict):
+def value_loss_sum(spec: UpdateSpec, critic_params, mb: Batch, denoms: dict):
   """This micro-batch's share of the PPO clipped value loss."""
   values = models.value_forward(
-      spec.model_config, critic_params["backbone"], critic_params["head"],
-      mb["tokens"], mb["attention_mask"])[:, :-1]
+    spec.model_config,
+    critic_params["backbone"],
+    critic_params["head"],
+    mb["tokens"],
+    mb["attention_mask"],
+  )[:, :-1]
   s, _, metrics = objectives.value_loss_terms(
-      values, mb["old_values"], mb["returns"], mb["loss_mask"],
-      clip_eps=spec.value_clip, aggregation_mode="token-mean")
+    values,
+    mb["old_values"],
+    mb["returns"],
+    mb["loss_mask"],
+    clip_eps=spec.value_clip,
+    aggregation_mode="token-mean",
+  )
   metrics["value_loss_sum"] = s
   return spec.value_coef * s / denoms["mask"], metrics
 
@@ -221,16 +274,20 @@ def value_loss_sum(spec: UpdateSpec, critic_params, mb: Batch,
 def _accumulate(loss_fn: Callable, params, micro: Batch, denoms: dict):
   """Σ over micro-batches of (loss, grads, metrics); metrics are averaged
   weighted by valid tokens (max for `max_*`)."""
+
   def body(carry, mb):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, mb, denoms)
+      params, mb, denoms
+    )
     g_acc, l_acc = carry
     g_acc = jax.tree.map(jnp.add, g_acc, grads)
     ntok = jnp.sum(mb["loss_mask"])
     return (g_acc, l_acc + loss), (metrics, ntok)
+
   zeros = jax.tree.map(jnp.zeros_like, params)
   (grads, loss), (metrics, ntok) = jax.lax.scan(
-      body, (zeros, jnp.zeros((), jnp.float32)), micro)
+    body, (zeros, jnp.zeros((), jnp.float32)), micro
+  )
   weights = ntok / jnp.maximum(jnp.sum(ntok), 1)
   merged = {}
   for k, v in metrics.items():
@@ -243,9 +300,12 @@ def _accumulate(loss_fn: Callable, params, micro: Batch, denoms: dict):
   return loss, grads, merged
 
 
-def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
-                     critic_optimizer: optax.GradientTransformation | None = None,
-                     donate: bool = True):
+def make_update_step(
+  spec: UpdateSpec,
+  optimizer: optax.GradientTransformation,
+  critic_optimizer: optax.GradientTransformation | None = None,
+  donate: bool = True,
+):
   """Returns jit(update_step)(state, minibatch) -> (state, metrics)."""
   if spec.uses_critic and critic_optimizer is None:
     raise ValueError("uses_critic=True needs a critic_optimizer")
@@ -256,8 +316,9 @@ def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
       merge = lambda p: spec.param_transform(frozen, p, rng)
     else:
       merge = lambda p: p
-    micro = _with_prox(spec, merge(state.params),
-                       _split_micro(batch, spec.micro_batches))
+    micro = _with_prox(
+      spec, merge(state.params), _split_micro(batch, spec.micro_batches)
+    )
     denoms = _denominators(spec, micro)
     # spec.remat: per-layer remat in the decoder (`_policy_logp`); wrapping
     # the whole loss in jax.checkpoint would keep every activation anyway.
@@ -267,40 +328,59 @@ def make_update_step(spec: UpdateSpec, optimizer: optax.GradientTransformation,
     # Nothing non-finite may reach the params or the optimizer state: keep
     # the old state and report it (the trainer stops with a debug dump).
     params, opt_state, finite = guarded_update(
-        optimizer, grads, state.opt_state, state.params, loss)
-    metrics.update(loss=loss, grad_norm=grad_norm,
-                   applied=finite.astype(jnp.float32),
-                   learning_rate=optim_lib.learning_rate(opt_state))
-    new_state = state.replace(step=state.step + 1, params=params,
-                              opt_state=opt_state)
+      optimizer, grads, state.opt_state, state.params, loss
+    )
+    metrics.update(
+      loss=loss,
+      grad_norm=grad_norm,
+      applied=finite.astype(jnp.float32),
+      learning_rate=optim_lib.learning_rate(opt_state),
+    )
+    new_state = state.replace(
+      step=state.step + 1, params=params, opt_state=opt_state
+    )
     if spec.uses_critic:
       tokens = jnp.maximum(jnp.sum(batch["loss_mask"]), 1e-8)  # token-mean
       vf = lambda p, mb, d: value_loss_sum(spec, p, mb, d)
       v_loss, v_grads, v_metrics = _accumulate(
-          vf, state.critic_params, micro, {"mask": tokens})
+        vf, state.critic_params, micro, {"mask": tokens}
+      )
       c_params, c_opt, c_ok = guarded_update(
-          critic_optimizer, v_grads, state.critic_opt_state,
-          state.critic_params, v_loss)
+        critic_optimizer,
+        v_grads,
+        state.critic_opt_state,
+        state.critic_params,
+        v_loss,
+      )
       # Actor and critic move together or not at all.
       both = finite & c_ok
       keep = lambda n, o: jnp.where(both, n, o)
       new_state = new_state.replace(
-          params=jax.tree.map(keep, params, state.params),
-          opt_state=jax.tree.map(keep, opt_state, state.opt_state),
-          critic_params=jax.tree.map(keep, c_params, state.critic_params),
-          critic_opt_state=jax.tree.map(keep, c_opt, state.critic_opt_state))
+        params=jax.tree.map(keep, params, state.params),
+        opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+        critic_params=jax.tree.map(keep, c_params, state.critic_params),
+        critic_opt_state=jax.tree.map(keep, c_opt, state.critic_opt_state),
+      )
       metrics["applied"] = both.astype(jnp.float32)
-      metrics.update(value_loss=v_loss, critic_grad_norm=optax.global_norm(v_grads))
+      metrics.update(
+        value_loss=v_loss, critic_grad_norm=optax.global_norm(v_grads)
+      )
     return new_state, metrics
 
   return jax.jit(update_step, donate_argnums=(0,) if donate else ())
 
 
-def init_train_state(params, optimizer, critic_params=None,
-                     critic_optimizer=None) -> TrainState:
+def init_train_state(
+  params, optimizer, critic_params=None, critic_optimizer=None
+) -> TrainState:
   return TrainState(
-      step=jnp.zeros((), jnp.int32), params=params,
-      opt_state=optimizer.init(params),
-      critic_params=critic_params,
-      critic_opt_state=(critic_optimizer.init(critic_params)
-                        if critic_params is not None else None))
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=optimizer.init(params),
+    critic_params=critic_params,
+    critic_opt_state=(
+      critic_optimizer.init(critic_params)
+      if critic_params is not None
+      else None
+    ),
+  )

@@ -1,5 +1,6 @@
 """acr_active_fraction: how often ACR's enlarged upper bound changes a token's
 outcome against plain TIS (issue 17, question 2), on hand-computed tokens."""
+
 import chex
 import jax.numpy as jnp
 from absl.testing import absltest
@@ -33,8 +34,9 @@ class AcrActiveFractionTest(chex.TestCase):
     logp, prox, behav, adv, mask = self._inputs()
 
     def fraction(correction):
-      cfg = PolicyLossConfig(correction=correction, eps_low=0.2, eps_high=0.2,
-                             tis_cap=2.0)
+      cfg = PolicyLossConfig(
+        correction=correction, eps_low=0.2, eps_high=0.2, tis_cap=2.0
+      )
       fn = self.variant(lambda *a: objectives.policy_loss(*a, cfg)[1])
       return float(fn(logp, prox, behav, adv, mask)["acr_active_fraction"])
 
@@ -46,17 +48,25 @@ class AcrActiveFractionTest(chex.TestCase):
     """The tokens ACR unclips are exactly the ones TIS clips and ACR does not."""
     logp, prox, behav, adv, mask = self._inputs()
     get = lambda c: objectives.policy_loss(
-        logp, prox, behav, adv, mask,
-        PolicyLossConfig(correction=c, eps_high=0.2, tis_cap=2.0))[1]
+      logp,
+      prox,
+      behav,
+      adv,
+      mask,
+      PolicyLossConfig(correction=c, eps_high=0.2, tis_cap=2.0),
+    )[1]
     tis, acr = get("tis"), get("acr")
     self.assertAlmostEqual(
-        float(tis["clip_fraction_high"] - acr["clip_fraction_high"]),
-        float(acr["acr_active_fraction"]), places=6)
+      float(tis["clip_fraction_high"] - acr["clip_fraction_high"]),
+      float(acr["acr_active_fraction"]),
+      places=6,
+    )
 
   def test_cispo_counts_either_sign(self):
     logp, prox, behav, adv, mask = self._inputs()
-    cfg = PolicyLossConfig(surrogate="cispo", correction="acr", eps_high=0.2,
-                           tis_cap=2.0)
+    cfg = PolicyLossConfig(
+      surrogate="cispo", correction="acr", eps_high=0.2, tis_cap=2.0
+    )
     m = objectives.policy_loss(logp, prox, behav, adv, mask, cfg)[1]
     # Tokens 0 and 3 (R = 1.5 inside (1.2, 2.4]) whatever the sign of A.
     self.assertAlmostEqual(float(m["acr_active_fraction"]), 0.5, places=6)

@@ -22,12 +22,16 @@ MIN_FORM = ("ppo", "gspo", "gspo_token")
 
 
 def all_configs(**overrides):
-  for surrogate, correction in itertools.product(objectives.SURROGATES,
-                                                 objectives.CORRECTIONS):
-    yield PolicyLossConfig(surrogate=surrogate, correction=correction, **overrides)
+  for surrogate, correction in itertools.product(
+    objectives.SURROGATES, objectives.CORRECTIONS
+  ):
+    yield PolicyLossConfig(
+      surrogate=surrogate, correction=correction, **overrides
+    )
     if surrogate in MIN_FORM and correction == "acr":
-      yield PolicyLossConfig(surrogate=surrogate, correction=correction, dual_clip=3.0,
-                             **overrides)
+      yield PolicyLossConfig(
+        surrogate=surrogate, correction=correction, dual_clip=3.0, **overrides
+      )
 
 
 def random_batch(seed, batch=3, time=5, empty_row=True):
@@ -44,23 +48,33 @@ def random_batch(seed, batch=3, time=5, empty_row=True):
 @functools.lru_cache(maxsize=None)
 def jitted_value_and_grad(config):
   """Compiled once per config (and shape): later calls run at jit speed."""
-  return jax.jit(jax.value_and_grad(lambda lp, prox, behav, adv, mask: objectives.policy_loss(
-      lp, prox, behav, adv, mask, config)[0]))
+  return jax.jit(
+    jax.value_and_grad(
+      lambda lp, prox, behav, adv, mask: objectives.policy_loss(
+        lp, prox, behav, adv, mask, config
+      )[0]
+    )
+  )
 
 
 def loss_metrics_grad(config):
   """Eager: one call per config is cheaper than compiling (~10x here)."""
-  return jax.value_and_grad(lambda lp, prox, behav, adv, mask: objectives.policy_loss(
-      lp, prox, behav, adv, mask, config), has_aux=True)
+  return jax.value_and_grad(
+    lambda lp, prox, behav, adv, mask: objectives.policy_loss(
+      lp, prox, behav, adv, mask, config
+    ),
+    has_aux=True,
+  )
 
 
 @functools.lru_cache(maxsize=None)
 def jitted_per_token(config):
-  return jax.jit(lambda *args: objectives.policy_loss_per_token(*args, config)[0])
+  return jax.jit(
+    lambda *args: objectives.policy_loss_per_token(*args, config)[0]
+  )
 
 
 class PolicyLossConfigTest(parameterized.TestCase):
-
   def test_defaults_and_hashable_static_arg(self):
     config = PolicyLossConfig()
     self.assertEqual((config.surrogate, config.correction), ("ppo", "acr"))
@@ -72,17 +86,21 @@ class PolicyLossConfigTest(parameterized.TestCase):
     self.assertTrue(np.isfinite(loss))
 
   @parameterized.parameters(
-      (dict(surrogate="trpo"), ValueError, "surrogate='trpo'.*'ppo'"),
-      (dict(correction="is"), ValueError, "correction='is'.*'acr'"),
-      (dict(aggregation="mean"), ValueError, "aggregation='mean'.*'token-mean'"),
-      (dict(eps_low=-0.1), ValueError, "eps_low"),
-      (dict(eps_high=float("nan")), ValueError, "eps_high"),
-      (dict(eps_high="0.2"), TypeError, "eps_high"),
-      (dict(tis_cap=0.5), ValueError, "tis_cap.*0.5"),
-      (dict(dual_clip=1.0), ValueError, "dual_clip"),
-      (dict(surrogate="cispo", dual_clip=3.0), ValueError, "dual_clip.*cispo"),
-      (dict(surrogate="reinforce", dual_clip=3.0), ValueError, "dual_clip.*reinforce"),
-      (dict(norm_const=0.0), ValueError, "norm_const"),
+    (dict(surrogate="trpo"), ValueError, "surrogate='trpo'.*'ppo'"),
+    (dict(correction="is"), ValueError, "correction='is'.*'acr'"),
+    (dict(aggregation="mean"), ValueError, "aggregation='mean'.*'token-mean'"),
+    (dict(eps_low=-0.1), ValueError, "eps_low"),
+    (dict(eps_high=float("nan")), ValueError, "eps_high"),
+    (dict(eps_high="0.2"), TypeError, "eps_high"),
+    (dict(tis_cap=0.5), ValueError, "tis_cap.*0.5"),
+    (dict(dual_clip=1.0), ValueError, "dual_clip"),
+    (dict(surrogate="cispo", dual_clip=3.0), ValueError, "dual_clip.*cispo"),
+    (
+      dict(surrogate="reinforce", dual_clip=3.0),
+      ValueError,
+      "dual_clip.*reinforce",
+    ),
+    (dict(norm_const=0.0), ValueError, "norm_const"),
   )
   def test_bad_values_name_the_field(self, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -101,34 +119,45 @@ class ImportanceWeightsTest(chex.TestCase):
   def _weights(self, correction, cap=2.0):
     prox = jnp.log(jnp.asarray(self.rho)) - 1.0
     behav = jnp.full_like(prox, -1.0)
-    fn = self.variant(functools.partial(objectives.importance_weights,
-                                        correction=correction, cap=cap))
+    fn = self.variant(
+      functools.partial(
+        objectives.importance_weights, correction=correction, cap=cap
+      )
+    )
     return fn(prox, behav, self.mask)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_hand_computed(self):
     expected = {
-        "naive": ([1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]),
-        "ignore_behavior": ([1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]),
-        "decoupled": ([0.5, 1, 3, 0], [1, 1, 1, 1], [1, 1, 1, 0]),
-        "tis": ([0.5, 1, 2, 0], [1, 1, 1, 1], [1, 1, 1, 0]),
-        "acr": ([0.5, 1, 2, 0], [1, 1, 1.5, 1], [1, 1, 1, 0]),
-        "mis": ([0.5, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]),
+      "naive": ([1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]),
+      "ignore_behavior": ([1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]),
+      "decoupled": ([0.5, 1, 3, 0], [1, 1, 1, 1], [1, 1, 1, 0]),
+      "tis": ([0.5, 1, 2, 0], [1, 1, 1, 1], [1, 1, 1, 0]),
+      "acr": ([0.5, 1, 2, 0], [1, 1, 1.5, 1], [1, 1, 1, 0]),
+      "mis": ([0.5, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]),
     }
     for correction, (weight, scale, keep) in expected.items():
       iw = self._weights(correction)
-      np.testing.assert_allclose(iw.weight[0], weight, rtol=1e-5, err_msg=correction)
-      np.testing.assert_allclose(iw.upper_scale[0, :3], scale[:3], rtol=1e-5,
-                                 err_msg=correction)
-      np.testing.assert_array_equal(iw.keep[0], np.array(keep, bool), err_msg=correction)
+      np.testing.assert_allclose(
+        iw.weight[0], weight, rtol=1e-5, err_msg=correction
+      )
+      np.testing.assert_allclose(
+        iw.upper_scale[0, :3], scale[:3], rtol=1e-5, err_msg=correction
+      )
+      np.testing.assert_array_equal(
+        iw.keep[0], np.array(keep, bool), err_msg=correction
+      )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_extreme_log_ratios_finite(self):
     prox = jnp.array([[1e4, -1e4, 0.0]])
     behav = jnp.array([[-1e4, 1e4, 0.0]])
     for correction in objectives.CORRECTIONS:
-      fn = self.variant(functools.partial(objectives.importance_weights,
-                                          correction=correction, cap=2.0))
+      fn = self.variant(
+        functools.partial(
+          objectives.importance_weights, correction=correction, cap=2.0
+        )
+      )
       iw = fn(prox, behav, jnp.ones((1, 3), bool))
       chex.assert_tree_all_finite(iw)
 
@@ -136,46 +165,65 @@ class ImportanceWeightsTest(chex.TestCase):
   #   ρ row 0 = [2, 2, .5]  → ρ(y) = 2,   geometric mean 2^(1/3) ≈ 1.26
   #   ρ row 1 = [4, 2, pad] → ρ(y) = 8,   geometric mean √8 ≈ 2.83
   #   ρ row 2 = [.1, 1, 1]  → ρ(y) = .1,  geometric mean .1^(1/3) ≈ .464
-  seq_rho = np.array([[2.0, 2.0, 0.5], [4.0, 2.0, 7.0], [0.1, 1.0, 1.0]], np.float32)
+  seq_rho = np.array(
+    [[2.0, 2.0, 0.5], [4.0, 2.0, 7.0], [0.1, 1.0, 1.0]], np.float32
+  )
   seq_mask = np.array([[1, 1, 1], [1, 1, 0], [1, 1, 1]], bool)
 
   def _seq_weights(self, correction, cap, veto=None):
     prox = jnp.log(jnp.asarray(self.seq_rho)) - 2.0
     behav = jnp.full_like(prox, -2.0)
-    fn = self.variant(functools.partial(objectives.importance_weights,
-                                        correction=correction, cap=cap,
-                                        veto_threshold=veto))
+    fn = self.variant(
+      functools.partial(
+        objectives.importance_weights,
+        correction=correction,
+        cap=cap,
+        veto_threshold=veto,
+      )
+    )
     return fn(prox, behav, self.seq_mask)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_sequence_level_hand_computed(self):
     expected = {
-        # w = min(ρ(y), C) on every valid token, nothing rejected.
-        ("seq_tis", 3.0): ([[2, 2, 2], [3, 3, 0], [.1, .1, .1]],
-                           [[1, 1, 1], [1, 1, 0], [1, 1, 1]]),
-        # ρ(y) ∈ [1/3, 3] only for row 0: rows 1 (8) and 2 (.1) rejected.
-        ("seq_mis", 3.0): ([[2, 2, 2], [0, 0, 0], [0, 0, 0]],
-                           [[1, 1, 1], [0, 0, 0], [0, 0, 0]]),
-        # Geometric mean in [1/1.5, 1.5] only for row 0; no reweighting.
-        ("geo_rs", 1.5): ([[1, 1, 1], [0, 0, 0], [0, 0, 0]],
-                          [[1, 1, 1], [0, 0, 0], [0, 0, 0]]),
-        # With C = 3 row 2 (.464 ≥ 1/3) and row 1 (2.83 ≤ 3) pass too.
-        ("geo_rs", 3.0): ([[1, 1, 1], [1, 1, 0], [1, 1, 1]],
-                          [[1, 1, 1], [1, 1, 0], [1, 1, 1]]),
+      # w = min(ρ(y), C) on every valid token, nothing rejected.
+      ("seq_tis", 3.0): (
+        [[2, 2, 2], [3, 3, 0], [0.1, 0.1, 0.1]],
+        [[1, 1, 1], [1, 1, 0], [1, 1, 1]],
+      ),
+      # ρ(y) ∈ [1/3, 3] only for row 0: rows 1 (8) and 2 (.1) rejected.
+      ("seq_mis", 3.0): (
+        [[2, 2, 2], [0, 0, 0], [0, 0, 0]],
+        [[1, 1, 1], [0, 0, 0], [0, 0, 0]],
+      ),
+      # Geometric mean in [1/1.5, 1.5] only for row 0; no reweighting.
+      ("geo_rs", 1.5): (
+        [[1, 1, 1], [0, 0, 0], [0, 0, 0]],
+        [[1, 1, 1], [0, 0, 0], [0, 0, 0]],
+      ),
+      # With C = 3 row 2 (.464 ≥ 1/3) and row 1 (2.83 ≤ 3) pass too.
+      ("geo_rs", 3.0): (
+        [[1, 1, 1], [1, 1, 0], [1, 1, 1]],
+        [[1, 1, 1], [1, 1, 0], [1, 1, 1]],
+      ),
     }
     for (correction, cap), (weight, keep) in expected.items():
       iw = self._seq_weights(correction, cap)
       msg = f"{correction} C={cap}"
       np.testing.assert_allclose(iw.weight, weight, rtol=1e-5, err_msg=msg)
       np.testing.assert_array_equal(iw.keep, np.array(keep, bool), err_msg=msg)
-      np.testing.assert_array_equal(iw.upper_scale, np.ones((3, 3)), err_msg=msg)
+      np.testing.assert_array_equal(
+        iw.upper_scale, np.ones((3, 3)), err_msg=msg
+      )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_veto_rejects_sequences_with_a_low_token_ratio(self):
     # τ = .2: row 2 holds ρ = .1 < τ and goes whole; padding (row 1's ρ = 7)
     # never vetoes. Combined with token-level tis, C = 3.
     iw = self._seq_weights("tis", 3.0, veto=0.2)
-    np.testing.assert_allclose(iw.weight, [[2, 2, .5], [3, 2, 0], [0, 0, 0]], rtol=1e-5)
+    np.testing.assert_allclose(
+      iw.weight, [[2, 2, 0.5], [3, 2, 0], [0, 0, 0]], rtol=1e-5
+    )
     np.testing.assert_array_equal(iw.keep, [[1, 1, 1], [1, 1, 0], [0, 0, 0]])
     iw = self._seq_weights("seq_tis", 3.0, veto=0.05)  # no token below .05
     np.testing.assert_array_equal(iw.keep, self.seq_mask)
@@ -195,34 +243,46 @@ class ImportanceWeightsTest(chex.TestCase):
 
   def test_bad_veto(self):
     with pytest.raises(ValueError, match="veto_threshold"):
-      objectives.importance_weights(jnp.zeros((1, 2)), jnp.zeros((1, 2)),
-                                    jnp.ones((1, 2)), "tis", veto_threshold=1.5)
+      objectives.importance_weights(
+        jnp.zeros((1, 2)),
+        jnp.zeros((1, 2)),
+        jnp.ones((1, 2)),
+        "tis",
+        veto_threshold=1.5,
+      )
     with pytest.raises(ValueError, match="veto_threshold"):
       PolicyLossConfig(veto_threshold=0.0)
 
   def test_bad_correction(self):
     with pytest.raises(ValueError, match="correction='x'"):
-      objectives.importance_weights(jnp.zeros((1, 2)), jnp.zeros((1, 2)),
-                                    jnp.ones((1, 2)), "x")
+      objectives.importance_weights(
+        jnp.zeros((1, 2)), jnp.zeros((1, 2)), jnp.ones((1, 2)), "x"
+      )
 
 
 class PpoClipObjectiveTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_hand_computed_value_and_grad(self):
     ratio = jnp.array([0.5, 1.0, 1.5, 1.5])
     adv = jnp.array([-1.0, 1.0, 1.0, -1.0])
     fn = self.variant(objectives.ppo_clip_objective)
     # min(RA, clip(R)A): [min(-.5,-.8), 1, min(1.5,1.2), min(-1.5,-1.2)].
-    np.testing.assert_allclose(fn(ratio, adv), [-0.8, 1.0, 1.2, -1.5], rtol=1e-6)
+    np.testing.assert_allclose(
+      fn(ratio, adv), [-0.8, 1.0, 1.2, -1.5], rtol=1e-6
+    )
     grad = jax.grad(lambda r: fn(r, adv).sum())(ratio)
     np.testing.assert_allclose(grad, [0.0, 1.0, 0.0, -1.0])
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_clip_higher_and_dual_clip(self):
-    fn = self.variant(functools.partial(objectives.ppo_clip_objective, eps_low=0.2,
-                                        eps_high=0.28, dual_clip=3.0))
-    out = fn(jnp.array([1.25, 1.5, 4.0, 2.0]), jnp.array([1.0, 1.0, -1.0, -1.0]))
+    fn = self.variant(
+      functools.partial(
+        objectives.ppo_clip_objective, eps_low=0.2, eps_high=0.28, dual_clip=3.0
+      )
+    )
+    out = fn(
+      jnp.array([1.25, 1.5, 4.0, 2.0]), jnp.array([1.0, 1.0, -1.0, -1.0])
+    )
     # 1.25 < 1.28 passes; 1.5 clips to 1.28; R=4, A<0: max(-4, -3) = -3; R=2: -2.
     np.testing.assert_allclose(out, [1.25, 1.28, -3.0, -2.0], rtol=1e-6)
 
@@ -237,17 +297,27 @@ class PpoClipObjectiveTest(chex.TestCase):
     mask = jnp.ones((1, 4), bool)
 
     def grads(adv, **kw):
-      config = PolicyLossConfig(correction="ignore_behavior",
-                                aggregation="seq-mean-token-sum", **kw)
-      return np.asarray(jax.grad(self.variant(lambda lp: objectives.policy_loss(
-          lp, prox, prox, jnp.asarray(adv), mask, config)[0]))(logp))[0]
+      config = PolicyLossConfig(
+        correction="ignore_behavior", aggregation="seq-mean-token-sum", **kw
+      )
+      return np.asarray(
+        jax.grad(
+          self.variant(
+            lambda lp: objectives.policy_loss(
+              lp, prox, prox, jnp.asarray(adv), mask, config
+            )[0]
+          )
+        )(logp)
+      )[0]
 
     g = grads([[-1.0, 1.0, 1.0, -1.0]])
     np.testing.assert_allclose(g[0], math.exp(25.0), rtol=1e-4)
     self.assertEqual(g[1], 0.0)
     np.testing.assert_allclose(g[2], -math.exp(-25.0), rtol=1e-4)
     # log R = 40 > MAX_EXACT_LOG_RATIO: the tangent's slope e^30, not 0.
-    np.testing.assert_allclose(g[3], math.exp(objectives.MAX_EXACT_LOG_RATIO), rtol=1e-4)
+    np.testing.assert_allclose(
+      g[3], math.exp(objectives.MAX_EXACT_LOG_RATIO), rtol=1e-4
+    )
     g = grads([[-1.0, 1.0, 1.0, -1.0]], dual_clip=3.0)
     self.assertEqual(g[0], 0.0)
     self.assertEqual(g[3], 0.0)
@@ -257,32 +327,45 @@ class PpoClipObjectiveTest(chex.TestCase):
     logp = jnp.zeros((1, 2))
     old = jnp.full((1, 2), -24.0)  # log s = 24
     adv = jnp.array([[-1.0, -1.0]])
-    grad = jax.grad(self.variant(lambda lp: objectives.gspo_objective(
-        lp, old, adv, jnp.ones((1, 2), bool)).sum()))(logp)
+    grad = jax.grad(
+      self.variant(
+        lambda lp: objectives.gspo_objective(
+          lp, old, adv, jnp.ones((1, 2), bool)
+        ).sum()
+      )
+    )(logp)
     # objective = s·A on both tokens, ∂s/∂logp_t = s/2: ∂/∂logp_t = 2·(s/2)·A.
     np.testing.assert_allclose(grad, [[-math.exp(24.0)] * 2], rtol=1e-4)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_upper_scale_widens_only_upper_bound(self):
     fn = self.variant(objectives.ppo_clip_objective)
-    out = fn(jnp.array([1.5, 0.5]), jnp.array([1.0, -1.0]), upper_scale=jnp.array([2.0, 2.0]))
+    out = fn(
+      jnp.array([1.5, 0.5]),
+      jnp.array([1.0, -1.0]),
+      upper_scale=jnp.array([2.0, 2.0]),
+    )
     np.testing.assert_allclose(out, [1.5, -0.8], rtol=1e-6)
 
 
 class CispoObjectiveTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_gradient_is_clipped_weight_times_advantage(self):
     logp = jnp.array([[-1.0, -2.0, -0.5, -1.5]])
-    prox = logp - jnp.log(jnp.array([[0.5, 1.0, 1.5, 1.1]]))  # R = [.5, 1, 1.5, 1.1]
+    prox = logp - jnp.log(
+      jnp.array([[0.5, 1.0, 1.5, 1.1]])
+    )  # R = [.5, 1, 1.5, 1.1]
     adv = jnp.array([[2.0, -1.0, 1.0, -3.0]])
     mask = jnp.ones((1, 4), bool)
     config = PolicyLossConfig(surrogate="cispo", correction="ignore_behavior")
-    loss = self.variant(lambda lp: objectives.policy_loss(lp, prox, prox, adv, mask,
-                                                          config)[0])
+    loss = self.variant(
+      lambda lp: objectives.policy_loss(lp, prox, prox, adv, mask, config)[0]
+    )
     grad = jax.grad(loss)(logp)
     clipped = np.array([0.8, 1.0, 1.2, 1.1])
-    np.testing.assert_allclose(grad[0], -clipped * np.array(adv[0]) / 4, rtol=1e-5)
+    np.testing.assert_allclose(
+      grad[0], -clipped * np.array(adv[0]) / 4, rtol=1e-5
+    )
     # Unlike PPO every token keeps a gradient, even the clipped ones.
     self.assertTrue(np.all(np.abs(grad) > 0))
 
@@ -291,13 +374,14 @@ class CispoObjectiveTest(chex.TestCase):
     prox = -jnp.log(jnp.array([[0.5, 1.0, 1.5, 1.1]]))
     adv = jnp.array([[2.0, -1.0, 1.0, -3.0]])
     config = PolicyLossConfig(surrogate="cispo", correction="ignore_behavior")
-    _, metrics = objectives.policy_loss(logp, prox, prox, adv, jnp.ones((1, 4)), config)
+    _, metrics = objectives.policy_loss(
+      logp, prox, prox, adv, jnp.ones((1, 4)), config
+    )
     self.assertAlmostEqual(float(metrics["clip_fraction_low"]), 0.25)
     self.assertAlmostEqual(float(metrics["clip_fraction_high"]), 0.25)
 
 
 class GspoTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_ratio_is_geometric_mean_of_token_ratios(self):
     logp, mask, _ = random_batch(3, batch=4, time=6)
@@ -317,7 +401,9 @@ class GspoTest(chex.TestCase):
     logp = jnp.array([[math.log(2.0), math.log(0.5)]])
     old = jnp.zeros((1, 2))
     adv = jnp.array([[1.0, 1.0]])
-    out = self.variant(objectives.gspo_objective)(logp, old, adv, jnp.ones((1, 2), bool))
+    out = self.variant(objectives.gspo_objective)(
+      logp, old, adv, jnp.ones((1, 2), bool)
+    )
     np.testing.assert_allclose(out, [[1.0, 1.0]], rtol=1e-6)
 
   def test_token_form_equals_sequence_form_in_value(self):
@@ -330,7 +416,6 @@ class GspoTest(chex.TestCase):
 
 
 class PolicyLossTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_ppo_hand_computed_loss_metrics_grad(self):
     logp = jnp.log(jnp.array([[0.5, 1.0, 1.5, 1.5, 7.0]]))  # prox = 0 → R = p
@@ -338,16 +423,22 @@ class PolicyLossTest(chex.TestCase):
     adv = jnp.array([[-1.0, 1.0, 1.0, -1.0, 9.0]])
     mask = jnp.array([[1, 1, 1, 1, 0]], bool)
     config = PolicyLossConfig(correction="ignore_behavior")
-    fn = self.variant(lambda lp: objectives.policy_loss(lp, prox, prox, adv, mask, config))
+    fn = self.variant(
+      lambda lp: objectives.policy_loss(lp, prox, prox, adv, mask, config)
+    )
     loss, metrics = fn(logp)
     self.assertAlmostEqual(float(loss), -(-0.8 + 1.0 + 1.2 - 1.5) / 4, places=6)
     self.assertAlmostEqual(float(metrics["clip_fraction_low"]), 0.25)
     self.assertAlmostEqual(float(metrics["clip_fraction_high"]), 0.25)
     self.assertAlmostEqual(float(metrics["clip_fraction"]), 0.5)
-    self.assertAlmostEqual(float(metrics["ratio_mean"]), (0.5 + 1 + 1.5 + 1.5) / 4, places=6)
+    self.assertAlmostEqual(
+      float(metrics["ratio_mean"]), (0.5 + 1 + 1.5 + 1.5) / 4, places=6
+    )
     grad = jax.grad(lambda lp: fn(lp)[0])(logp)
     # ∂/∂logp of −R·A/4 = −R·A/4 on unclipped tokens, 0 on clipped/padding.
-    np.testing.assert_allclose(grad[0], [0.0, -0.25, 0.0, 0.375, 0.0], atol=1e-6)
+    np.testing.assert_allclose(
+      grad[0], [0.0, -0.25, 0.0, 0.375, 0.0], atol=1e-6
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_behaviour_metrics_hand_computed(self):
@@ -356,7 +447,10 @@ class PolicyLossTest(chex.TestCase):
     mask = jnp.array([[1, 1, 0, 1]], bool)  # the 3rd token is padding
     config = PolicyLossConfig(correction="mis", tis_cap=2.0)
     _, metrics = self.variant(
-        lambda lp: objectives.policy_loss(lp, prox, behav, jnp.ones((1,)), mask, config))(prox)
+      lambda lp: objectives.policy_loss(
+        lp, prox, behav, jnp.ones((1,)), mask, config
+      )
+    )(prox)
     rho_valid = np.array([0.5, 3.0, 1.0])
     # KL(π_behav‖π_prox) by k3 = ρ − log ρ − 1 ≥ 0 (the plotted curve); its
     # k1 mean is negative here (−0.135) and is kept under its own name.
@@ -365,31 +459,62 @@ class PolicyLossTest(chex.TestCase):
     self.assertGreater(float(metrics["behav_prox_kl"]), 0.0)
     k1 = np.mean(np.log([0.4, 0.1, 0.9]) - np.log([0.2, 0.3, 0.9]))
     self.assertLess(k1, 0.0)
-    self.assertAlmostEqual(float(metrics["behav_prox_log_ratio_mean"]), k1, places=5)
-    self.assertAlmostEqual(float(metrics["max_prox_behav_ratio"]), rho_valid.max(), places=4)
-    self.assertAlmostEqual(float(metrics["tis_truncated_fraction"]), 1 / 3, places=6)
-    self.assertAlmostEqual(float(metrics["mis_masked_fraction"]), 1 / 3, places=6)
-    self.assertAlmostEqual(float(metrics["weight_mean"]), (0.5 + 1.0) / 2, places=5)
+    self.assertAlmostEqual(
+      float(metrics["behav_prox_log_ratio_mean"]), k1, places=5
+    )
+    self.assertAlmostEqual(
+      float(metrics["max_prox_behav_ratio"]), rho_valid.max(), places=4
+    )
+    self.assertAlmostEqual(
+      float(metrics["tis_truncated_fraction"]), 1 / 3, places=6
+    )
+    self.assertAlmostEqual(
+      float(metrics["mis_masked_fraction"]), 1 / 3, places=6
+    )
+    self.assertAlmostEqual(
+      float(metrics["weight_mean"]), (0.5 + 1.0) / 2, places=5
+    )
     self.assertAlmostEqual(float(metrics["ratio_mean"]), 1.0, places=6)
 
   def test_entropy_metric(self):
     logits = jnp.zeros((1, 2, 4)).at[0, 1, 3].set(-jnp.inf)
     logp = jnp.zeros((1, 2))
-    _, metrics = objectives.policy_loss(logp, logp, logp, jnp.ones((1,)),
-                                        jnp.ones((1, 2)), PolicyLossConfig(), logits=logits)
-    self.assertAlmostEqual(float(metrics["entropy"]), (math.log(4) + math.log(3)) / 2,
-                           places=5)
+    _, metrics = objectives.policy_loss(
+      logp,
+      logp,
+      logp,
+      jnp.ones((1,)),
+      jnp.ones((1, 2)),
+      PolicyLossConfig(),
+      logits=logits,
+    )
+    self.assertAlmostEqual(
+      float(metrics["entropy"]), (math.log(4) + math.log(3)) / 2, places=5
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_naive_ratio_uses_behaviour(self):
     zeros = jnp.zeros((1, 1))
-    behav = jnp.log(jnp.full((1, 1), 0.5))  # R̂ = exp(0 − ln .5) = 2 → clipped to 1.2
+    behav = jnp.log(
+      jnp.full((1, 1), 0.5)
+    )  # R̂ = exp(0 − ln .5) = 2 → clipped to 1.2
     adv = jnp.ones((1,))
     mask = jnp.ones((1, 1), bool)
-    naive = self.variant(lambda b: objectives.policy_loss(
-        zeros, zeros, b, adv, mask, PolicyLossConfig(correction="naive"))[0])
-    ignore = self.variant(lambda b: objectives.policy_loss(
-        zeros, zeros, b, adv, mask, PolicyLossConfig(correction="ignore_behavior"))[0])
+    naive = self.variant(
+      lambda b: objectives.policy_loss(
+        zeros, zeros, b, adv, mask, PolicyLossConfig(correction="naive")
+      )[0]
+    )
+    ignore = self.variant(
+      lambda b: objectives.policy_loss(
+        zeros,
+        zeros,
+        b,
+        adv,
+        mask,
+        PolicyLossConfig(correction="ignore_behavior"),
+      )[0]
+    )
     self.assertAlmostEqual(float(naive(behav)), -1.2, places=6)
     self.assertAlmostEqual(float(ignore(behav)), -1.0, places=6)
 
@@ -408,9 +533,17 @@ class PolicyLossTest(chex.TestCase):
     logp = jnp.zeros((1, 2))
     prox = jnp.zeros((1, 2))
     behav = jnp.log(jnp.array([[1.0, 0.1]]))  # ρ = [1, 10]
-    config = PolicyLossConfig(surrogate="reinforce", correction="mis", tis_cap=2.0)
-    loss, _ = objectives.policy_loss(logp - jnp.array([[1.0, 5.0]]), prox, behav,
-                                     jnp.ones((1,)), jnp.ones((1, 2), bool), config)
+    config = PolicyLossConfig(
+      surrogate="reinforce", correction="mis", tis_cap=2.0
+    )
+    loss, _ = objectives.policy_loss(
+      logp - jnp.array([[1.0, 5.0]]),
+      prox,
+      behav,
+      jnp.ones((1,)),
+      jnp.ones((1, 2), bool),
+      config,
+    )
     # Only token 0 remains: −A·logp / 1 = 1.
     self.assertAlmostEqual(float(loss), 1.0, places=6)
 
@@ -420,33 +553,48 @@ class PolicyLossTest(chex.TestCase):
     for config in all_configs():
       a, _ = objectives.policy_loss(logp, prox, prox - 0.2, adv, mask, config)
       (b, _), _ = loss_metrics_grad(config)(
-          logp, prox, prox - 0.2, jnp.broadcast_to(adv[:, None], logp.shape), mask)
+        logp, prox, prox - 0.2, jnp.broadcast_to(adv[:, None], logp.shape), mask
+      )
       np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=str(config))
 
   @parameterized.parameters(*objectives.SURROGATES)
   def test_on_policy_gradient_equals_reinforce(self, surrogate):
     """current = proximal = behaviour: every surrogate/correction is A·∇logp."""
     logp, mask, adv = random_batch(6, batch=4, time=6)
-    token_adv = adv[:, None] + jax.random.normal(jax.random.PRNGKey(2), logp.shape)
-    advs = [adv] if surrogate == "gspo" else [adv, token_adv]  # GSPO: one A per sequence
+    token_adv = adv[:, None] + jax.random.normal(
+      jax.random.PRNGKey(2), logp.shape
+    )
+    advs = (
+      [adv] if surrogate == "gspo" else [adv, token_adv]
+    )  # GSPO: one A per sequence
     for mode, a in itertools.product(aggregation.AGGREGATION_MODES, advs):
-      reference = PolicyLossConfig(surrogate="reinforce", correction="ignore_behavior",
-                                   aggregation=mode)
-      expected = jax.grad(lambda lp: objectives.policy_loss(
-          lp, logp, logp, a, mask, reference)[0])(logp)
+      reference = PolicyLossConfig(
+        surrogate="reinforce", correction="ignore_behavior", aggregation=mode
+      )
+      expected = jax.grad(
+        lambda lp: objectives.policy_loss(lp, logp, logp, a, mask, reference)[0]
+      )(logp)
       self.assertGreater(float(jnp.abs(expected).sum()), 0.1)
       for config in all_configs(aggregation=mode):
         # Aggregation acts after the per-token loss: every correction is
         # checked under two modes, the other modes with acr (QuRL's) only.
         if config.surrogate != surrogate or (
-            mode not in ("token-mean", "seq-mean-token-mean") and config.correction != "acr"):
+          mode not in ("token-mean", "seq-mean-token-mean")
+          and config.correction != "acr"
+        ):
           continue
-        grad = jax.grad(lambda lp, c=config: objectives.policy_loss(
-            lp, logp, logp, a, mask, c)[0])(logp)
-        np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7,
-                                   err_msg=str(config))
+        grad = jax.grad(
+          lambda lp, c=config: objectives.policy_loss(
+            lp, logp, logp, a, mask, c
+          )[0]
+        )(logp)
+        np.testing.assert_allclose(
+          grad, expected, rtol=1e-5, atol=1e-7, err_msg=str(config)
+        )
 
-  @hypothesis.given(seed=st.integers(0, 2**31 - 1), eps_high=st.sampled_from([0.2, 0.28]))
+  @hypothesis.given(
+    seed=st.integers(0, 2**31 - 1), eps_high=st.sampled_from([0.2, 0.28])
+  )
   @SETTINGS
   def test_acr_equals_tis_where_rho_below_cap(self, seed, eps_high):
     rng = np.random.default_rng(seed)
@@ -459,12 +607,16 @@ class PolicyLossTest(chex.TestCase):
     for surrogate in ("ppo", "cispo", "gspo_token"):
       kw = dict(surrogate=surrogate, eps_high=eps_high, tis_cap=2.0)
       tis = jitted_per_token(PolicyLossConfig(correction="tis", **kw))(
-          logp, prox, behav, adv, mask)
+        logp, prox, behav, adv, mask
+      )
       acr = jitted_per_token(PolicyLossConfig(correction="acr", **kw))(
-          logp, prox, behav, adv, mask)
+        logp, prox, behav, adv, mask
+      )
       rho = np.exp(np.asarray(prox - behav))
       below = rho <= 2.0
-      np.testing.assert_allclose(np.asarray(acr)[below], np.asarray(tis)[below], rtol=1e-6)
+      np.testing.assert_allclose(
+        np.asarray(acr)[below], np.asarray(tis)[below], rtol=1e-6
+      )
       if surrogate != "cispo":
         # Above C only the upper bound widens: acr's min-form objective ≥ tis's.
         self.assertTrue(np.all(np.asarray(acr) <= np.asarray(tis) + 1e-6))
@@ -474,7 +626,9 @@ class PolicyLossTest(chex.TestCase):
 
   @hypothesis.given(seed=st.integers(0, 2**31 - 1))
   @SETTINGS
-  def test_decoupled_with_unit_rho_is_ppo_and_tis_without_cap_is_decoupled(self, seed):
+  def test_decoupled_with_unit_rho_is_ppo_and_tis_without_cap_is_decoupled(
+    self, seed
+  ):
     rng = np.random.default_rng(seed)
     shape = (3, 5)
     logp = jnp.asarray(rng.normal(-1, 0.5, shape), jnp.float32)
@@ -484,7 +638,9 @@ class PolicyLossTest(chex.TestCase):
     mask = jnp.asarray(rng.random(shape) < 0.8)
     for surrogate in objectives.SURROGATES:
       cfg = functools.partial(PolicyLossConfig, surrogate=surrogate)
-      loss_and_grad = lambda c, b: jitted_value_and_grad(c)(logp, prox, b, adv, mask)
+      loss_and_grad = lambda c, b: jitted_value_and_grad(c)(
+        logp, prox, b, adv, mask
+      )
       dec = loss_and_grad(cfg(correction="decoupled"), prox)
       ppo = loss_and_grad(cfg(correction="ignore_behavior"), prox)
       chex.assert_trees_all_close(dec, ppo, rtol=1e-6)
@@ -494,27 +650,50 @@ class PolicyLossTest(chex.TestCase):
 
   def test_correction_weights_carry_no_gradient(self):
     logp, mask, _ = random_batch(7)
-    adv = jnp.array([1.0, -1.0, 0.5])  # both signs, ratios inside the clip range
+    adv = jnp.array(
+      [1.0, -1.0, 0.5]
+    )  # both signs, ratios inside the clip range
     prox = logp + 0.05
     behav = logp - 0.9
     for config in all_configs():
-      grads = jax.grad(lambda p, b, c=config: objectives.policy_loss(
-          logp, p, b, adv, mask, c)[0], argnums=(0, 1))(prox, behav)
+      grads = jax.grad(
+        lambda p, b, c=config: objectives.policy_loss(logp, p, b, adv, mask, c)[
+          0
+        ],
+        argnums=(0, 1),
+      )(prox, behav)
       for g in grads:
         np.testing.assert_array_equal(g, np.zeros_like(g), err_msg=str(config))
 
   def test_extreme_log_ratios_give_finite_loss_and_grad(self):
     big = 1e4
-    logp = jnp.array([[0.0, -big, -1.0, -2.0, 0.0], [-3.0, 0.0, -big, -0.5, -1.0],
-                      [-1.0, -1.0, -1.0, -1.0, -big]])
-    prox = logp + jnp.array([[big, -big, 0.0, big, 0.0], [-big, big, 5.0, 0.0, big],
-                             [0.0, big, -big, 1.0, big]])
-    behav = prox + jnp.array([[-big, big, big, 0.0, -big], [big, -big, -big, 3.0, 0.0],
-                              [big, 0.0, 0.0, -big, -big]])
+    logp = jnp.array(
+      [
+        [0.0, -big, -1.0, -2.0, 0.0],
+        [-3.0, 0.0, -big, -0.5, -1.0],
+        [-1.0, -1.0, -1.0, -1.0, -big],
+      ]
+    )
+    prox = logp + jnp.array(
+      [
+        [big, -big, 0.0, big, 0.0],
+        [-big, big, 5.0, 0.0, big],
+        [0.0, big, -big, 1.0, big],
+      ]
+    )
+    behav = prox + jnp.array(
+      [
+        [-big, big, big, 0.0, -big],
+        [big, -big, -big, 3.0, 0.0],
+        [big, 0.0, 0.0, -big, -big],
+      ]
+    )
     adv = jnp.array([1.0, -1.0, 2.0])
     mask = jnp.ones(logp.shape, bool)
     for config in all_configs():
-      (loss, metrics), grad = loss_metrics_grad(config)(logp, prox, behav, adv, mask)
+      (loss, metrics), grad = loss_metrics_grad(config)(
+        logp, prox, behav, adv, mask
+      )
       chex.assert_tree_all_finite((loss, metrics, grad))
 
   def test_empty_mask_and_zero_advantages(self):
@@ -522,10 +701,13 @@ class PolicyLossTest(chex.TestCase):
     cases = [(jnp.zeros_like(mask), adv), (mask, jnp.zeros_like(adv))]
     for (m, a), config in itertools.product(cases, all_configs()):
       (loss, metrics), grad = loss_metrics_grad(config)(
-          logp, logp + 0.2, logp - 0.4, a, m)
+        logp, logp + 0.2, logp - 0.4, a, m
+      )
       self.assertEqual(float(loss), 0.0, msg=str(config))
       chex.assert_tree_all_finite((metrics, grad))
-      np.testing.assert_array_equal(grad, np.zeros_like(grad), err_msg=str(config))
+      np.testing.assert_array_equal(
+        grad, np.zeros_like(grad), err_msg=str(config)
+      )
 
   def test_padding_garbage_does_not_leak(self):
     logp, mask, adv = random_batch(9)
@@ -537,7 +719,9 @@ class PolicyLossTest(chex.TestCase):
       (clean, _), clean_grad = fn(logp, prox, behav, adv, mask)
       (dirty, _), dirty_grad = fn(garbage, prox, behav, adv, mask)
       np.testing.assert_allclose(dirty, clean, rtol=1e-6, err_msg=str(config))
-      np.testing.assert_allclose(dirty_grad, clean_grad, rtol=1e-6, err_msg=str(config))
+      np.testing.assert_allclose(
+        dirty_grad, clean_grad, rtol=1e-6, err_msg=str(config)
+      )
 
   @hypothesis.given(seed=st.integers(0, 2**31 - 1), split=st.integers(1, 4))
   @hypothesis.settings(SETTINGS, max_examples=8)
@@ -547,11 +731,18 @@ class PolicyLossTest(chex.TestCase):
     for mode in aggregation.AGGREGATION_MODES:
       config = PolicyLossConfig(aggregation=mode, correction="mis", tis_cap=1.5)
       full, _ = objectives.policy_loss(logp, prox, behav, adv, mask, config)
-      parts = [objectives.policy_loss_terms(logp[s], prox[s], behav[s], adv[s], mask[s],
-                                            config)[:2]
-               for s in (slice(0, split), slice(split, None))]
-      total = aggregation.finalize(sum(p[0] for p in parts), sum(p[1] for p in parts))
-      np.testing.assert_allclose(total, full, rtol=1e-5, atol=1e-7, err_msg=mode)
+      parts = [
+        objectives.policy_loss_terms(
+          logp[s], prox[s], behav[s], adv[s], mask[s], config
+        )[:2]
+        for s in (slice(0, split), slice(split, None))
+      ]
+      total = aggregation.finalize(
+        sum(p[0] for p in parts), sum(p[1] for p in parts)
+      )
+      np.testing.assert_allclose(
+        total, full, rtol=1e-5, atol=1e-7, err_msg=mode
+      )
 
   def test_denominator_before_forward_equals_the_kernels(self):
     logp, mask, adv = random_batch(11, batch=4, time=6)
@@ -560,44 +751,81 @@ class PolicyLossTest(chex.TestCase):
       for config in all_configs(aggregation=mode, tis_cap=1.5):
         for veto in (None, 0.5):
           config = dataclasses.replace(config, veto_threshold=veto)
-          _, denominator, _ = objectives.policy_loss_terms(logp, prox, behav, adv,
-                                                           mask, config)
+          _, denominator, _ = objectives.policy_loss_terms(
+            logp, prox, behav, adv, mask, config
+          )
           np.testing.assert_allclose(
-              objectives.policy_loss_denominator(prox, behav, mask, config),
-              denominator, err_msg=str(config))
+            objectives.policy_loss_denominator(prox, behav, mask, config),
+            denominator,
+            err_msg=str(config),
+          )
 
   @parameterized.named_parameters(
-      ("mask_shape", dict(mask=jnp.ones((2, 3))), ValueError, "mask has shape"),
-      ("adv_shape", dict(advantages=jnp.ones((3,))), ValueError, "advantages has shape"),
-      ("adv_rank", dict(advantages=jnp.ones((2, 4, 1))), ValueError, "advantages must have rank"),
-      ("int_logp", dict(logp=jnp.ones((2, 4), jnp.int32)), TypeError, "logp must be a floating"),
-      ("rank", dict(logp=jnp.ones((8,))), ValueError, "logp must have rank 2"),
-      ("config", dict(config="ppo"), TypeError, "config must be a PolicyLossConfig"),
+    ("mask_shape", dict(mask=jnp.ones((2, 3))), ValueError, "mask has shape"),
+    (
+      "adv_shape",
+      dict(advantages=jnp.ones((3,))),
+      ValueError,
+      "advantages has shape",
+    ),
+    (
+      "adv_rank",
+      dict(advantages=jnp.ones((2, 4, 1))),
+      ValueError,
+      "advantages must have rank",
+    ),
+    (
+      "int_logp",
+      dict(logp=jnp.ones((2, 4), jnp.int32)),
+      TypeError,
+      "logp must be a floating",
+    ),
+    ("rank", dict(logp=jnp.ones((8,))), ValueError, "logp must have rank 2"),
+    (
+      "config",
+      dict(config="ppo"),
+      TypeError,
+      "config must be a PolicyLossConfig",
+    ),
   )
   def test_bad_inputs(self, override, error, match):
-    args = dict(logp=jnp.zeros((2, 4)), prox_logp=jnp.zeros((2, 4)),
-                behav_logp=jnp.zeros((2, 4)), advantages=jnp.ones((2,)),
-                mask=jnp.ones((2, 4), bool), config=PolicyLossConfig())
+    args = dict(
+      logp=jnp.zeros((2, 4)),
+      prox_logp=jnp.zeros((2, 4)),
+      behav_logp=jnp.zeros((2, 4)),
+      advantages=jnp.ones((2,)),
+      mask=jnp.ones((2, 4), bool),
+      config=PolicyLossConfig(),
+    )
     args.update(override)
     with pytest.raises(error, match=match):
       objectives.policy_loss(**args)
 
 
 class EntropyTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_hand_computed(self):
-    logits = jnp.stack([jnp.zeros((2, 4)), jnp.log(jnp.array([[0.5, 0.5, 1e-30, 1e-30],
-                                                              [1.0, 1e-30, 1e-30, 1e-30]]))])
+    logits = jnp.stack(
+      [
+        jnp.zeros((2, 4)),
+        jnp.log(
+          jnp.array([[0.5, 0.5, 1e-30, 1e-30], [1.0, 1e-30, 1e-30, 1e-30]])
+        ),
+      ]
+    )
     mask = jnp.array([[1, 1], [1, 0]], bool)
     ent = self.variant(objectives.entropy_from_logits)(logits, mask)
-    self.assertAlmostEqual(float(ent), (2 * math.log(4) + math.log(2)) / 3, places=5)
+    self.assertAlmostEqual(
+      float(ent), (2 * math.log(4) + math.log(2)) / 3, places=5
+    )
     per_token = objectives.token_entropy(logits)
     self.assertAlmostEqual(float(per_token[1, 1]), 0.0, places=5)
 
   def test_masked_vocab_gradient_finite(self):
     logits = jnp.array([[[0.0, 1.0, -jnp.inf]]])
-    grad = jax.grad(lambda x: objectives.entropy_from_logits(x, jnp.ones((1, 1))))(logits)
+    grad = jax.grad(
+      lambda x: objectives.entropy_from_logits(x, jnp.ones((1, 1)))
+    )(logits)
     chex.assert_tree_all_finite(grad)
 
   def test_shape_error(self):
@@ -606,14 +834,15 @@ class EntropyTest(chex.TestCase):
 
 
 class ValueLossTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_hand_computed(self):
     values = jnp.array([[1.5, 1.1, 7.0]])
     old = jnp.array([[1.0, 1.0, 0.0]])
     returns = jnp.array([[2.0, 2.0, 0.0]])
     mask = jnp.array([[1, 1, 0]], bool)
-    fn = self.variant(lambda v: objectives.value_loss(v, old, returns, mask, clip_eps=0.2))
+    fn = self.variant(
+      lambda v: objectives.value_loss(v, old, returns, mask, clip_eps=0.2)
+    )
     loss, metrics = fn(values)
     # Token 0: max(.25, (1.2−2)²=.64)/2 = .32 (clipped); token 1: .81/2 = .405.
     self.assertAlmostEqual(float(loss), (0.32 + 0.405) / 2, places=6)
@@ -622,15 +851,26 @@ class ValueLossTest(chex.TestCase):
     np.testing.assert_allclose(grad[0], [0.0, (1.1 - 2.0) / 2, 0.0], atol=1e-6)
 
   def test_unclipped_and_errors(self):
-    loss, _ = objectives.value_loss(jnp.array([[3.0]]), jnp.array([[0.0]]),
-                                    jnp.array([[1.0]]), jnp.ones((1, 1)), clip_eps=None)
+    loss, _ = objectives.value_loss(
+      jnp.array([[3.0]]),
+      jnp.array([[0.0]]),
+      jnp.array([[1.0]]),
+      jnp.ones((1, 1)),
+      clip_eps=None,
+    )
     self.assertAlmostEqual(float(loss), 2.0)
     with pytest.raises(ValueError, match="clip_eps"):
-      objectives.value_loss(jnp.ones((1, 1)), jnp.ones((1, 1)), jnp.ones((1, 1)),
-                            jnp.ones((1, 1)), clip_eps=-1.0)
+      objectives.value_loss(
+        jnp.ones((1, 1)),
+        jnp.ones((1, 1)),
+        jnp.ones((1, 1)),
+        jnp.ones((1, 1)),
+        clip_eps=-1.0,
+      )
     with pytest.raises(ValueError, match="returns has shape"):
-      objectives.value_loss(jnp.ones((1, 2)), jnp.ones((1, 2)), jnp.ones((1, 3)),
-                            jnp.ones((1, 2)))
+      objectives.value_loss(
+        jnp.ones((1, 2)), jnp.ones((1, 2)), jnp.ones((1, 3)), jnp.ones((1, 2))
+      )
 
 
 if __name__ == "__main__":

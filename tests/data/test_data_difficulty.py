@@ -1,5 +1,6 @@
 """The arithmetic difficulty knob (issue 17): a level name or a spec of
 KEY=VALUE overrides gives the generator config it names."""
+
 import pytest
 
 from rljax import data
@@ -15,7 +16,11 @@ def test_level_names_are_unchanged():
 def test_spec_overrides_a_level_or_easy():
   cfg = data.parse_difficulty("steps=2_digits=2_ops=+-*")
   assert (cfg.num_steps, cfg.operand_min, cfg.operand_max, cfg.operators) == (
-      2, 10, 99, ("+", "-", "*"))
+    2,
+    10,
+    99,
+    ("+", "-", "*"),
+  )
   cfg = data.parse_difficulty("medium_max=99")
   assert (cfg.num_steps, cfg.operand_min, cfg.operand_max) == (2, 1, 99)
   assert data.parse_difficulty("digits=1").operand_min == 1
@@ -34,11 +39,17 @@ def test_generated_problems_follow_the_spec():
   assert [e.question for e in a] == [e.question for e in b]
 
 
-@pytest.mark.parametrize("spec,match", [
-    ("steps=0", "num_steps"), ("trivial", "unknown level 'trivial'"),
+@pytest.mark.parametrize(
+  "spec,match",
+  [
+    ("steps=0", "num_steps"),
+    ("trivial", "unknown level 'trivial'"),
     ("easy_size=3", "'size=3' is not KEY=VALUE"),
     ("digits=x", "digits='x' is not a valid value"),
-    ("neg=2", "neg='2'"), ("ops=+^", "operators")])
+    ("neg=2", "neg='2'"),
+    ("ops=+^", "operators"),
+  ],
+)
 def test_bad_specs_name_the_part(spec, match):
   with pytest.raises(ValueError, match=match):
     data.parse_difficulty(spec)

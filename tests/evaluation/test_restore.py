@@ -1,6 +1,7 @@
 """Evaluating a training run directory reads it and writes nothing
 (issue 12, defect 3): `restore_policy` gives the trainer's own params, UAQ
 unfolded, and every file of the run is byte-identical afterwards."""
+
 import hashlib
 import os
 
@@ -33,16 +34,29 @@ def trained_run(tmp_path_factory):
   """A one-step INT8 run with UAQ (s = 1.5): params are stored folded."""
   run_dir = str(tmp_path_factory.mktemp("run"))
   cfg = apply_preset(
-      "grpo", model="tiny", steps=1, prompts_per_step=2, group_size=2,
-      max_new_tokens=4, eval_size=2, reward_workers=0, run_dir=run_dir,
-      checkpoint_every=1, tensorboard=False, export_hf=False,
-      learning_rate=1e-3, rollout_quant="int8", uaq_scale=1.5)
+    "grpo",
+    model="tiny",
+    steps=1,
+    prompts_per_step=2,
+    group_size=2,
+    max_new_tokens=4,
+    eval_size=2,
+    reward_workers=0,
+    run_dir=run_dir,
+    checkpoint_every=1,
+    tensorboard=False,
+    export_hf=False,
+    learning_rate=1e-3,
+    rollout_quant="int8",
+    uaq_scale=1.5,
+  )
   trainer = loop_lib.Trainer(cfg, show_progress=False)
   try:
     trainer.run()
     assert trainer.uaq_scale == 1.5
-    unfolded = quant.unfold_uaq(trainer.model_config, trainer.state.params,
-                                scale=trainer.uaq_scale)
+    unfolded = quant.unfold_uaq(
+      trainer.model_config, trainer.state.params, scale=trainer.uaq_scale
+    )
     unfolded = jax.tree.map(np.asarray, unfolded)
   finally:
     trainer.close()
@@ -53,8 +67,9 @@ def test_restore_policy_gives_the_trainers_params(trained_run):
   run_dir, expected = trained_run
   model = evaluation.restore_policy(run_dir)
   assert jax.tree.structure(model.params) == jax.tree.structure(expected)
-  for got, want in zip(jax.tree.leaves(model.params),
-                       jax.tree.leaves(expected)):
+  for got, want in zip(
+    jax.tree.leaves(model.params), jax.tree.leaves(expected)
+  ):
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
@@ -63,10 +78,15 @@ def test_evaluating_a_run_dir_writes_nothing_into_it(trained_run):
   before = _tree_digest(run_dir)
   model = evaluation.load_policy(run_dir)
   from rljax.rollout.jax_sampler import JaxSampler
+
   engine = JaxSampler(model.config, model.params, max_prompt_len=128, pad_id=0)
   summary, _ = evaluation.evaluate_dataset(
-      model, engine, data_lib.generate_arithmetic(2, "easy", seed=3),
-      SamplingConfig(n=1, greedy=True, max_new_tokens=3), k=1)
+    model,
+    engine,
+    data_lib.generate_arithmetic(2, "easy", seed=3),
+    SamplingConfig(n=1, greedy=True, max_new_tokens=3),
+    k=1,
+  )
   engine.close()
   assert summary["examples"] == 2
   assert _tree_digest(run_dir) == before
@@ -74,19 +94,23 @@ def test_evaluating_a_run_dir_writes_nothing_into_it(trained_run):
 
 def test_a_run_dir_without_checkpoint_is_named(tmp_path):
   (tmp_path / "checkpoints").mkdir()
-  (tmp_path / "config.json").write_text('{"algorithm": "grpo", "model": "tiny"}')
+  (tmp_path / "config.json").write_text(
+    '{"algorithm": "grpo", "model": "tiny"}'
+  )
   with pytest.raises(FileNotFoundError, match="no checkpoint"):
     evaluation.restore_policy(str(tmp_path))
 
 
-def test_restoring_a_vllm_run_starts_no_engine(trained_run, tmp_path,
-                                               monkeypatch):
+def test_restoring_a_vllm_run_starts_no_engine(
+  trained_run, tmp_path, monkeypatch
+):
   """A run trained with engine=vllm is restored without starting a sidecar
   (nor a JAX sampler): the caller starts the engine it asks for."""
   import json
   import shutil
   from rljax.rollout import jax_sampler
   from rljax.rollout import vllm_sidecar
+
   run_dir, expected = trained_run
   copy = str(tmp_path / "vllm_run")
   shutil.copytree(run_dir, copy)
@@ -101,11 +125,14 @@ def test_restoring_a_vllm_run_starts_no_engine(trained_run, tmp_path,
     def record(*args, **kwargs):
       started.append(name)
       raise RuntimeError(f"restore_policy started an engine: {name}")
+
     return record
+
   monkeypatch.setattr(vllm_sidecar, "engine_for_model", spy("vllm"))
   monkeypatch.setattr(jax_sampler.JaxSampler, "__init__", spy("jax"))
   model = evaluation.load_policy(copy)
   assert started == []
-  for got, want in zip(jax.tree.leaves(model.params),
-                       jax.tree.leaves(expected)):
+  for got, want in zip(
+    jax.tree.leaves(model.params), jax.tree.leaves(expected)
+  ):
     np.testing.assert_array_equal(np.asarray(got), want)

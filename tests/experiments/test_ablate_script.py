@@ -2,6 +2,7 @@
 style config file (shared "base" + runs) becomes one run directory per
 (run, seed), the table has one row per run, typed flags beat the file, and
 plot_run.py draws the result. Runs the scripts as a user would (subprocess)."""
+
 import functools
 import json
 import os
@@ -14,16 +15,23 @@ import pytest
 
 from rljax.train.config import TrainConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 SCRIPTS = os.path.join(ROOT, "experiments")
 
 
 def _run(script, *args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)  # one device is enough and compiles faster
-  proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args],
-                        capture_output=True, text=True, env=env, cwd=ROOT,
-                        timeout=600)
+  proc = subprocess.run(
+    [sys.executable, os.path.join(SCRIPTS, script), *args],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return proc
 
@@ -32,8 +40,10 @@ def _run(script, *args):
 def _load_ablate():
   """The script as a module; loaded once, since it defines absl flags."""
   import importlib.util
+
   spec = importlib.util.spec_from_file_location(
-      "ablate_under_test", os.path.join(SCRIPTS, "ablate.py"))
+    "ablate_under_test", os.path.join(SCRIPTS, "ablate.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -42,16 +52,24 @@ def _load_ablate():
 def test_checked_in_qurl_config_names_only_real_fields():
   ablate = _load_ablate()
   shared, runs, seeds = ablate.load_config_file(
-      os.path.join(SCRIPTS, "configs", "qurl_cpu.json"))
+    os.path.join(SCRIPTS, "configs", "qurl_cpu.json")
+  )
   names = [r["name"] for r in runs]
   assert len(set(names)) == len(names)
   # The study the QuRL issue asks for: reference, INT8 × every correction,
   # UAQ s ∈ {1, 1.5, 2} with ACR, FP8 with TIS and ACR.
   combos = {(r["rollout_quant"], r["correction"], r["uaq_scale"]) for r in runs}
-  for need in [("none", "naive", 1.0), ("int8", "naive", 1.0),
-               ("int8", "ignore_behavior", 1.0), ("int8", "tis", 1.0),
-               ("int8", "acr", 1.0), ("int8", "acr", 1.5), ("int8", "acr", 2.0),
-               ("fp8", "tis", 1.0), ("fp8", "acr", 1.0)]:
+  for need in [
+    ("none", "naive", 1.0),
+    ("int8", "naive", 1.0),
+    ("int8", "ignore_behavior", 1.0),
+    ("int8", "tis", 1.0),
+    ("int8", "acr", 1.0),
+    ("int8", "acr", 1.5),
+    ("int8", "acr", 2.0),
+    ("fp8", "tis", 1.0),
+    ("fp8", "acr", 1.0),
+  ]:
     assert need in combos, need
   cfg = TrainConfig(**shared)  # validates the shared settings
   assert cfg.eval_size > 0 and seeds
@@ -67,19 +85,32 @@ def test_config_file_errors_name_the_bad_key(tmp_path):
   with pytest.raises(ValueError, match=r"runs\[0\] has no 'name'"):
     ablate.load_config_file(str(bad))
   assert ablate.grid_runs("rollout_quant=none,int8;uaq_scale=1.0,1.5")[3] == {
-      "rollout_quant": "int8", "uaq_scale": 1.5,
-      "name": "rollout_quant=int8_uaq_scale=1.5"}
+    "rollout_quant": "int8",
+    "uaq_scale": 1.5,
+    "name": "rollout_quant=int8_uaq_scale=1.5",
+  }
 
 
 def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
   config = {
-      "base": {"model": "tiny", "steps": 3, "prompts_per_step": 2,
-               "group_size": 4, "max_new_tokens": 6, "eval_size": 4,
-               "eval_every": 2, "reward_workers": 0, "tensorboard": False,
-               "learning_rate": 1e-3},
-      "seeds": [0],
-      "runs": [{"name": "fp", "rollout_quant": "none", "correction": "naive"},
-               {"name": "q", "rollout_quant": "int8", "correction": "acr"}]}
+    "base": {
+      "model": "tiny",
+      "steps": 3,
+      "prompts_per_step": 2,
+      "group_size": 4,
+      "max_new_tokens": 6,
+      "eval_size": 4,
+      "eval_every": 2,
+      "reward_workers": 0,
+      "tensorboard": False,
+      "learning_rate": 1e-3,
+    },
+    "seeds": [0],
+    "runs": [
+      {"name": "fp", "rollout_quant": "none", "correction": "naive"},
+      {"name": "q", "rollout_quant": "int8", "correction": "acr"},
+    ],
+  }
   path = tmp_path / "grid.json"
   path.write_text(json.dumps(config))
   out = tmp_path / "out"
@@ -87,21 +118,33 @@ def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
   _run("ablate.py", f"--configs={path}", f"--out_dir={out}", "--steps=2")
   table = json.loads((out / "table.json").read_text())
   assert [(r["name"], r["seed"], r["steps"]) for r in table] == [
-      ("fp", 0, 2), ("q", 0, 2)]
+    ("fp", 0, 2),
+    ("q", 0, 2),
+  ]
   for row in table:
     assert row["eval_before"] is not None and row["eval_final"] is not None
     assert row["eval_best"] >= row["eval_final"]
   run_cfg = json.loads((out / "q_s0" / "config.json").read_text())
-  assert (run_cfg["rollout_quant"], run_cfg["correction"],
-          run_cfg["group_size"], run_cfg["steps"]) == ("int8", "acr", 4, 2)
+  assert (
+    run_cfg["rollout_quant"],
+    run_cfg["correction"],
+    run_cfg["group_size"],
+    run_cfg["steps"],
+  ) == ("int8", "acr", 4, 2)
   assert "| fp | 0 | done | 2 |" in (out / "table.md").read_text()
   assert (out / "plots.png").stat().st_size > 10_000
   # A second call finds every run finished and only rebuilds the table.
-  again = _run("ablate.py", f"--configs={path}", f"--out_dir={out}", "--steps=2")
+  again = _run(
+    "ablate.py", f"--configs={path}", f"--out_dir={out}", "--steps=2"
+  )
   assert "[ablate] fp" not in again.stdout
   png = tmp_path / "both.png"
-  proc = _run("plot_run.py", f"--runs={out / 'fp_s0'},{out / 'q_s0'}",
-              f"--out={png}", "--labels=fp,q")
+  proc = _run(
+    "plot_run.py",
+    f"--runs={out / 'fp_s0'},{out / 'q_s0'}",
+    f"--out={png}",
+    "--labels=fp,q",
+  )
   assert png.stat().st_size > 10_000 and "panels" in proc.stdout
 
 
@@ -109,6 +152,7 @@ def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
   """--grid="algorithm=grpo,dapo": the dapo cell gets DAPO's settings
   (issue 12, defect 2: the grid used to bypass presets)."""
   from absl import flags
+
   ablate = _load_ablate()
   flags.FLAGS.unparse_flags()
   flags.FLAGS(["ablate.py", "--kl_coef=0.002"])
@@ -120,9 +164,15 @@ def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
   by_name = {run["name"]: cfg for run, _, cfg in plan}
   grpo, dapo = by_name["algorithm=grpo"], by_name["algorithm=dapo"]
   assert (dapo.algorithm, dapo.dynamic_sampling, dapo.eps_high) == (
-      "dapo", True, 0.28)
+    "dapo",
+    True,
+    0.28,
+  )
   assert (grpo.algorithm, grpo.dynamic_sampling, grpo.eps_high) == (
-      "grpo", False, 0.2)
+    "grpo",
+    False,
+    0.2,
+  )
   # The typed flag names no algorithm: it holds for every cell; the base's
   # steps too; seed and run_dir are the cell's.
   assert grpo.kl_coef == dapo.kl_coef == 0.002
@@ -132,20 +182,33 @@ def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
 
 def _tiny_config(tmp_path, steps, names=("a", "b")):
   config = {
-      "base": {"model": "tiny", "steps": steps, "prompts_per_step": 2,
-               "group_size": 2, "max_new_tokens": 4, "eval_size": 2,
-               "reward_workers": 0, "tensorboard": False,
-               "checkpoint_every": 1, "learning_rate": 1e-3},
-      "runs": [{"name": n, "rollout_quant": "int8", "correction": "acr"}
-               for n in names]}
+    "base": {
+      "model": "tiny",
+      "steps": steps,
+      "prompts_per_step": 2,
+      "group_size": 2,
+      "max_new_tokens": 4,
+      "eval_size": 2,
+      "reward_workers": 0,
+      "tensorboard": False,
+      "checkpoint_every": 1,
+      "learning_rate": 1e-3,
+    },
+    "runs": [
+      {"name": n, "rollout_quant": "int8", "correction": "acr"} for n in names
+    ],
+  }
   path = tmp_path / "grid.json"
   path.write_text(json.dumps(config))
   return path
 
 
 def _steps_of(run_dir):
-  return [r["step"] for r in map(json.loads, open(run_dir / "metrics.jsonl"))
-          if "loss" in r]
+  return [
+    r["step"]
+    for r in map(json.loads, open(run_dir / "metrics.jsonl"))
+    if "loss" in r
+  ]
 
 
 def test_killed_ablation_resumes_where_it_stopped(tmp_path):
@@ -155,16 +218,29 @@ def test_killed_ablation_resumes_where_it_stopped(tmp_path):
   out = tmp_path / "out"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
-  args = [sys.executable, os.path.join(SCRIPTS, "ablate.py"),
-          f"--configs={path}", f"--out_dir={out}", "--seeds=0"]
+  args = [
+    sys.executable,
+    os.path.join(SCRIPTS, "ablate.py"),
+    f"--configs={path}",
+    f"--out_dir={out}",
+    "--seeds=0",
+  ]
   log = open(tmp_path / "first.log", "w")
-  proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                          cwd=ROOT, start_new_session=True)
+  proc = subprocess.Popen(
+    args,
+    stdout=log,
+    stderr=subprocess.STDOUT,
+    env=env,
+    cwd=ROOT,
+    start_new_session=True,
+  )
   b_ckpt = out / "b_s0" / "checkpoints"
   deadline = time.monotonic() + 300
   try:
-    while not (b_ckpt.is_dir() and any(d.isdigit() and int(d) >= 2
-                                       for d in os.listdir(b_ckpt))):
+    while not (
+      b_ckpt.is_dir()
+      and any(d.isdigit() and int(d) >= 2 for d in os.listdir(b_ckpt))
+    ):
       assert proc.poll() is None, open(tmp_path / "first.log").read()[-3000:]
       assert time.monotonic() < deadline, "run b never checkpointed step 2"
       time.sleep(0.2)
@@ -174,15 +250,18 @@ def test_killed_ablation_resumes_where_it_stopped(tmp_path):
   assert (out / "a_s0" / "summary.json").exists()
   assert not (out / "b_s0" / "summary.json").exists()
   a_mtime = os.path.getmtime(out / "a_s0" / "metrics.jsonl")
-  again = _run("ablate.py", f"--configs={path}", f"--out_dir={out}",
-               "--seeds=0")
+  again = _run(
+    "ablate.py", f"--configs={path}", f"--out_dir={out}", "--seeds=0"
+  )
   assert "[ablate] a seed=0" not in again.stdout
   assert "[ablate] resuming b seed=0 from step" in again.stdout
   assert os.path.getmtime(out / "a_s0" / "metrics.jsonl") == a_mtime
   assert _steps_of(out / "b_s0") == [1, 2, 3, 4]  # no step twice, none lost
   table = json.loads((out / "table.json").read_text())
   assert [(r["name"], r["status"], r["steps"]) for r in table] == [
-      ("a", "done", 4), ("b", "done", 4)]
+    ("a", "done", 4),
+    ("b", "done", 4),
+  ]
   progress = json.loads((out / "progress.json").read_text())
   assert (progress["done"], progress["pending"]) == (2, 0)
 
@@ -192,28 +271,56 @@ def test_seeds_are_an_axis_and_progress_is_read_from_disk(tmp_path):
   study holds complete paired seeds); run status and progress come from
   the run directories alone."""
   ablate = _load_ablate()
-  plan = ablate.plan_runs([{"name": "a"}, {"name": "b"}], {"steps": 1},
-                          ["0", "1"], str(tmp_path), order="seed")
+  plan = ablate.plan_runs(
+    [{"name": "a"}, {"name": "b"}],
+    {"steps": 1},
+    ["0", "1"],
+    str(tmp_path),
+    order="seed",
+  )
   assert [(r["name"], s) for r, s, _ in plan] == [
-      ("a", "0"), ("b", "0"), ("a", "1"), ("b", "1")]
-  run_major = ablate.plan_runs([{"name": "a"}, {"name": "b"}], {"steps": 1},
-                               ["0", "1"], str(tmp_path), order="run")
+    ("a", "0"),
+    ("b", "0"),
+    ("a", "1"),
+    ("b", "1"),
+  ]
+  run_major = ablate.plan_runs(
+    [{"name": "a"}, {"name": "b"}],
+    {"steps": 1},
+    ["0", "1"],
+    str(tmp_path),
+    order="run",
+  )
   assert [(r["name"], s) for r, s, _ in run_major] == [
-      ("a", "0"), ("a", "1"), ("b", "0"), ("b", "1")]
+    ("a", "0"),
+    ("a", "1"),
+    ("b", "0"),
+    ("b", "1"),
+  ]
   done, partial = tmp_path / "a_s0", tmp_path / "b_s0"
   for d in (done, partial):
     d.mkdir()
     # The second line was cut by a kill: summarize skips it.
     (d / "metrics.jsonl").write_text(
-        '{"step": 1, "loss": 0.5, "reward_mean": 0.25}\n{"step": 2, "lo')
+      '{"step": 1, "loss": 0.5, "reward_mean": 0.25}\n{"step": 2, "lo'
+    )
   (done / "summary.json").write_text("{}")
   (partial / "checkpoints" / "1").mkdir(parents=True)
   assert [ablate.run_status(cfg.run_dir) for _, _, cfg in plan] == [
-      "done", "partial", "pending", "pending"]
+    "done",
+    "partial",
+    "pending",
+    "pending",
+  ]
   assert ablate.latest_checkpoint(str(partial)) == 1
   rows = ablate.collect(plan)
-  assert [(r["name"], r["status"], r["steps"], r["reward_last_q"])
-          for r in rows] == [("a", "done", 1, 0.25), ("b", "partial", 1, 0.25)]
+  assert [
+    (r["name"], r["status"], r["steps"], r["reward_last_q"]) for r in rows
+  ] == [("a", "done", 1, 0.25), ("b", "partial", 1, 0.25)]
   progress = ablate.write_progress(plan, str(tmp_path), "--max_runs=1")
-  assert (progress["done"], progress["partial"], progress["pending"],
-          progress["stopped"]) == (1, 1, 2, "--max_runs=1")
+  assert (
+    progress["done"],
+    progress["partial"],
+    progress["pending"],
+    progress["stopped"],
+  ) == (1, 1, 2, "--max_runs=1")

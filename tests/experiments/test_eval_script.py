@@ -2,6 +2,7 @@
 12): two files read by one loader give two rows and two records files, and
 a duplicate label is refused before any model loads. Runs the script as a
 user would (subprocess) on a tiny-model run directory."""
+
 import dataclasses
 import json
 import os
@@ -14,23 +15,41 @@ from rljax.train import loop as loop_lib
 from rljax.train.checkpoint import RunCheckpointer
 from rljax.train.config import apply_preset
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 def _run(*args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+  )
   env.pop("XLA_FLAGS", None)
   return subprocess.run(
-      [sys.executable, os.path.join(ROOT, "experiments", "eval.py"), *args],
-      capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    [sys.executable, os.path.join(ROOT, "experiments", "eval.py"), *args],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=600,
+  )
 
 
 def _math_file(path, answers):
   with open(path, "w") as f:
     for i, a in enumerate(answers):
-      f.write(json.dumps({"problem": f"What is {a} + 0?", "answer": str(a),
-                          "unique_id": f"p{i}"}) + "\n")
+      f.write(
+        json.dumps(
+          {
+            "problem": f"What is {a} + 0?",
+            "answer": str(a),
+            "unique_id": f"p{i}",
+          }
+        )
+        + "\n"
+      )
   return str(path)
 
 
@@ -38,8 +57,9 @@ def _math_file(path, answers):
 def tiny_run_dir(tmp_path_factory):
   """A run directory of the tiny model: config.json + one checkpoint."""
   run_dir = tmp_path_factory.mktemp("run")
-  cfg = apply_preset("grpo", model="tiny", rollout_quant="none",
-                     run_dir=str(run_dir))
+  cfg = apply_preset(
+    "grpo", model="tiny", rollout_quant="none", run_dir=str(run_dir)
+  )
   with open(run_dir / "config.json", "w") as f:
     json.dump(dataclasses.asdict(cfg), f)
   model = loop_lib.load_policy(cfg, 0)
@@ -53,8 +73,13 @@ def test_two_files_of_one_loader_keep_both_results(tiny_run_dir, tmp_path):
   a = _math_file(tmp_path / "a.jsonl", [1, 2])
   b = _math_file(tmp_path / "b.jsonl", [3, 4, 5])
   out = tmp_path / "out"
-  proc = _run(f"--model={tiny_run_dir}", f"--datasets=a=math500:{a},b=math500:{b}",
-              "--max_new_tokens=2", "--max_batch=4", f"--out_dir={out}")
+  proc = _run(
+    f"--model={tiny_run_dir}",
+    f"--datasets=a=math500:{a},b=math500:{b}",
+    "--max_new_tokens=2",
+    "--max_batch=4",
+    f"--out_dir={out}",
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   results = json.load(open(out / "summary.json"))["results"]
   assert {k: v["examples"] for k, v in results.items()} == {"a": 2, "b": 3}
@@ -66,8 +91,11 @@ def test_two_files_of_one_loader_keep_both_results(tiny_run_dir, tmp_path):
 def test_duplicate_labels_are_refused_before_the_model_loads(tmp_path):
   a = _math_file(tmp_path / "a.jsonl", [1])
   b = _math_file(tmp_path / "b.jsonl", [2])
-  proc = _run("--model=/no/such/model", f"--datasets=math500:{a},math500:{b}",
-              f"--out_dir={tmp_path / 'out'}")
+  proc = _run(
+    "--model=/no/such/model",
+    f"--datasets=math500:{a},math500:{b}",
+    f"--out_dir={tmp_path / 'out'}",
+  )
   assert proc.returncode != 0
   assert "duplicate dataset labels: 'math500'" in proc.stderr
   assert "/no/such/model" not in proc.stderr  # no model load was tried

@@ -2,6 +2,7 @@
 tokenizer and SFT batches on hand-written examples, and
 experiments/long_horizon.py end to end on a very small decoder (SFT, then an
 INT8 RL run through the real Trainer); resuming is ablate.py's, tested there."""
+
 import json
 import os
 import subprocess
@@ -13,7 +14,9 @@ import pytest
 from rljax import instrument
 from rljax.data.records import Example
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 def test_tokenizer_round_trip_and_prompt_format():
@@ -46,28 +49,56 @@ def _run(*args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "experiments", "long_horizon.py"),
-       *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    [
+      sys.executable,
+      os.path.join(ROOT, "experiments", "long_horizon.py"),
+      *args,
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return proc
 
 
 def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
   config = {
-      "base": {"task": "arithmetic", "task_difficulty": "easy", "steps": 3,
-               "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 3,
-               "max_prompt_tokens": 16, "eval_size": 8, "eval_every": 0,
-               "reward_workers": 0, "tensorboard": False,
-               "checkpoint_every": 2, "learning_rate": 1e-3},
-      "seeds": [0],
-      "runs": [{"name": "int8_acr", "rollout_quant": "int8",
-                "correction": "acr"}]}
+    "base": {
+      "task": "arithmetic",
+      "task_difficulty": "easy",
+      "steps": 3,
+      "prompts_per_step": 2,
+      "group_size": 4,
+      "max_new_tokens": 3,
+      "max_prompt_tokens": 16,
+      "eval_size": 8,
+      "eval_every": 0,
+      "reward_workers": 0,
+      "tensorboard": False,
+      "checkpoint_every": 2,
+      "learning_rate": 1e-3,
+    },
+    "seeds": [0],
+    "runs": [
+      {"name": "int8_acr", "rollout_quant": "int8", "correction": "acr"}
+    ],
+  }
   path = tmp_path / "q.json"
   path.write_text(json.dumps(config))
   inst, out = tmp_path / "inst", tmp_path / "out"
-  args = [f"--configs={path}", f"--out_dir={out}", f"--instrument_dir={inst}",
-          "--hidden_size=32", "--num_layers=1", "--sft_steps=4",
-          "--sft_eval_every=2", "--sft_batch_size=8"]
+  args = [
+    f"--configs={path}",
+    f"--out_dir={out}",
+    f"--instrument_dir={inst}",
+    "--hidden_size=32",
+    "--num_layers=1",
+    "--sft_steps=4",
+    "--sft_eval_every=2",
+    "--sft_batch_size=8",
+  ]
   first = _run(*args)
   record = json.loads((inst / "instrument.json").read_text())
   assert record["done"] and record["steps"] == 4
@@ -75,19 +106,22 @@ def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
   assert "[long_horizon] instrument:" in first.stdout
   table = json.loads((out / "table.json").read_text())
   assert [(r["name"], r["status"], r["steps"]) for r in table] == [
-      ("int8_acr", "done", 3)]
+    ("int8_acr", "done", 3)
+  ]
   run = out / "int8_acr_s0"
   rows = [json.loads(l) for l in open(run / "metrics.jsonl")]
   train = [r for r in rows if "loss" in r]
   assert [r["step"] for r in train] == [1, 2, 3]
-  assert all("acr_active_fraction" in r and "behav_prox_kl" in r
-             for r in train)
+  assert all("acr_active_fraction" in r and "behav_prox_kl" in r for r in train)
   cfg = json.loads((run / "config.json").read_text())
   assert cfg["model"] == f"instrument:{inst}"
   # Per-problem records before and after, agreeing with the logged accuracy.
   for step in (0, 3):
     recs = [json.loads(l) for l in open(run / f"eval_step{step}.jsonl")]
     assert len(recs) == 8
-    logged = [r["eval_accuracy"] for r in rows
-              if r["step"] == step and "eval_accuracy" in r]
+    logged = [
+      r["eval_accuracy"]
+      for r in rows
+      if r["step"] == step and "eval_accuracy" in r
+    ]
     assert logged[-1] == pytest.approx(np.mean([r["correct"] for r in recs]))

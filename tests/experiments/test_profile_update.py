@@ -1,6 +1,7 @@
 """`--remat` of experiments/profile_update.py (UpdateSpec.remat) reaches
 the decoder's per-layer remat (issue 12, defect 10), instead of wrapping
 the whole loss in one jax.checkpoint that keeps every activation."""
+
 import jax
 import numpy as np
 import pytest
@@ -19,24 +20,28 @@ def test_remat_flag_reaches_the_decoder(remat, monkeypatch):
   def recording(*args, **kwargs):
     seen.append(kwargs.get("remat", False))
     return original(*args, **kwargs)
+
   monkeypatch.setattr(decoder, "final_hidden_states", recording)
   config = models.tiny_config()
   params = models.init_params(config, jax.random.PRNGKey(0))
   spec = update_lib.UpdateSpec(
-      model_config=config, remat=remat,
-      loss=objectives.PolicyLossConfig(surrogate="ppo", correction="acr",
-                                       aggregation="token-mean"))
+    model_config=config,
+    remat=remat,
+    loss=objectives.PolicyLossConfig(
+      surrogate="ppo", correction="acr", aggregation="token-mean"
+    ),
+  )
   optimizer = update_lib.make_optimizer(1e-6, 10)
   state = update_lib.init_train_state(params, optimizer)
   b, t = 2, 8
   rng = np.random.default_rng(0)
   batch = {
-      "tokens": rng.integers(0, config.vocab_size, (b, t)).astype(np.int32),
-      "attention_mask": np.ones((b, t), np.int32),
-      "loss_mask": np.ones((b, t - 1), np.float32),
-      "advantages": rng.normal(size=(b, t - 1)).astype(np.float32),
-      "behav_logp": np.full((b, t - 1), -3.0, np.float32),
-      "prox_logp": np.full((b, t - 1), -3.0, np.float32),
+    "tokens": rng.integers(0, config.vocab_size, (b, t)).astype(np.int32),
+    "attention_mask": np.ones((b, t), np.int32),
+    "loss_mask": np.ones((b, t - 1), np.float32),
+    "advantages": rng.normal(size=(b, t - 1)).astype(np.float32),
+    "behav_logp": np.full((b, t - 1), -3.0, np.float32),
+    "prox_logp": np.full((b, t - 1), -3.0, np.float32),
   }
   step = update_lib.make_update_step(spec, optimizer)
   jaxpr = str(jax.make_jaxpr(step)(state, batch))
@@ -51,27 +56,47 @@ def test_aot_plan_splits_params_and_optimizer_over_fsdp():
   of Adam's moments (only the small norms are replicated)."""
   import importlib.util  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
+
   if jax.device_count() < 2:
     pytest.skip("needs 2 (fake) devices: tests/conftest.py")
-  path = os.path.join(os.path.dirname(__file__), "..", "..", "experiments",
-                      "profile_update.py")
+  path = os.path.join(
+    os.path.dirname(__file__), "..", "..", "experiments", "profile_update.py"
+  )
   module_spec = importlib.util.spec_from_file_location("profile_update", path)
   profile = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(profile)
   config = models.tiny_config()
   mesh = models.make_mesh(data=1, fsdp=2, tensor=1, devices=jax.devices()[:2])
   # The smallest program (no micro-batches, remat or chunks): compile time.
-  out = profile.plan(config, mesh, batch=4, seq=16, micro_batches=1,
-                     remat=False, logprob_chunk=0, param_dtype="float32",
-                     compute_dtype="bfloat16", decode=True, rollout_batch=4)
+  out = profile.plan(
+    config,
+    mesh,
+    batch=4,
+    seq=16,
+    micro_batches=1,
+    remat=False,
+    logprob_chunk=0,
+    param_dtype="float32",
+    compute_dtype="bfloat16",
+    decode=True,
+    rollout_batch=4,
+  )
   full = 4 * config.num_params()
   norms = 4 * (2 * config.num_layers + 1) * config.hidden_size
   assert out["params_bytes"] == (full - norms) // 2 + norms
   # Adam: mu and nu, like the params, plus a few replicated scalars.
-  assert 2 * out["params_bytes"] <= out["opt_state_bytes"] < (
-      2 * out["params_bytes"] + 64)
+  assert (
+    2 * out["params_bytes"]
+    <= out["opt_state_bytes"]
+    < (2 * out["params_bytes"] + 64)
+  )
   assert out["update_temp_bytes"] > 0
   # Rollout weights in the compute dtype: half the float32 bytes.
   assert out["rollout_params_bytes"] == out["params_bytes"] // 2
-  assert out["kv_cache_bytes"] == 2 * 2 * (
-      config.num_layers * 4 * 16 * config.num_kv_heads * config.head_dim) // 2
+  assert (
+    out["kv_cache_bytes"]
+    == 2
+    * 2
+    * (config.num_layers * 4 * 16 * config.num_kv_heads * config.head_dim)
+    // 2
+  )

@@ -1,6 +1,7 @@
 """The statistics of experiments/qurl_report.py (issue 17) on hand-computed
 cases: the paired bootstrap over seeds × problems, the verdict rule, the
 mean ± std over seeds, and a page built from two fake-free study dirs."""
+
 import functools
 import json
 import os
@@ -8,21 +9,25 @@ import os
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 
 
 @functools.lru_cache(maxsize=None)
 def _report():
   import importlib.util
+
   spec = importlib.util.spec_from_file_location(
-      "qurl_report_under_test", os.path.join(ROOT, "experiments", "qurl_report.py"))
+    "qurl_report_under_test",
+    os.path.join(ROOT, "experiments", "qurl_report.py"),
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
 
 
 class TestPairedBootstrap:
-
   def test_constant_difference_has_a_point_interval(self):
     delta, low, high = _report().paired_bootstrap([[0, 0, 0]], [[1, 1, 1]])
     assert (delta, low, high) == (1.0, 1.0, 1.0)
@@ -58,16 +63,18 @@ class TestPairedBootstrap:
 
 
 class TestVerdict:
-
-  @pytest.mark.parametrize("low,high,kind,seeds,expected", [
+  @pytest.mark.parametrize(
+    "low,high,kind,seeds,expected",
+    [
       (0.01, 0.2, "superiority", 3, "supported"),
-      (-0.05, 0.02, "superiority", 3, "not supported"),   # high < margin 0.03
+      (-0.05, 0.02, "superiority", 3, "not supported"),  # high < margin 0.03
       (-0.05, 0.10, "superiority", 3, "not resolved at this scale"),
       (0.01, 0.2, "superiority", 2, "not resolved at this scale"),  # seeds
-      (-0.02, 0.05, "non_inferiority", 3, "supported"),   # low > -0.03
+      (-0.02, 0.05, "non_inferiority", 3, "supported"),  # low > -0.03
       (-0.20, -0.05, "non_inferiority", 3, "not supported"),
       (-0.06, 0.01, "non_inferiority", 4, "not resolved at this scale"),
-  ])
+    ],
+  )
   def test_rule(self, low, high, kind, seeds, expected):
     assert _report().verdict(low, high, kind, seeds)[0] == expected
 
@@ -88,15 +95,28 @@ def _fake_run(study, name, seed, correct, steps=2):
   run.mkdir(parents=True)
   acc = float(np.mean(correct))
   rows = [{"step": 0, "eval_accuracy": 0.25}]
-  rows += [{"step": s, "loss": 0.1, "reward_mean": 0.5, "behav_prox_kl": 1e-3,
-            "max_prox_behav_ratio": 1.5, "acr_active_fraction": 0.01 * s}
-           for s in range(1, steps + 1)]
+  rows += [
+    {
+      "step": s,
+      "loss": 0.1,
+      "reward_mean": 0.5,
+      "behav_prox_kl": 1e-3,
+      "max_prox_behav_ratio": 1.5,
+      "acr_active_fraction": 0.01 * s,
+    }
+    for s in range(1, steps + 1)
+  ]
   rows.append({"step": steps, "eval_accuracy": acc})
-  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (run / "metrics.jsonl").write_text(
+    "".join(json.dumps(r) + "\n" for r in rows)
+  )
   (run / "summary.json").write_text("{}")
-  (run / f"eval_step{steps}.jsonl").write_text("".join(
+  (run / f"eval_step{steps}.jsonl").write_text(
+    "".join(
       json.dumps({"uid": f"p{i}", "correct": int(c)}) + "\n"
-      for i, c in enumerate(correct)))
+      for i, c in enumerate(correct)
+    )
+  )
 
 
 def test_claims_from_run_files(tmp_path):
@@ -107,19 +127,31 @@ def test_claims_from_run_files(tmp_path):
   for seed in range(3):
     _fake_run(q2, "int8_tis", seed, [0, 0, 1, 1])
     _fake_run(q2, "int8_acr", seed, [1, 1, 1, 1])
-  (q2 / "ablation.json").write_text(json.dumps(
-      {"base": {"steps": 2}, "seeds": [0, 1, 2],
-       "runs": [{"name": "int8_tis"}, {"name": "int8_acr"}]}))
+  (q2 / "ablation.json").write_text(
+    json.dumps(
+      {
+        "base": {"steps": 2},
+        "seeds": [0, 1, 2],
+        "runs": [{"name": "int8_tis"}, {"name": "int8_acr"}],
+      }
+    )
+  )
   q1 = tmp_path / "q1"
   _fake_run(q1, "fp32", 0, [1, 1, 0, 0])
   _fake_run(q1, "int8_naive", 0, [0, 0, 0, 0])
-  studies = {"q2_instrument": report.load_study(str(q2)),
-             "q1_instrument": report.load_study(str(q1))}
+  studies = {
+    "q2_instrument": report.load_study(str(q2)),
+    "q1_instrument": report.load_study(str(q1)),
+  }
   _, claims = report.claims_section(studies)
   by = {(c["study"], c["a"], c["b"]): c for c in claims}
   acr = by[("q2_instrument", "int8_tis", "int8_acr")]
   assert (acr["delta"], acr["seeds"], acr["problems"], acr["verdict"]) == (
-      0.5, [0, 1, 2], 4, "supported")
+    0.5,
+    [0, 1, 2],
+    4,
+    "supported",
+  )
   naive = by[("q1_instrument", "int8_naive", "fp32")]
   assert naive["verdict"] == "not resolved at this scale"
   assert "1 paired seed" in naive["why"]

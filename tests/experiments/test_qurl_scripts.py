@@ -2,6 +2,7 @@
 on the tiny model with its own defaults overridden only for size, drops
 over-long prompts with a count in the metrics, evaluates the paper's
 benchmarks, and refuses to train on a file it evaluates."""
+
 import json
 import os
 import shutil
@@ -16,34 +17,59 @@ from rljax.train import driver
 from rljax.train import tasks as tasks_lib
 from rljax.train.config import apply_preset
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 SHARED = os.path.join(ROOT, "..", "shared", "data")
 needs_data = pytest.mark.skipif(
-    not os.path.isdir(SHARED), reason="../shared/data is not present")
+  not os.path.isdir(SHARED), reason="../shared/data is not present"
+)
 
 # Size only: the model, steps, batch, token and evaluation sizes (and no
 # side processes: in-process verifier, no TensorBoard, no HF export).
-SIZE = ["--model=tiny", "--steps=1", "--prompts_per_step=2",
-        "--max_new_tokens=4", "--eval_size=2", "--bench_limit=2",
-        "--reward_workers=0", "--tensorboard=false", "--export_hf=false"]
+SIZE = [
+  "--model=tiny",
+  "--steps=1",
+  "--prompts_per_step=2",
+  "--max_new_tokens=4",
+  "--eval_size=2",
+  "--bench_limit=2",
+  "--reward_workers=0",
+  "--tensorboard=false",
+  "--export_hf=false",
+]
 
 
 def _run(script, *args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+  )
   env.pop("XLA_FLAGS", None)
   return subprocess.run(
-      [sys.executable, os.path.join(ROOT, "experiments", script), *args],
-      capture_output=True, text=True, env=env, cwd=ROOT, timeout=1500)
+    [sys.executable, os.path.join(ROOT, "experiments", script), *args],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=1500,
+  )
 
 
 @needs_data
-@pytest.mark.parametrize("script,sizes,benchmarks", [
+@pytest.mark.parametrize(
+  "script,sizes,benchmarks",
+  [
     ("ppo_gsm8k.py", [], {"gsm8k"}),
     ("dapo_math.py", ["--group_size=2", "--bench_samples=2"], {"aime24"}),
-    ("grpo_deepscaler.py", ["--group_size=2", "--bench_samples=2"],
-     {"aime24", "math500", "amc23", "minerva"}),
-])
+    (
+      "grpo_deepscaler.py",
+      ["--group_size=2", "--bench_samples=2"],
+      {"aime24", "math500", "amc23", "minerva"},
+    ),
+  ],
+)
 def test_script_runs_one_step_as_shipped(script, sizes, benchmarks, tmp_path):
   run_dir = tmp_path / "run"
   proc = _run(script, *SIZE, *sizes, f"--run_dir={run_dir}")
@@ -67,8 +93,9 @@ def test_training_on_the_evaluated_file_is_refused_before_loading(tmp_path):
   shutil.copy(os.path.join(ROOT, test_file), copy)
   for data_path in (test_file, str(copy)):
     run_dir = tmp_path / "run"
-    proc = _run("ppo_gsm8k.py", *SIZE, f"--data_path={data_path}",
-                f"--run_dir={run_dir}")
+    proc = _run(
+      "ppo_gsm8k.py", *SIZE, f"--data_path={data_path}", f"--run_dir={run_dir}"
+    )
     assert proc.returncode != 0
     assert "is the evaluated benchmark gsm8k" in proc.stderr
     assert "--allow_train_on_eval" in proc.stderr
@@ -83,17 +110,22 @@ def _jsonl(path, questions):
 
 
 def test_allow_train_on_eval_overrides_and_missing_files_are_skipped(
-    tmp_path, capsys):
+  tmp_path, capsys
+):
   same = _jsonl(tmp_path / "a.jsonl", ["1+1?"])
   cfg = apply_preset("grpo", task="math500", data_path=same)
   plan = driver.BenchmarkPlan(
-      specs=(evaluation.EvalSpec("math500", same, 0, "m"),
-             evaluation.EvalSpec("olympiadbench", str(tmp_path / "no.jsonl"),
-                                 0, "ob")),
-      samples=2, temperature=1.0)
+    specs=(
+      evaluation.EvalSpec("math500", same, 0, "m"),
+      evaluation.EvalSpec("olympiadbench", str(tmp_path / "no.jsonl"), 0, "ob"),
+    ),
+    samples=2,
+    temperature=1.0,
+  )
   with pytest.raises(ValueError, match="is the evaluated benchmark m"):
     driver.check_benchmarks(cfg, plan)
   import dataclasses
+
   allowed = dataclasses.replace(plan, allow_train_on_eval=True)
   assert [s.label for s in driver.check_benchmarks(cfg, allowed)] == ["m"]
   assert "benchmark ob: skipped" in capsys.readouterr().out
@@ -101,13 +133,22 @@ def test_allow_train_on_eval_overrides_and_missing_files_are_skipped(
 
 def test_long_prompts_are_dropped_and_counted(tmp_path):
   from rljax.train import loop as loop_lib
+
   tok = loop_lib._tiny_tokenizer()  # pylint: disable=protected-access
   long_q = "Compute " + " + ".join(str(i) for i in range(200)) + "."
-  path = _jsonl(tmp_path / "d.jsonl",
-                ["1+1?", long_q, "2+2?", long_q + " Again.", "3+3?", "4+4?"])
-  cfg = apply_preset("grpo", task="math500", data_path=path, eval_size=2,
-                     prompts_per_step=2, max_prompt_tokens=64,
-                     reward_workers=0)
+  path = _jsonl(
+    tmp_path / "d.jsonl",
+    ["1+1?", long_q, "2+2?", long_q + " Again.", "3+3?", "4+4?"],
+  )
+  cfg = apply_preset(
+    "grpo",
+    task="math500",
+    data_path=path,
+    eval_size=2,
+    prompts_per_step=2,
+    max_prompt_tokens=64,
+    reward_workers=0,
+  )
   task = tasks_lib.build_task(cfg, tok)
   try:
     assert task.prompts_filtered_long == 2
@@ -119,5 +160,6 @@ def test_long_prompts_are_dropped_and_counted(tmp_path):
     task.close()
   short = data_lib.ChatTemplate(tok)
   kept, dropped = tasks_lib.drop_long_prompts(
-      list(data_lib.load_dataset("math500", path)), short, tok, 64)
+    list(data_lib.load_dataset("math500", path)), short, tok, 64
+  )
   assert (len(kept), dropped) == (4, 2)

@@ -1,4 +1,5 @@
 """Shared helpers for the rljax.models tests."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,8 +13,9 @@ def randomize(config, seed=0, dtype=jnp.float32):
   near 1, nonzero biases), so a swapped or mis-transposed tensor changes the
   outputs. Built with numpy: eager jax ops would compile one kernel per shape.
   """
-  shapes = jax.eval_shape(lambda: models.init_params(config,
-                                                     jax.random.PRNGKey(0)))
+  shapes = jax.eval_shape(
+    lambda: models.init_params(config, jax.random.PRNGKey(0))
+  )
   rng = np.random.default_rng(seed)
 
   def draw(path, leaf):

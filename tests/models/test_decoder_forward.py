@@ -1,4 +1,5 @@
 """forward: causality, padding, remat, dtypes, QTensor kernels, Flax wrapper."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,13 +9,15 @@ from rljax import models
 from rljax.quant.qtensor import QTensor
 
 CONFIG = models.tiny_config()
-forward = jax.jit(models.forward, static_argnums=0,
-                  static_argnames=("remat", "return_hidden"))
+forward = jax.jit(
+  models.forward, static_argnums=0, static_argnames=("remat", "return_hidden")
+)
 
 
 def _tokens(b=2, t=7, seed=0, config=CONFIG):
-  return jax.random.randint(jax.random.PRNGKey(seed), (b, t), 3,
-                            config.vocab_size, dtype=jnp.int32)
+  return jax.random.randint(
+    jax.random.PRNGKey(seed), (b, t), 3, config.vocab_size, dtype=jnp.int32
+  )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +53,9 @@ def test_left_padding_matches_unpadded(params):
 
 def test_positions_from_mask():
   mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-  np.testing.assert_array_equal(models.positions_from_mask(mask),
-                                [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])
+  np.testing.assert_array_equal(
+    models.positions_from_mask(mask), [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+  )
 
 
 def test_positions_are_relative(params):
@@ -61,8 +65,7 @@ def test_positions_are_relative(params):
   # no-op, a gap between tokens is not.
   shifted = forward(CONFIG, params, tokens, positions=jnp.arange(4)[None] + 10)
   np.testing.assert_allclose(a, shifted, atol=1e-4)
-  gapped = forward(CONFIG, params, tokens,
-                   positions=jnp.array([[0, 1, 5, 6]]))
+  gapped = forward(CONFIG, params, tokens, positions=jnp.array([[0, 1, 5, 6]]))
   np.testing.assert_allclose(a[:, :2], gapped[:, :2], atol=1e-4)
   assert np.abs(a[:, 2:] - gapped[:, 2:]).max() > 1e-3
 
@@ -75,8 +78,7 @@ def test_remat_same_values_and_grads(params):
 
   g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, False)
   g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, True)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0,
-               g1)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
 
 
 def test_bf16_params_run_in_bf16_and_return_f32(params):
@@ -92,8 +94,9 @@ def test_tied_embeddings(random_params):
   p = random_params(config)
   assert "lm_head" not in p
   logits, hidden = forward(config, p, _tokens(), return_hidden=True)
-  np.testing.assert_allclose(logits, hidden @ p["embed"]["embedding"].T,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    logits, hidden @ p["embed"]["embedding"].T, atol=1e-5
+  )
 
 
 def test_qtensor_kernels_plug_in(params):
@@ -104,19 +107,38 @@ def test_qtensor_kernels_plug_in(params):
     return QTensor(value=value, scale=scale, mode="int8_wo")
 
   qlayers = dict(params["layers"])
-  for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-               "down_proj"):
-    qlayers[name] = dict(qlayers[name], kernel=quantize(
-        qlayers[name]["kernel"]))
-  qparams = dict(params, layers=qlayers,
-                 lm_head={"kernel": quantize(params["lm_head"]["kernel"])})
-  deq = jax.tree.map(lambda x: x.dequantize() if isinstance(x, QTensor) else x,
-                     qparams, is_leaf=lambda x: isinstance(x, QTensor))
+  for name in (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+  ):
+    qlayers[name] = dict(
+      qlayers[name], kernel=quantize(qlayers[name]["kernel"])
+    )
+  qparams = dict(
+    params,
+    layers=qlayers,
+    lm_head={"kernel": quantize(params["lm_head"]["kernel"])},
+  )
+  deq = jax.tree.map(
+    lambda x: x.dequantize() if isinstance(x, QTensor) else x,
+    qparams,
+    is_leaf=lambda x: isinstance(x, QTensor),
+  )
   tokens = _tokens()
-  np.testing.assert_allclose(forward(CONFIG, qparams, tokens),
-                             forward(CONFIG, deq, tokens), atol=1e-4)
-  assert np.abs(forward(CONFIG, qparams, tokens) -
-                forward(CONFIG, params, tokens)).max() > 1e-5
+  np.testing.assert_allclose(
+    forward(CONFIG, qparams, tokens), forward(CONFIG, deq, tokens), atol=1e-4
+  )
+  assert (
+    np.abs(
+      forward(CONFIG, qparams, tokens) - forward(CONFIG, params, tokens)
+    ).max()
+    > 1e-5
+  )
 
 
 def test_flax_wrapper_matches_pure_function():
@@ -124,18 +146,25 @@ def test_flax_wrapper_matches_pure_function():
   tokens = _tokens()
   variables = jax.jit(module.init)(jax.random.PRNGKey(0), tokens)
   p = variables["params"]
-  assert jax.tree.structure(p) == jax.tree.structure(jax.eval_shape(
-      lambda: models.init_params(CONFIG, jax.random.PRNGKey(0))))
-  np.testing.assert_allclose(jax.jit(module.apply)(variables, tokens),
-                             forward(CONFIG, p, tokens), atol=1e-6)
+  assert jax.tree.structure(p) == jax.tree.structure(
+    jax.eval_shape(lambda: models.init_params(CONFIG, jax.random.PRNGKey(0)))
+  )
+  np.testing.assert_allclose(
+    jax.jit(module.apply)(variables, tokens),
+    forward(CONFIG, p, tokens),
+    atol=1e-6,
+  )
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
+@pytest.mark.parametrize(
+  "kwargs, error, message",
+  [
     ({"tokens": jnp.ones((2, 3))}, TypeError, "integer"),
     ({"tokens": jnp.ones((3,), jnp.int32)}, ValueError, r"\[B, T\]"),
     ({"attention_mask": jnp.ones((2, 4))}, ValueError, "attention_mask"),
     ({"positions": jnp.ones((1, 3), jnp.int32)}, ValueError, "positions"),
-])
+  ],
+)
 def test_bad_inputs(params, kwargs, error, message):
   args = {"tokens": jnp.ones((2, 3), jnp.int32)}
   args.update(kwargs)
@@ -145,9 +174,15 @@ def test_bad_inputs(params, kwargs, error, message):
 
 def test_params_that_do_not_fit_the_config_are_named(params):
   wrong = models.tiny_config(num_layers=3)
-  with pytest.raises(ValueError, match=r"\['attn_norm'\]\['scale'\] has shape "
-                     r"\(2, 32\); expected \(3, 32\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"\['attn_norm'\]\['scale'\] has shape "
+    r"\(2, 32\); expected \(3, 32\)",
+  ):
     models.forward(wrong, params, jnp.ones((1, 2), jnp.int32))
   with pytest.raises(KeyError, match="lm_head"):
-    models.forward(CONFIG, {k: v for k, v in params.items() if k != "lm_head"},
-                   jnp.ones((1, 2), jnp.int32))
+    models.forward(
+      CONFIG,
+      {k: v for k, v in params.items() if k != "lm_head"},
+      jnp.ones((1, 2), jnp.int32),
+    )

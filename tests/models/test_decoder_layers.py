@@ -1,4 +1,5 @@
 """Building blocks: RMSNorm, RoPE (plain, linear, llama3), GQA attention."""
+
 import math
 
 import chex
@@ -12,7 +13,6 @@ from rljax.models import layers
 
 
 class RmsNormTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_hand_computed(self):
     x = jnp.array([[3.0, 4.0]])  # mean(x²) = 12.5
@@ -32,38 +32,48 @@ class RmsNormTest(chex.TestCase):
 
 
 class RopeTest(chex.TestCase):
-
   def test_plain_frequencies(self):
     config = models.tiny_config(head_dim=4, rope_theta=100.0)
-    np.testing.assert_allclose(layers.rope_inverse_frequencies(config),
-                               [1.0, 0.1], rtol=1e-6)
+    np.testing.assert_allclose(
+      layers.rope_inverse_frequencies(config), [1.0, 0.1], rtol=1e-6
+    )
 
   def test_linear_scaling_divides_by_factor(self):
-    config = models.tiny_config(head_dim=4, rope_theta=100.0,
-                                rope_scaling={"rope_type": "linear",
-                                              "factor": 4.0})
-    np.testing.assert_allclose(layers.rope_inverse_frequencies(config),
-                               [0.25, 0.025], rtol=1e-6)
+    config = models.tiny_config(
+      head_dim=4,
+      rope_theta=100.0,
+      rope_scaling={"rope_type": "linear", "factor": 4.0},
+    )
+    np.testing.assert_allclose(
+      layers.rope_inverse_frequencies(config), [0.25, 0.025], rtol=1e-6
+    )
 
   def test_llama3_scaling_bands(self):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    config = models.tiny_config(head_dim=16, rope_theta=10000.0,
-                                rope_scaling=scaling)
-    plain = np.asarray(layers.rope_inverse_frequencies(
-        config.replace(rope_scaling=None)))
+    scaling = {
+      "rope_type": "llama3",
+      "factor": 8.0,
+      "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64,
+    }
+    config = models.tiny_config(
+      head_dim=16, rope_theta=10000.0, rope_scaling=scaling
+    )
+    plain = np.asarray(
+      layers.rope_inverse_frequencies(config.replace(rope_scaling=None))
+    )
     scaled = np.asarray(layers.rope_inverse_frequencies(config))
     wavelen = 2 * np.pi / plain
-    high = wavelen < 64 / 4    # short wavelengths: kept
-    low = wavelen > 64 / 1     # long wavelengths: divided by factor
+    high = wavelen < 64 / 4  # short wavelengths: kept
+    low = wavelen > 64 / 1  # long wavelengths: divided by factor
     medium = ~high & ~low
     assert high.any() and low.any() and medium.any()
     np.testing.assert_allclose(scaled[high], plain[high], rtol=1e-6)
     np.testing.assert_allclose(scaled[low], plain[low] / 8, rtol=1e-6)
     s = (64 / wavelen[medium] - 1) / (4 - 1)
     np.testing.assert_allclose(
-        scaled[medium], (1 - s) * plain[medium] / 8 + s * plain[medium],
-        rtol=1e-5)
+      scaled[medium], (1 - s) * plain[medium] / 8 + s * plain[medium], rtol=1e-5
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_rotation_hand_computed(self):
@@ -89,14 +99,15 @@ class RopeTest(chex.TestCase):
     def score(pq, pk):
       cq, sq = layers.rope_cos_sin(config, jnp.array([[pq]]))
       ck, sk = layers.rope_cos_sin(config, jnp.array([[pk]]))
-      return jnp.sum(layers.apply_rope(q, cq, sq) * layers.apply_rope(k, ck, sk))
+      return jnp.sum(
+        layers.apply_rope(q, cq, sq) * layers.apply_rope(k, ck, sk)
+      )
 
     np.testing.assert_allclose(score(7, 3), score(14, 10), rtol=1e-5)
     assert abs(score(7, 3) - score(7, 5)) > 1e-4
 
 
 class AttentionTest(chex.TestCase):
-
   def _naive(self, q, k, v, mask):
     # Repeat kv heads, plain per-head softmax attention.
     groups = q.shape[2] // k.shape[2]
@@ -123,8 +134,9 @@ class AttentionTest(chex.TestCase):
     v = jax.random.normal(kv, (1, 3, 1, 4))
     mask = jnp.array([[[True, False, True]]])
     out = layers.attention(q, k, v, mask)
-    out2 = layers.attention(q, k.at[:, 1].set(100.0), v.at[:, 1].set(-50.0),
-                            mask)
+    out2 = layers.attention(
+      q, k.at[:, 1].set(100.0), v.at[:, 1].set(-50.0), mask
+    )
     np.testing.assert_allclose(out, out2, atol=1e-6)
 
   def test_fully_masked_query_is_finite(self):
@@ -135,5 +147,9 @@ class AttentionTest(chex.TestCase):
 
   def test_bad_heads(self):
     with pytest.raises(ValueError, match="not a multiple"):
-      layers.attention(jnp.ones((1, 1, 3, 4)), jnp.ones((1, 1, 2, 4)),
-                       jnp.ones((1, 1, 2, 4)), jnp.ones((1, 1, 1), bool))
+      layers.attention(
+        jnp.ones((1, 1, 3, 4)),
+        jnp.ones((1, 1, 2, 4)),
+        jnp.ones((1, 1, 2, 4)),
+        jnp.ones((1, 1, 1), bool),
+      )

@@ -1,4 +1,5 @@
 """GGUF loading on small files written with gguf.GGUFWriter."""
+
 import os
 
 import gguf
@@ -10,25 +11,28 @@ from rljax import models
 from rljax.models import gguf_io
 
 _GGUF_NAMES = {  # HF suffix -> GGUF block name
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
+  "input_layernorm.weight": "attn_norm.weight",
+  "self_attn.q_proj.weight": "attn_q.weight",
+  "self_attn.k_proj.weight": "attn_k.weight",
+  "self_attn.v_proj.weight": "attn_v.weight",
+  "self_attn.q_proj.bias": "attn_q.bias",
+  "self_attn.k_proj.bias": "attn_k.bias",
+  "self_attn.v_proj.bias": "attn_v.bias",
+  "self_attn.o_proj.weight": "attn_output.weight",
+  "post_attention_layernorm.weight": "ffn_norm.weight",
+  "mlp.gate_proj.weight": "ffn_gate.weight",
+  "mlp.up_proj.weight": "ffn_up.weight",
+  "mlp.down_proj.weight": "ffn_down.weight",
 }
 
 
 def llama_cpp_permute(w, n_head):
   """llama.cpp convert_hf_to_gguf's q/k permutation (the forward direction)."""
-  return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-          .swapaxes(1, 2).reshape(w.shape))
+  return (
+    w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+    .swapaxes(1, 2)
+    .reshape(w.shape)
+  )
 
 
 def write_gguf(path, config, sd, quant=None, arch=None, tensor_override=None):
@@ -52,9 +56,11 @@ def write_gguf(path, config, sd, quant=None, arch=None, tensor_override=None):
       _, _, i, suffix = name.split(".", 3)
       gname = f"blk.{i}.{_GGUF_NAMES[suffix]}"
     else:
-      gname = {"model.embed_tokens.weight": "token_embd.weight",
-               "model.norm.weight": "output_norm.weight",
-               "lm_head.weight": "output.weight"}[name]
+      gname = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+      }[name]
     if config.arch == "llama" and ".attn_q." in gname:
       array = llama_cpp_permute(array, config.num_heads)
     elif config.arch == "llama" and ".attn_k." in gname:
@@ -80,14 +86,19 @@ def test_unpermute_inverts_llama_cpp_permute():
     np.testing.assert_array_equal(gguf_io.unpermute_qk_rows(permuted, heads), w)
 
 
-@pytest.mark.parametrize("config", [
+@pytest.mark.parametrize(
+  "config",
+  [
     models.tiny_config(),
     models.tiny_config(arch="qwen2", tie_word_embeddings=True),
-], ids=["llama", "qwen2-tied"])
+  ],
+  ids=["llama", "qwen2-tied"],
+)
 def test_f32_file_round_trips(tmp_path, random_params, config):
   params = random_params(config)
-  path = write_gguf(tmp_path / "m.gguf",
-                    config, models.to_hf_state_dict(config, params))
+  path = write_gguf(
+    tmp_path / "m.gguf", config, models.to_hf_state_dict(config, params)
+  )
   loaded_config, loaded = models.load_gguf(path)
   assert loaded_config == config.replace(rope_scaling=None)
   jax.tree.map(np.testing.assert_array_equal, params, loaded)
@@ -97,24 +108,29 @@ def test_q8_0_file_is_dequantized(tmp_path, random_params):
   config = models.tiny_config()
   params = random_params(config)
   sd = models.to_hf_state_dict(config, params)
-  path = write_gguf(tmp_path / "m.gguf", config, sd,
-                    quant=gguf.GGMLQuantizationType.Q8_0)
+  path = write_gguf(
+    tmp_path / "m.gguf", config, sd, quant=gguf.GGMLQuantizationType.Q8_0
+  )
   _, loaded = models.load_gguf(path)
   q = np.asarray(loaded["layers"]["q_proj"]["kernel"][1]).T
   exact = sd["model.layers.1.self_attn.q_proj.weight"]
   # Q8_0: 32-value blocks scaled by max|x|/127, so error <= half a step.
   assert 0 < np.abs(q - exact).max() <= np.abs(exact).max() / 127
-  np.testing.assert_array_equal(loaded["final_norm"]["scale"],
-                                params["final_norm"]["scale"])  # F32 as is
+  np.testing.assert_array_equal(
+    loaded["final_norm"]["scale"], params["final_norm"]["scale"]
+  )  # F32 as is
 
 
 def test_unsupported_tensor_type_is_named(tmp_path, random_params):
   config = models.tiny_config()
   sd = models.to_hf_state_dict(config, random_params(config))
-  path = write_gguf(tmp_path / "m.gguf", config, sd, tensor_override={
-      "blk.0.ffn_up.weight": np.zeros((64, 32), np.int8)})
-  with pytest.raises(ValueError,
-                     match=r"'blk\.0\.ffn_up\.weight' has type I8"):
+  path = write_gguf(
+    tmp_path / "m.gguf",
+    config,
+    sd,
+    tensor_override={"blk.0.ffn_up.weight": np.zeros((64, 32), np.int8)},
+  )
+  with pytest.raises(ValueError, match=r"'blk\.0\.ffn_up\.weight' has type I8"):
     models.load_gguf(path)
 
 
@@ -153,9 +169,10 @@ class TestDamagedFiles:
 
   @pytest.mark.parametrize("fraction", [0.5, 0.9, 0.999])
   def test_file_cut_in_tensor_data_names_expected_bytes(
-      self, tmp_path, gguf_bytes, fraction):
+    self, tmp_path, gguf_bytes, fraction
+  ):
     path = tmp_path / "cut.gguf"
-    path.write_bytes(gguf_bytes[:int(len(gguf_bytes) * fraction)])
+    path.write_bytes(gguf_bytes[: int(len(gguf_bytes) * fraction)])
     with pytest.raises(ValueError) as info:
       models.load_gguf(path)
     message = str(info.value)
@@ -164,34 +181,41 @@ class TestDamagedFiles:
     assert f"found {path.stat().st_size}" in message
 
   @pytest.mark.parametrize("size", [10, 100, 600])
-  def test_file_cut_in_metadata_names_the_file(self, tmp_path, gguf_bytes,
-                                               size):
+  def test_file_cut_in_metadata_names_the_file(
+    self, tmp_path, gguf_bytes, size
+  ):
     path = tmp_path / "cut.gguf"
     path.write_bytes(gguf_bytes[:size])
     with pytest.raises(ValueError, match="truncated or corrupt") as info:
       models.load_gguf(path)
-    assert str(path) in str(info.value) and f"({size} bytes)" in str(
-        info.value)
+    assert str(path) in str(info.value) and f"({size} bytes)" in str(info.value)
 
   def test_shipped_smollm2_file_cut_in_half(self, tmp_path):
     source = models.default_gguf_path()
     path = tmp_path / "half.gguf"
     with open(source, "rb") as f:
       path.write_bytes(f.read(os.path.getsize(source) // 2))
-    with pytest.raises(ValueError, match=r"is truncated: expected at least "
-                       f"{os.path.getsize(source)} bytes"):
+    with pytest.raises(
+      ValueError,
+      match=r"is truncated: expected at least "
+      f"{os.path.getsize(source)} bytes",
+    ):
       models.load_pretrained(str(path))
 
   def test_not_a_gguf_file(self, tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"PK\x03\x04 a zip file")
-    with pytest.raises(ValueError, match=r"not a GGUF file: it starts with "
-                       r"b'PK\\x03\\x04'"):
+    with pytest.raises(
+      ValueError,
+      match=r"not a GGUF file: it starts with "
+      r"b'PK\\x03\\x04'",
+    ):
       models.load_gguf(path)
 
   @pytest.mark.parametrize("bad", [np.nan, np.inf])
-  def test_non_finite_weight_is_named_at_load(self, tmp_path, random_params,
-                                              bad):
+  def test_non_finite_weight_is_named_at_load(
+    self, tmp_path, random_params, bad
+  ):
     config = models.tiny_config()
     sd = models.to_hf_state_dict(config, random_params(config))
     sd["model.layers.1.mlp.up_proj.weight"][3, :2] = bad

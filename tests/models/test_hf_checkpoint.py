@@ -1,4 +1,5 @@
 """HF name mapping and safetensors dirs, checked against transformers."""
+
 import json
 import os
 
@@ -11,27 +12,37 @@ from rljax import models
 from rljax.quant.qtensor import QTensor
 
 LLAMA = models.tiny_config(
-    rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                  "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 16})
-QWEN2 = models.tiny_config(arch="qwen2", tie_word_embeddings=True,
-                           rope_theta=1e6, rms_norm_eps=1e-6)
+  rope_scaling={
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+  }
+)
+QWEN2 = models.tiny_config(
+  arch="qwen2", tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6
+)
 forward = jax.jit(models.forward, static_argnums=0)
 
 
 def _torch_logits(directory, tokens, mask=None):
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import AutoModelForCausalLM  # pylint: disable=g-import-not-at-top
+
   model = AutoModelForCausalLM.from_pretrained(
-      directory, dtype=torch.float32, attn_implementation="eager").eval()
+    directory, dtype=torch.float32, attn_implementation="eager"
+  ).eval()
   kwargs = {}
   if mask is not None:
     kwargs["attention_mask"] = torch.tensor(np.asarray(mask))
-    kwargs["position_ids"] = torch.tensor(np.asarray(
-        models.positions_from_mask(mask)), dtype=torch.long)
+    kwargs["position_ids"] = torch.tensor(
+      np.asarray(models.positions_from_mask(mask)), dtype=torch.long
+    )
   with torch.no_grad():
-    out = model(input_ids=torch.tensor(np.asarray(tokens), dtype=torch.long),
-                **kwargs)
+    out = model(
+      input_ids=torch.tensor(np.asarray(tokens), dtype=torch.long), **kwargs
+    )
   return out.logits.numpy()
 
 
@@ -57,9 +68,15 @@ def test_transformers_loads_saved_dir(tmp_path, random_params, config):
 def test_load_dir_written_by_transformers(tmp_path):
   import torch  # pylint: disable=g-import-not-at-top
   from transformers import Qwen2Config, Qwen2ForCausalLM  # pylint: disable=g-import-not-at-top
+
   torch.manual_seed(0)
-  hf_config = Qwen2Config(**{k: v for k, v in QWEN2.to_hf().items()
-                             if k not in ("architectures", "model_type")})
+  hf_config = Qwen2Config(
+    **{
+      k: v
+      for k, v in QWEN2.to_hf().items()
+      if k not in ("architectures", "model_type")
+    }
+  )
   model = Qwen2ForCausalLM(hf_config).eval()
   with torch.no_grad():  # HF init zeroes biases and sets norms to 1
     for name, p in model.named_parameters():
@@ -70,10 +87,10 @@ def test_load_dir_written_by_transformers(tmp_path):
   assert config == QWEN2
   tokens, _ = _batch(config)
   with torch.no_grad():
-    theirs = model(input_ids=torch.tensor(np.asarray(tokens),
-                                          dtype=torch.long)).logits.numpy()
-  np.testing.assert_allclose(forward(config, params, tokens), theirs,
-                             atol=1e-4)
+    theirs = model(
+      input_ids=torch.tensor(np.asarray(tokens), dtype=torch.long)
+    ).logits.numpy()
+  np.testing.assert_allclose(forward(config, params, tokens), theirs, atol=1e-4)
   # load -> save -> load is the identity.
   models.save_hf(config, params, tmp_path / "again", dtype="float32")
   config2, params2 = models.load_hf(tmp_path / "again")
@@ -87,9 +104,10 @@ def test_state_dict_round_trip(random_params, config):
   sd = models.to_hf_state_dict(config, params)
   assert sd["model.layers.1.self_attn.q_proj.weight"].shape == (32, 32)
   assert sd["model.layers.0.mlp.down_proj.weight"].shape == (32, 64)
-  np.testing.assert_array_equal(sd["model.layers.1.mlp.up_proj.weight"],
-                                np.asarray(params["layers"]["up_proj"]
-                                           ["kernel"][1]).T)
+  np.testing.assert_array_equal(
+    sd["model.layers.1.mlp.up_proj.weight"],
+    np.asarray(params["layers"]["up_proj"]["kernel"][1]).T,
+  )
   assert ("lm_head.weight" in sd) == (not config.tie_word_embeddings)
   back = models.from_hf_state_dict(config, sd)
   jax.tree.map(np.testing.assert_array_equal, params, back)
@@ -107,8 +125,9 @@ def test_sharded_save_and_bf16(tmp_path, random_params):
   sd = models.load_hf_state_dict(tmp_path)
   assert str(sd["model.embed_tokens.weight"].dtype) == "bfloat16"
   _, loaded = models.load_hf(tmp_path)
-  rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32),
-                         params)
+  rounded = jax.tree.map(
+    lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), params
+  )
   jax.tree.map(np.testing.assert_array_equal, rounded, loaded)
   with open(tmp_path / "generation_config.json") as f:
     assert json.load(f)["eos_token_id"] == LLAMA.eos_token_id
@@ -119,12 +138,12 @@ def test_tokenizer_files_are_written(tmp_path, random_params):
     def save_pretrained(self, directory):
       with open(os.path.join(directory, "tokenizer.json"), "w") as f:
         f.write("{}")
+
   models.save_hf(LLAMA, random_params(LLAMA), tmp_path, FakeTokenizer())
   assert (tmp_path / "tokenizer.json").exists()
 
 
 class TestStrictLoading:
-
   @pytest.fixture
   def sd(self, random_params):
     return models.to_hf_state_dict(LLAMA, random_params(LLAMA))
@@ -141,8 +160,9 @@ class TestStrictLoading:
 
   def test_shape_mismatch(self, sd):
     sd["model.layers.0.self_attn.k_proj.weight"] = np.zeros((32, 32))
-    with pytest.raises(ValueError,
-                       match=r"k_proj.weight.*\(32, 32\); expected \(16, 32\)"):
+    with pytest.raises(
+      ValueError, match=r"k_proj.weight.*\(32, 32\); expected \(16, 32\)"
+    ):
       models.from_hf_state_dict(LLAMA, sd)
 
   def test_rotary_buffers_are_ignored(self, sd):
@@ -172,8 +192,9 @@ def test_qtensor_exports_weight_scale(random_params):
   w = sd["model.layers.1.self_attn.q_proj.weight"]
   s = sd["model.layers.1.self_attn.q_proj.weight_scale"]
   assert w.dtype == np.int8 and w.shape == (32, 32) and s.shape == (32, 1)
-  np.testing.assert_allclose(w * s, np.asarray(kernel[1]).T,
-                             atol=float(scale.max()) / 2 + 1e-7)
+  np.testing.assert_allclose(
+    w * s, np.asarray(kernel[1]).T, atol=float(scale.max()) / 2 + 1e-7
+  )
 
 
 def test_load_pretrained_dir_without_tokenizer(tmp_path, random_params):
@@ -188,8 +209,9 @@ def test_load_pretrained_dir_without_tokenizer(tmp_path, random_params):
 
 def test_non_finite_weights_are_named_at_load(tmp_path, random_params):
   params = random_params(LLAMA)
-  sd = {k: np.array(v) for k, v in models.to_hf_state_dict(LLAMA,
-                                                           params).items()}
+  sd = {
+    k: np.array(v) for k, v in models.to_hf_state_dict(LLAMA, params).items()
+  }
   sd["model.layers.0.self_attn.k_proj.weight"][0, 0] = np.nan
   sd["model.norm.weight"][:3] = np.inf
   params = models.from_hf_state_dict(LLAMA, sd, check_finite=False)
@@ -203,9 +225,11 @@ def test_non_finite_weights_are_named_at_load(tmp_path, random_params):
 
 
 def test_training_from_a_dir_without_tokenizer_names_the_files(
-    tmp_path, random_params):
+  tmp_path, random_params
+):
   from rljax.train import loop  # pylint: disable=g-import-not-at-top
   from rljax.train.config import apply_preset  # pylint: disable=g-import-not-at-top
+
   models.save_hf(QWEN2, random_params(QWEN2), tmp_path, dtype="float32")
   cfg = apply_preset("grpo", model=str(tmp_path), run_dir=str(tmp_path / "r"))
   with pytest.raises(FileNotFoundError) as info:

@@ -1,4 +1,5 @@
 """forward_with_cache: prefill + decode == one full forward (left padding)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,8 +28,13 @@ def _left_padded_batch():
 
 def test_init_cache_shape_and_dtype():
   cache = models.init_cache(CONFIG, batch=3, max_len=10, dtype=jnp.bfloat16)
-  assert cache["k"].shape == (CONFIG.num_layers, 3, 10, CONFIG.num_kv_heads,
-                              CONFIG.head_dim)
+  assert cache["k"].shape == (
+    CONFIG.num_layers,
+    3,
+    10,
+    CONFIG.num_kv_heads,
+    CONFIG.head_dim,
+  )
   assert cache["v"].dtype == jnp.bfloat16
 
 
@@ -41,20 +47,38 @@ def test_prefill_then_decode_equals_full_forward(params, prefill_len):
 
   max_len = t + 4  # spare slots stay invalid in kv_mask
   cache = models.init_cache(CONFIG, b, max_len)
-  kv_mask = jnp.zeros((b, max_len), bool).at[:, :prefill_len].set(
-      mask[:, :prefill_len].astype(bool))
-  logits, cache = step(CONFIG, params, tokens[:, :prefill_len],
-                       positions[:, :prefill_len], cache, 0, kv_mask)
+  kv_mask = (
+    jnp.zeros((b, max_len), bool)
+    .at[:, :prefill_len]
+    .set(mask[:, :prefill_len].astype(bool))
+  )
+  logits, cache = step(
+    CONFIG,
+    params,
+    tokens[:, :prefill_len],
+    positions[:, :prefill_len],
+    cache,
+    0,
+    kv_mask,
+  )
   outs = [logits]
   for i in range(prefill_len, t):  # one token at a time, traced write_index
     kv_mask = kv_mask.at[:, i].set(mask[:, i].astype(bool))
-    logits, cache = step(CONFIG, params, tokens[:, i:i + 1],
-                         positions[:, i:i + 1], cache, jnp.int32(i), kv_mask)
+    logits, cache = step(
+      CONFIG,
+      params,
+      tokens[:, i : i + 1],
+      positions[:, i : i + 1],
+      cache,
+      jnp.int32(i),
+      kv_mask,
+    )
     outs.append(logits)
   incremental = jnp.concatenate(outs, axis=1)
   valid = np.asarray(mask, bool)
-  np.testing.assert_allclose(np.asarray(incremental)[valid],
-                             np.asarray(full)[valid], atol=2e-5)
+  np.testing.assert_allclose(
+    np.asarray(incremental)[valid], np.asarray(full)[valid], atol=2e-5
+  )
 
 
 def test_chunked_prefill(params):
@@ -64,10 +88,12 @@ def test_chunked_prefill(params):
   full = forward(CONFIG, params, tokens, mask)
   cache = models.init_cache(CONFIG, b, t)
   kv_mask = mask.astype(bool)  # all slots known up front; causality by slot
-  first, cache = step(CONFIG, params, tokens[:, :6], positions[:, :6], cache,
-                      0, kv_mask)
-  second, cache = step(CONFIG, params, tokens[:, 6:], positions[:, 6:], cache,
-                       6, kv_mask)
+  first, cache = step(
+    CONFIG, params, tokens[:, :6], positions[:, :6], cache, 0, kv_mask
+  )
+  second, cache = step(
+    CONFIG, params, tokens[:, 6:], positions[:, 6:], cache, 6, kv_mask
+  )
   np.testing.assert_allclose(second[:, :], full[:, 6:], atol=2e-5)
   np.testing.assert_allclose(first[1], full[1, :6], atol=2e-5)
 
@@ -75,8 +101,15 @@ def test_chunked_prefill(params):
 def test_cache_is_written_at_write_index(params):
   cache = models.init_cache(CONFIG, 1, 8)
   tokens = jnp.array([[5, 6]], jnp.int32)
-  _, new = step(CONFIG, params, tokens, jnp.array([[0, 1]]), cache, 3,
-                jnp.ones((1, 8), bool))
+  _, new = step(
+    CONFIG,
+    params,
+    tokens,
+    jnp.array([[0, 1]]),
+    cache,
+    3,
+    jnp.ones((1, 8), bool),
+  )
   written = np.abs(np.asarray(new["k"])).sum(axis=(0, 1, 3, 4)) > 0
   np.testing.assert_array_equal(written, [0, 0, 0, 1, 1, 0, 0, 0])
 
@@ -84,8 +117,15 @@ def test_cache_is_written_at_write_index(params):
 def test_bf16_cache(params):
   tokens, mask = _left_padded_batch()
   cache = models.init_cache(CONFIG, 2, 12, jnp.bfloat16)
-  logits, cache = step(CONFIG, params, tokens, models.positions_from_mask(mask),
-                       cache, 0, mask.astype(bool))
+  logits, cache = step(
+    CONFIG,
+    params,
+    tokens,
+    models.positions_from_mask(mask),
+    cache,
+    0,
+    mask.astype(bool),
+  )
   assert cache["k"].dtype == jnp.bfloat16 and logits.dtype == jnp.float32
   full = forward(CONFIG, params, tokens, mask)
   valid = np.asarray(mask, bool)
@@ -95,22 +135,35 @@ def test_bf16_cache(params):
 def test_bad_kv_mask_shape(params):
   cache = models.init_cache(CONFIG, 1, 8)
   with pytest.raises(ValueError, match="kv_mask"):
-    models.forward_with_cache(CONFIG, params, jnp.ones((1, 1), jnp.int32),
-                              jnp.zeros((1, 1), jnp.int32), cache, 0,
-                              jnp.ones((1, 7), bool))
+    models.forward_with_cache(
+      CONFIG,
+      params,
+      jnp.ones((1, 1), jnp.int32),
+      jnp.zeros((1, 1), jnp.int32),
+      cache,
+      0,
+      jnp.ones((1, 7), bool),
+    )
 
 
 def test_write_past_the_end_is_rejected(params):
   cache = models.init_cache(CONFIG, 1, 4)
   with pytest.raises(ValueError, match="write_index=3 with 2 new tokens"):
-    models.forward_with_cache(CONFIG, params, jnp.ones((1, 2), jnp.int32),
-                              jnp.zeros((1, 2), jnp.int32), cache, 3,
-                              jnp.ones((1, 4), bool))
+    models.forward_with_cache(
+      CONFIG,
+      params,
+      jnp.ones((1, 2), jnp.int32),
+      jnp.zeros((1, 2), jnp.int32),
+      cache,
+      3,
+      jnp.ones((1, 4), bool),
+    )
 
 
 def test_shared_prefix_decode_equals_repeated_cache(params):
   """P prompts x n rows: prefix cache + own slots == the concatenated cache."""
   from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+
   tokens, mask = _left_padded_batch()  # P = 2 prompts of 12 columns
   p, lp = tokens.shape
   n, own = 3, 4
@@ -119,8 +172,11 @@ def test_shared_prefix_decode_equals_repeated_cache(params):
   _, prefix = step(CONFIG, params, tokens, positions, prefix, 0, mask)
   # Reference: each row's cache = its prompt's slots, then `own` new slots.
   ref = jax.tree_util.tree_map(
-      lambda c: jnp.pad(jnp.repeat(c, n, axis=1),
-                        [(0, 0), (0, 0), (0, own), (0, 0), (0, 0)]), prefix)
+    lambda c: jnp.pad(
+      jnp.repeat(c, n, axis=1), [(0, 0), (0, 0), (0, own), (0, 0), (0, 0)]
+    ),
+    prefix,
+  )
   ref_mask = jnp.pad(jnp.repeat(mask, n, axis=0), ((0, 0), (0, own)))
   cache = models.init_cache(CONFIG, p * n, own)
   kv_mask = jnp.zeros((p * n, own), jnp.int32)
@@ -131,22 +187,31 @@ def test_shared_prefix_decode_equals_repeated_cache(params):
     new = jnp.asarray(rng.integers(3, CONFIG.vocab_size, (p * n, 1)), jnp.int32)
     ref_mask = ref_mask.at[:, lp + i].set(1)
     kv_mask = kv_mask.at[:, i].set(1)
-    want, ref = step(CONFIG, params, new, pos, ref, jnp.int32(lp + i),
-                     ref_mask)
-    got, cache = shared(CONFIG, params, new, pos, prefix, mask, cache,
-                        jnp.int32(i), kv_mask)
+    want, ref = step(CONFIG, params, new, pos, ref, jnp.int32(lp + i), ref_mask)
+    got, cache = shared(
+      CONFIG, params, new, pos, prefix, mask, cache, jnp.int32(i), kv_mask
+    )
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
     pos = pos + 1
-  np.testing.assert_allclose(np.asarray(cache["k"]),
-                             np.asarray(ref["k"][:, :, lp:]), atol=2e-5)
+  np.testing.assert_allclose(
+    np.asarray(cache["k"]), np.asarray(ref["k"][:, :, lp:]), atol=2e-5
+  )
 
 
 def test_shared_prefix_decode_rejects_bad_shapes(params):
   from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+
   prefix = models.init_cache(CONFIG, 2, 5)
   cache = models.init_cache(CONFIG, 3, 4)  # 3 rows over 2 prompts
   with pytest.raises(ValueError, match="P dividing B=3"):
     decoder.decode_with_prefix_cache(
-        CONFIG, params, jnp.zeros((3, 1), jnp.int32),
-        jnp.zeros((3, 1), jnp.int32), prefix, jnp.ones((2, 5)), cache, 0,
-        jnp.ones((3, 4)))
+      CONFIG,
+      params,
+      jnp.zeros((3, 1), jnp.int32),
+      jnp.zeros((3, 1), jnp.int32),
+      prefix,
+      jnp.ones((2, 5)),
+      cache,
+      0,
+      jnp.ones((3, 4)),
+    )

@@ -1,4 +1,5 @@
 """Sharding on 8 fake CPU devices gives the single-device numbers."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +12,8 @@ from rljax.quant.qtensor import QTensor
 CONFIG = models.tiny_config(arch="qwen2")
 
 needs_8_devices = pytest.mark.skipif(
-    jax.device_count() < 8, reason="needs 8 (fake) devices: see tests/conftest.py")
+  jax.device_count() < 8, reason="needs 8 (fake) devices: see tests/conftest.py"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +45,18 @@ def test_layout(params, mesh):
   assert s["lm_head"]["kernel"].spec == P("fsdp", "tensor")
   assert s["layers"]["attn_norm"]["scale"].spec == P(None, None)
   sharded = models.shard_params(CONFIG, params, mesh)
-  shard_shape = sharded["layers"]["gate_proj"]["kernel"].addressable_shards[
-      0].data.shape
+  shard_shape = (
+    sharded["layers"]["gate_proj"]["kernel"].addressable_shards[0].data.shape
+  )
   assert shard_shape == (2, 16, 32)  # [L, D/fsdp, F/tensor]
 
 
 @needs_8_devices
 def test_indivisible_dims_are_replicated():
   config = models.tiny_config(head_dim=6)  # k_proj out = 12
-  params = jax.eval_shape(lambda: models.init_params(config,
-                                                     jax.random.PRNGKey(0)))
+  params = jax.eval_shape(
+    lambda: models.init_params(config, jax.random.PRNGKey(0))
+  )
   mesh = models.make_mesh(data=1, fsdp=1, tensor=8)
   s = models.param_shardings(config, params, mesh)
   assert s["layers"]["k_proj"]["kernel"].spec == P(None, "fsdp", None)
@@ -64,11 +68,11 @@ def test_qtensor_leaves(params, mesh):
   kernel = params["layers"]["up_proj"]["kernel"]
   scale = jnp.max(jnp.abs(kernel), axis=-2, keepdims=True) / 127
   q = QTensor(value=jnp.round(kernel / scale).astype(jnp.int8), scale=scale)
-  qparams = dict(params, layers=dict(params["layers"],
-                                     up_proj={"kernel": q}))
+  qparams = dict(params, layers=dict(params["layers"], up_proj={"kernel": q}))
   s = models.param_shardings(CONFIG, qparams, mesh)
-  assert s["layers"]["up_proj"]["kernel"].value.spec == P(None, "fsdp",
-                                                          "tensor")
+  assert s["layers"]["up_proj"]["kernel"].value.spec == P(
+    None, "fsdp", "tensor"
+  )
   assert s["layers"]["up_proj"]["kernel"].scale.spec == P(None, None, "tensor")
 
 
@@ -90,15 +94,19 @@ def test_sharded_forward_and_logprobs_match_single_device(params, mesh):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
   def loss(p, tokens, mask):
-    return jnp.sum(models.token_logprobs(CONFIG, p, tokens, mask)[0] * mask[
-        :, 1:])
+    return jnp.sum(
+      models.token_logprobs(CONFIG, p, tokens, mask)[0] * mask[:, 1:]
+    )
 
   grad = jax.jit(jax.grad(loss))
   g_ref = grad(params, batch["tokens"], batch["mask"])
   g = grad(sharded, sbatch["tokens"], sbatch["mask"])
   # Sharded reductions sum in another order: float32 rounding only.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
-                                                       atol=1e-5), g, g_ref)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+    g,
+    g_ref,
+  )
 
 
 @needs_8_devices
@@ -109,12 +117,15 @@ def test_cache_shardings(mesh):
 
 
 @needs_8_devices
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
     ({"data": 3, "fsdp": 1}, "need 3 devices"),
     ({"data": 3}, "not divisible"),
     ({"data": -1, "fsdp": -1}, "only one axis"),
     ({"tensor": 0}, "tensor=0"),
-])
+  ],
+)
 def test_make_mesh_errors(kwargs, message):
   with pytest.raises(ValueError, match=message):
     models.make_mesh(**kwargs)

@@ -1,4 +1,5 @@
 """token_logprobs / logprobs_from_logits: values, temperature, chunking, grads."""
+
 import math
 
 import chex
@@ -13,13 +14,13 @@ CONFIG = models.tiny_config()
 
 
 class LogprobsFromLogitsTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_hand_computed(self):
     # probs [1/4, 3/4]: logp of token 1 = log 3/4, H = -(1/4 log 1/4 + ...).
     logits = jnp.array([[0.0, math.log(3.0)]])
-    logp, ent = self.variant(models.logprobs_from_logits)(logits,
-                                                          jnp.array([1]))
+    logp, ent = self.variant(models.logprobs_from_logits)(
+      logits, jnp.array([1])
+    )
     np.testing.assert_allclose(logp, [math.log(0.75)], rtol=1e-6)
     h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     np.testing.assert_allclose(ent, [h], rtol=1e-6)
@@ -29,7 +30,8 @@ class LogprobsFromLogitsTest(chex.TestCase):
     # τ = 2 halves the logits: [0, ln 9] -> [0, ln 3].
     logits = jnp.array([[0.0, math.log(9.0)]])
     logp, _ = self.variant(models.logprobs_from_logits)(
-        logits, jnp.array([1]), 2.0)
+      logits, jnp.array([1]), 2.0
+    )
     np.testing.assert_allclose(logp, [math.log(0.75)], rtol=1e-6)
 
   def test_bad_temperature(self):
@@ -51,8 +53,9 @@ def batch():
   return jnp.asarray(tokens), jnp.asarray(mask)
 
 
-logprobs = jax.jit(models.token_logprobs, static_argnums=(0, 5),
-                   static_argnames=("remat",))
+logprobs = jax.jit(
+  models.token_logprobs, static_argnums=(0, 5), static_argnames=("remat",)
+)
 
 
 def test_matches_direct_computation(params, batch):
@@ -60,8 +63,9 @@ def test_matches_direct_computation(params, batch):
   logp, ent = logprobs(CONFIG, params, tokens, mask, 0.7, None)
   logits = models.forward(CONFIG, params, tokens, mask) / 0.7
   log_p = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-  expected = np.take_along_axis(np.asarray(log_p),
-                                np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+  expected = np.take_along_axis(
+    np.asarray(log_p), np.asarray(tokens)[:, 1:, None], -1
+  )[..., 0]
   expected_ent = -np.sum(np.exp(log_p) * log_p, axis=-1)
   assert logp.shape == ent.shape == (2, 10)
   np.testing.assert_allclose(logp, expected, atol=1e-5)
@@ -88,35 +92,42 @@ def test_chunked_equals_unchunked(params, batch, chunk_size):
 
 def test_chunked_gradients_equal_unchunked(params, batch):
   tokens, mask = batch
-  weights = jnp.asarray(np.random.default_rng(1).standard_normal((2, 10)),
-                        jnp.float32)
+  weights = jnp.asarray(
+    np.random.default_rng(1).standard_normal((2, 10)), jnp.float32
+  )
 
   def loss(p, chunk_size):
-    logp, ent = models.token_logprobs(CONFIG, p, tokens, mask, 1.0,
-                                      chunk_size)
+    logp, ent = models.token_logprobs(CONFIG, p, tokens, mask, 1.0, chunk_size)
     return jnp.sum(weights * logp) + 0.1 * jnp.sum(ent)
 
   grad = jax.jit(jax.grad(loss), static_argnums=1)
   g_ref, g_chunk = grad(params, None), grad(params, 4)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
-               g_ref, g_chunk)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g_ref, g_chunk
+  )
   assert float(jnp.abs(g_ref["lm_head"]["kernel"]).max()) > 0
 
 
 def test_traced_temperature(params, batch):
   tokens, mask = batch
-  f = jax.jit(lambda t: models.token_logprobs(CONFIG, params, tokens, mask,
-                                              t)[0])
+  f = jax.jit(
+    lambda t: models.token_logprobs(CONFIG, params, tokens, mask, t)[0]
+  )
   np.testing.assert_allclose(
-      f(jnp.float32(0.5)), logprobs(CONFIG, params, tokens, mask, 0.5, None)[0],
-      atol=1e-6)
+    f(jnp.float32(0.5)),
+    logprobs(CONFIG, params, tokens, mask, 0.5, None)[0],
+    atol=1e-6,
+  )
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
     ({"tokens": jnp.ones((2, 1), jnp.int32)}, "T >= 2"),
     ({"chunk_size": 0}, "chunk_size=0"),
     ({"temperature": -1.0}, "temperature=-1.0"),
-])
+  ],
+)
 def test_bad_inputs(params, kwargs, message):
   args = {"tokens": jnp.ones((2, 4), jnp.int32)}
   args.update(kwargs)
@@ -128,13 +139,17 @@ def test_chunking_shrinks_compiled_memory():
   # [B, T, V] float32 logits (and their gradient) dominate the unchunked
   # program's temporaries; chunks of 64 positions should cut them well down.
   config = models.tiny_config(vocab_size=8192, num_layers=1)
-  params = jax.eval_shape(lambda: models.init_params(config,
-                                                     jax.random.PRNGKey(0)))
+  params = jax.eval_shape(
+    lambda: models.init_params(config, jax.random.PRNGKey(0))
+  )
   tokens = jax.ShapeDtypeStruct((2, 256), jnp.int32)
 
   def temp_bytes(chunk_size):
-    grad = jax.grad(lambda p, t: models.token_logprobs(
-        config, p, t, chunk_size=chunk_size)[0].sum())
+    grad = jax.grad(
+      lambda p, t: models.token_logprobs(config, p, t, chunk_size=chunk_size)[
+        0
+      ].sum()
+    )
     analysis = jax.jit(grad).lower(params, tokens).compile().memory_analysis()
     if analysis is None:
       pytest.skip("backend has no memory analysis")

@@ -1,4 +1,5 @@
 """Value head and separate critic."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,8 +16,9 @@ def params(random_params):
 
 
 def _tokens():
-  return jnp.asarray(np.random.default_rng(0).integers(
-      3, CONFIG.vocab_size, (2, 6)), jnp.int32)
+  return jnp.asarray(
+    np.random.default_rng(0).integers(3, CONFIG.vocab_size, (2, 6)), jnp.int32
+  )
 
 
 def test_zero_init_gives_zero_values(params):
@@ -35,14 +37,17 @@ def test_values_are_linear_in_final_hidden(params):
   _, hidden = models.forward(CONFIG, params, tokens, mask, return_hidden=True)
   expected = hidden @ head["kernel"][:, 0] + 0.5
   np.testing.assert_allclose(
-      models.value_forward(CONFIG, params, head, tokens, mask), expected,
-      atol=1e-5)
+    models.value_forward(CONFIG, params, head, tokens, mask),
+    expected,
+    atol=1e-5,
+  )
   assert float(jnp.std(expected)) > 1e-3
 
 
 def test_separate_critic_gets_gradients_on_backbone_and_head(params):
-  critic = models.init_critic(CONFIG, params, jax.random.PRNGKey(1),
-                              init_scale=1.0)
+  critic = models.init_critic(
+    CONFIG, params, jax.random.PRNGKey(1), init_scale=1.0
+  )
   jax.tree.map(np.testing.assert_array_equal, critic["backbone"], params)
   tokens = _tokens()
 
@@ -52,15 +57,21 @@ def test_separate_critic_gets_gradients_on_backbone_and_head(params):
 
   grads = jax.jit(jax.grad(loss))(critic)
   assert float(jnp.abs(grads["head"]["kernel"]).max()) > 0
-  assert float(jnp.abs(grads["backbone"]["layers"]["q_proj"]["kernel"]).max()) > 0
+  assert (
+    float(jnp.abs(grads["backbone"]["layers"]["q_proj"]["kernel"]).max()) > 0
+  )
   assert "lm_head" in critic["backbone"]  # unused by the critic: zero grad
   np.testing.assert_array_equal(grads["backbone"]["lm_head"]["kernel"], 0.0)
 
 
 def test_bad_head_shape(params):
   with pytest.raises(ValueError, match="value head kernel"):
-    models.value_forward(CONFIG, params, {"kernel": jnp.zeros((4, 1)),
-                                          "bias": jnp.zeros(1)}, _tokens())
+    models.value_forward(
+      CONFIG,
+      params,
+      {"kernel": jnp.zeros((4, 1)), "bias": jnp.zeros(1)},
+      _tokens(),
+    )
 
 
 def test_negative_init_scale():

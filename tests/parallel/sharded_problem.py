@@ -12,6 +12,7 @@ KIND is "critic" (PPO with a critic) or "policy" (the policy loss alone).
 Everything is built from fixed seeds with numpy or on the host, so every
 process holds the same global batch and initial params.
 """
+
 from __future__ import annotations
 
 import sys
@@ -27,9 +28,13 @@ def adamw():
   would turn float32 rounding in a near-zero gradient into an lr-sized param
   difference; with eps = 1e-4 the update is smooth in g."""
   import optax  # pylint: disable=g-import-not-at-top
-  return optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.inject_hyperparams(optax.adamw)(
-                         learning_rate=1e-2, eps=1e-4, weight_decay=0.01))
+
+  return optax.chain(
+    optax.clip_by_global_norm(1.0),
+    optax.inject_hyperparams(optax.adamw)(
+      learning_rate=1e-2, eps=1e-4, weight_decay=0.01
+    ),
+  )
 
 
 def problem(critic: bool = True):
@@ -44,52 +49,76 @@ def problem(critic: bool = True):
 
   config = models.tiny_config()
   rng = np.random.default_rng(0)
-  shapes = jax.eval_shape(lambda: models.init_params(config,
-                                                     jax.random.PRNGKey(0)))
+  shapes = jax.eval_shape(
+    lambda: models.init_params(config, jax.random.PRNGKey(0))
+  )
+
   # Random norms and weights (numpy: no eager per-shape compiles).
   def draw(path, s):
     noise = rng.standard_normal(s.shape)
     scale = "norm" in jax.tree_util.keystr(path)
     return (1.0 + 0.1 * noise if scale else 0.2 * noise).astype(np.float32)
+
   params = jax.tree_util.tree_map_with_path(draw, shapes)
-  critic_params = {"backbone": jax.tree.map(lambda x: x.copy(), params),
-            "head": {"kernel": (0.1 * rng.standard_normal(
-                         (config.hidden_size, 1))).astype(np.float32),
-                     "bias": np.zeros((1,), np.float32)}}
+  critic_params = {
+    "backbone": jax.tree.map(lambda x: x.copy(), params),
+    "head": {
+      "kernel": (0.1 * rng.standard_normal((config.hidden_size, 1))).astype(
+        np.float32
+      ),
+      "bias": np.zeros((1,), np.float32),
+    },
+  }
   tokens = rng.integers(3, config.vocab_size, (B, T)).astype(np.int32)
   attention = np.ones((B, T), np.int32)
   attention[1, :3] = 0  # a left-padded row
   mask = np.zeros((B, T - 1), np.float32)
   for b in range(B):  # uneven response lengths
-    mask[b, PROMPT:PROMPT + 2 + b % 6] = 1.0
+    mask[b, PROMPT : PROMPT + 2 + b % 6] = 1.0
   logp = (-np.abs(rng.standard_normal((B, T - 1))) - 0.5).astype(np.float32)
   batch = dict(
-      tokens=tokens, attention_mask=attention, loss_mask=mask,
-      prox_logp=logp,
-      behav_logp=(logp + 0.2 * rng.standard_normal(logp.shape)).astype(
-          np.float32),
-      ref_logp=(logp + 0.1 * rng.standard_normal(logp.shape)).astype(
-          np.float32),
-      advantages=(rng.standard_normal((B, T - 1)) * mask).astype(np.float32),
-      returns=(rng.standard_normal((B, T - 1)) * mask).astype(np.float32),
-      old_values=(0.1 * rng.standard_normal((B, T - 1))).astype(np.float32))
-  loss = objectives.PolicyLossConfig(surrogate="ppo", correction="acr",
-                                     eps_low=0.2, eps_high=0.28,
-                                     aggregation="token-mean")
-  spec = update_lib.UpdateSpec(model_config=config, loss=loss, kl_coef=0.05,
-                               entropy_coef=0.01,
-                               micro_batches=2 if critic else 1,
-                               uses_critic=critic, value_clip=0.5)
+    tokens=tokens,
+    attention_mask=attention,
+    loss_mask=mask,
+    prox_logp=logp,
+    behav_logp=(logp + 0.2 * rng.standard_normal(logp.shape)).astype(
+      np.float32
+    ),
+    ref_logp=(logp + 0.1 * rng.standard_normal(logp.shape)).astype(np.float32),
+    advantages=(rng.standard_normal((B, T - 1)) * mask).astype(np.float32),
+    returns=(rng.standard_normal((B, T - 1)) * mask).astype(np.float32),
+    old_values=(0.1 * rng.standard_normal((B, T - 1))).astype(np.float32),
+  )
+  loss = objectives.PolicyLossConfig(
+    surrogate="ppo",
+    correction="acr",
+    eps_low=0.2,
+    eps_high=0.28,
+    aggregation="token-mean",
+  )
+  spec = update_lib.UpdateSpec(
+    model_config=config,
+    loss=loss,
+    kl_coef=0.05,
+    entropy_coef=0.01,
+    micro_batches=2 if critic else 1,
+    uses_critic=critic,
+    value_clip=0.5,
+  )
   optimizer = adamw()
   critic_optimizer = adamw() if critic else None
   state = update_lib.TrainState(
-      step=np.zeros((), np.int32), params=params,
-      opt_state=jax.tree.map(np.asarray, optimizer.init(params)))
+    step=np.zeros((), np.int32),
+    params=params,
+    opt_state=jax.tree.map(np.asarray, optimizer.init(params)),
+  )
   if critic:
     state = state.replace(
-        critic_params=critic_params,
-        critic_opt_state=jax.tree.map(np.asarray,
-                                      critic_optimizer.init(critic_params)))
+      critic_params=critic_params,
+      critic_opt_state=jax.tree.map(
+        np.asarray, critic_optimizer.init(critic_params)
+      ),
+    )
   return spec, optimizer, critic_optimizer, state, batch
 
 
@@ -111,14 +140,20 @@ def run(mesh_shape, steps: int, critic: bool = True):
   else:
     mesh = MeshConfig(*mesh_shape).build()
     step, shardings = sharded.make_sharded_update_step(
-        spec, opt, mesh, state0, batch, critic_optimizer=copt)
+      spec, opt, mesh, state0, batch, critic_optimizer=copt
+    )
     state = sharded.put_global(state0, shardings["state"])
     batch = sharded.put_global(batch, shardings["batch"])
     # One gather for the whole tree (one small compile), only when some
     # shards live in other processes.
-    fetch = lambda tree: jax.tree.map(np.asarray, (
-        tree if all(x.is_fully_addressable for x in jax.tree.leaves(tree))
-        else multihost_utils.process_allgather(tree, tiled=True)))
+    fetch = lambda tree: jax.tree.map(
+      np.asarray,
+      (
+        tree
+        if all(x.is_fully_addressable for x in jax.tree.leaves(tree))
+        else multihost_utils.process_allgather(tree, tiled=True)
+      ),
+    )
   states, metrics = [], []
   for _ in range(steps):
     state, m = step(state, batch)
@@ -130,6 +165,7 @@ def run(mesh_shape, steps: int, critic: bool = True):
 def flat(tree) -> dict[str, np.ndarray]:
   """{keystr: array} of every leaf (for npz files and comparisons)."""
   import jax  # pylint: disable=g-import-not-at-top
+
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves}
 
@@ -139,6 +175,7 @@ def main(argv):
   from absl import flags  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from rljax import distributed  # defines the flags
+
   out, mesh_text, steps, kind = flags.FLAGS(argv)[1:5]
   distributed.initialize_from_flags()
   shape = tuple(int(x) for x in mesh_text.split(","))

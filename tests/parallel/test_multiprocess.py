@@ -7,6 +7,7 @@ process 0 gathers and writes the state and metrics. This process runs the
 same steps on its own 8 fake devices meanwhile; loss, metrics, params and
 optimizer state must agree to float32 rounding.
 """
+
 import os
 import socket
 import subprocess
@@ -18,8 +19,9 @@ import pytest
 
 from parallel import sharded_problem
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 WORKER = os.path.join(ROOT, "tests", "parallel", "sharded_problem.py")
 STEPS = 2
 
@@ -30,21 +32,34 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.mark.skipif(jax.device_count() < 8,
-                    reason="needs 8 (fake) devices: tests/conftest.py")
+@pytest.mark.skipif(
+  jax.device_count() < 8, reason="needs 8 (fake) devices: tests/conftest.py"
+)
 def test_two_processes_equal_one(tmp_path):
   out = str(tmp_path / "two.npz")
   port = _free_port()
-  env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="",
-             JAX_PLATFORMS="cpu")
+  env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   procs = [
-      subprocess.Popen(
-          [sys.executable, WORKER, out, "2,2,2", str(STEPS), "policy",
-           f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-           f"--process_id={i}", "--cpu_devices_per_process=4"],
-          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-          text=True)
-      for i in range(2)]
+    subprocess.Popen(
+      [
+        sys.executable,
+        WORKER,
+        out,
+        "2,2,2",
+        str(STEPS),
+        "policy",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+        "--cpu_devices_per_process=4",
+      ],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   try:
     # The single-process reference compiles while the workers do.
     states, metrics, _ = sharded_problem.run((2, 2, 2), STEPS, critic=False)
@@ -60,13 +75,17 @@ def test_two_processes_equal_one(tmp_path):
   assert int(got["process_count"]) == 2
   assert int(got["device_count"]) == 8
   for i in range(STEPS):
-    want = {f"{i}/state{k}": v
-            for k, v in sharded_problem.flat(states[i]).items()}
-    want.update({f"{i}/metrics{k}": v
-                 for k, v in sharded_problem.flat(metrics[i]).items()})
+    want = {
+      f"{i}/state{k}": v for k, v in sharded_problem.flat(states[i]).items()
+    }
+    want.update(
+      {
+        f"{i}/metrics{k}": v
+        for k, v in sharded_problem.flat(metrics[i]).items()
+      }
+    )
     for k, v in want.items():
-      np.testing.assert_allclose(got[k], v, rtol=2e-5, atol=2e-6,
-                                 err_msg=k)
+      np.testing.assert_allclose(got[k], v, rtol=2e-5, atol=2e-6, err_msg=k)
   assert float(got["0/metrics['applied']"]) == 1.0
   loss = [float(got[f"{i}/metrics['loss']"]) for i in range(STEPS)]
   assert loss[0] != loss[1]  # the second step saw the first one's params

@@ -6,6 +6,7 @@ against the plain `make_update_step` on one device: the loss, every metric,
 the gradients (Adam's first moment after step 1 is (1 − b1)·g), the params
 and the whole optimizer state after each of two steps agree to float32 rounding.
 """
+
 import jax
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from rljax.models import sharding as sharding_lib
 from rljax.train import sharded
 
 needs_8_devices = pytest.mark.skipif(
-    jax.device_count() < 8, reason="needs 8 (fake) devices: tests/conftest.py")
+  jax.device_count() < 8, reason="needs 8 (fake) devices: tests/conftest.py"
+)
 
 MESHES = [(2, 2, 2), (1, 8, 1), (8, 1, 1)]
 
@@ -32,8 +34,9 @@ def _assert_close(got, want, what):
   assert got.keys() == want.keys()
   for k in want:
     # Sharded reductions add in another order: float32 rounding only.
-    np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=2e-6,
-                               err_msg=f"{what}{k}")
+    np.testing.assert_allclose(
+      got[k], want[k], rtol=2e-5, atol=2e-6, err_msg=f"{what}{k}"
+    )
 
 
 @needs_8_devices
@@ -53,9 +56,9 @@ def test_sharded_step_equals_single_device(reference, mesh_shape):
   # The state keeps its layout from step to step (explicit out_shardings).
   data, fsdp, tensor = mesh_shape
   q = last.params["layers"]["q_proj"]["kernel"].sharding.spec
-  assert q == P(None, "fsdp" if fsdp > 1 else None,
-                "tensor" if tensor > 1 else None) or q == P(
-                    None, "fsdp", "tensor")
+  assert q == P(
+    None, "fsdp" if fsdp > 1 else None, "tensor" if tensor > 1 else None
+  ) or q == P(None, "fsdp", "tensor")
   mu = last.opt_state[1].inner_state[0].mu["layers"]["q_proj"]["kernel"]
   assert mu.sharding.spec == q
   backbone = last.critic_params["backbone"]["layers"]["up_proj"]["kernel"]
@@ -70,8 +73,7 @@ def test_param_size_per_device_falls_as_one_over_fsdp():
     mesh = sharding_lib.MeshConfig(data=8 // fsdp, fsdp=fsdp).build()
     s = sharded.state_shardings(spec, state, mesh)
     kernel = state.params["layers"]["gate_proj"]["kernel"]
-    shard = s.params["layers"]["gate_proj"]["kernel"].shard_shape(
-        kernel.shape)
+    shard = s.params["layers"]["gate_proj"]["kernel"].shard_shape(kernel.shape)
     per_device[fsdp] = int(np.prod(shard))
   assert per_device == {f: per_device[1] // f for f in (1, 2, 4, 8)}
 
@@ -85,10 +87,14 @@ def test_batch_must_divide_data_times_fsdp():
 
 def test_mesh_config():
   assert sharding_lib.MeshConfig.parse("2,-1,1") == sharding_lib.MeshConfig(
-      2, -1, 1)
+    2, -1, 1
+  )
   with pytest.raises(ValueError, match="mesh='2,2'"):
     sharding_lib.MeshConfig.parse("2,2")
   assert sharding_lib.mesh_axes(("embed", "heads", None)) == (
-      "fsdp", "tensor", None)
+    "fsdp",
+    "tensor",
+    None,
+  )
   with pytest.raises(ValueError, match="'hidden' has no rule"):
     sharding_lib.mesh_axes(("hidden",))

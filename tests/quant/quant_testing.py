@@ -1,4 +1,5 @@
 """Helpers shared by the quantization tests: small random decoders."""
+
 import jax
 import jax.numpy as jnp
 
@@ -16,19 +17,25 @@ def randomized_params(config, seed=0, dtype=jnp.float32):
   layers = dict(params["layers"])
   for name in ("attn_norm", "mlp_norm"):
     key, sub = jax.random.split(key)
-    layers[name] = {"scale": jax.random.uniform(
-        sub, layers[name]["scale"].shape, dtype, 0.5, 1.5)}
+    layers[name] = {
+      "scale": jax.random.uniform(
+        sub, layers[name]["scale"].shape, dtype, 0.5, 1.5
+      )
+    }
   for name in ("q_proj", "k_proj", "v_proj"):
     if "bias" in layers[name]:
       key, sub = jax.random.split(key)
-      layers[name] = dict(layers[name], bias=0.1 * jax.random.normal(
-          sub, layers[name]["bias"].shape, dtype))
+      layers[name] = dict(
+        layers[name],
+        bias=0.1 * jax.random.normal(sub, layers[name]["bias"].shape, dtype),
+      )
   return dict(params, layers=layers)
 
 
 def random_tokens(config, batch=2, length=12, seed=1):
-  return jax.random.randint(jax.random.key(seed), (batch, length), 0,
-                            config.vocab_size, jnp.int32)
+  return jax.random.randint(
+    jax.random.key(seed), (batch, length), 0, config.vocab_size, jnp.int32
+  )
 
 
 def tiny_model(arch="llama", seed=0, **overrides):

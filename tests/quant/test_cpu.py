@@ -1,4 +1,5 @@
 """CPU feature detection (rljax.quant.cpu)."""
+
 from rljax.quant import cpu
 
 _AMD = """processor\t: 0
@@ -14,7 +15,6 @@ flags\t\t: avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
 
 
 class TestParseCpuinfo:
-
   def test_amd_epyc_vnni_no_amx(self):
     info = cpu.parse_cpuinfo(_AMD)
     assert info.model == "AMD EPYC"

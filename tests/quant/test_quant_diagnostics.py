@@ -1,4 +1,5 @@
 """QuRL Appendix A diagnostics (rljax.quant.diagnostics)."""
+
 import math
 
 from absl.testing import parameterized
@@ -20,18 +21,22 @@ def _tree(q_kernel, o_kernel=None):
 
 
 def _quantize_all(tree):
-  return {"layers": {n: {"kernel": quant.quantize_int8(m["kernel"])}
-                     for n, m in tree["layers"].items()}}
+  return {
+    "layers": {
+      n: {"kernel": quant.quantize_int8(m["kernel"])}
+      for n, m in tree["layers"].items()
+    }
+  }
 
 
 class NormalizedWeightUpdateTest(parameterized.TestCase):
-
   def test_hand_computed(self):
     prev = {"a": jnp.array([3.0, 4.0]), "b": {"c": jnp.zeros((2,))}}
     new = {"a": jnp.array([3.0, 5.0]), "b": {"c": jnp.array([0.0, 2.0])}}
     # (1² + 2²) / (3² + 4²) = 5 / 25
-    self.assertAlmostEqual(float(quant.normalized_weight_update(prev, new)),
-                           0.2, places=6)
+    self.assertAlmostEqual(
+      float(quant.normalized_weight_update(prev, new)), 0.2, places=6
+    )
 
   def test_zero_for_equal_trees(self):
     prev = {"a": jnp.arange(4.0)}
@@ -48,7 +53,6 @@ class NormalizedWeightUpdateTest(parameterized.TestCase):
 
 
 class NormalizedQuantErrorTest(parameterized.TestCase):
-
   def test_hand_computed(self):
     # One channel, s = 127 / 127 = 1: 0.4 rounds to 0, error 0.4.
     w = _tree([[[127.0], [0.4]]])
@@ -62,20 +66,35 @@ class NormalizedQuantErrorTest(parameterized.TestCase):
     w = _tree(q_kernel, o_kernel)
     per = quant.normalized_quant_error_per_layer(w, _quantize_all(w))
     self.assertEqual(set(per), {"layers/q_proj/kernel", "layers/o_proj/kernel"})
-    np.testing.assert_allclose(per["layers/q_proj/kernel"],
-                               [0.0, 0.16 / (127.0**2 + 0.16)], rtol=1e-5,
-                               atol=1e-12)
-    np.testing.assert_allclose(per["layers/o_proj/kernel"], [0.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(
+      per["layers/q_proj/kernel"],
+      [0.0, 0.16 / (127.0**2 + 0.16)],
+      rtol=1e-5,
+      atol=1e-12,
+    )
+    np.testing.assert_allclose(
+      per["layers/o_proj/kernel"], [0.0, 0.0], atol=1e-12
+    )
     total = quant.normalized_quant_error(w, _quantize_all(w))
     np.testing.assert_allclose(
-        total, 0.16 / (2 * 127.0**2 + 1.0 + 0.16 + 2 * 5.0), rtol=1e-5)
+      total, 0.16 / (2 * 127.0**2 + 1.0 + 0.16 + 2 * 5.0), rtol=1e-5
+    )
 
   def test_only_quantized_kernels_count(self):
     w = _tree([[[127.0], [0.4]]], [[[1.0, 3.3]]])
-    q = {"layers": {"q_proj": {"kernel": quant.quantize_int8(
-        w["layers"]["q_proj"]["kernel"])}, "o_proj": w["layers"]["o_proj"]}}
-    self.assertAlmostEqual(float(quant.normalized_quant_error(w, q)),
-                           0.16 / (127.0**2 + 0.16), delta=1e-12)
+    q = {
+      "layers": {
+        "q_proj": {
+          "kernel": quant.quantize_int8(w["layers"]["q_proj"]["kernel"])
+        },
+        "o_proj": w["layers"]["o_proj"],
+      }
+    }
+    self.assertAlmostEqual(
+      float(quant.normalized_quant_error(w, q)),
+      0.16 / (127.0**2 + 0.16),
+      delta=1e-12,
+    )
 
   def test_mismatched_trees(self):
     w = _tree([[[1.0], [2.0]]])
@@ -87,25 +106,37 @@ class NormalizedQuantErrorTest(parameterized.TestCase):
 
 
 class QuantizedChangeFractionTest(parameterized.TestCase):
-
   def test_hand_computed(self):
     before = _tree([[[127.0, 127.0], [10.0, 20.0]]])
     after = _tree([[[127.0, 127.0], [10.0, 21.0]]])  # one code of four moves
-    frac = quant.quantized_change_fraction(_quantize_all(before),
-                                           _quantize_all(after))
+    frac = quant.quantized_change_fraction(
+      _quantize_all(before), _quantize_all(after)
+    )
     self.assertAlmostEqual(float(frac), 0.25)
 
   def test_rounded_away_change_is_invisible(self):
     before = _tree([[[127.0], [10.0]]])
     after = _tree([[[127.0], [10.3]]])  # still rounds to 10
-    self.assertEqual(float(quant.quantized_change_fraction(
-        _quantize_all(before), _quantize_all(after))), 0.0)
+    self.assertEqual(
+      float(
+        quant.quantized_change_fraction(
+          _quantize_all(before), _quantize_all(after)
+        )
+      ),
+      0.0,
+    )
 
   def test_scale_change_alone_is_not_counted(self):
     before = _tree([[[127.0], [0.0]]])
     after = _tree([[[127.2], [0.0]]])  # new scale, same codes (127, 0)
-    self.assertEqual(float(quant.quantized_change_fraction(
-        _quantize_all(before), _quantize_all(after))), 0.0)
+    self.assertEqual(
+      float(
+        quant.quantized_change_fraction(
+          _quantize_all(before), _quantize_all(after)
+        )
+      ),
+      0.0,
+    )
 
   def test_different_kernels_is_an_error(self):
     a = _quantize_all(_tree([[[1.0]]]))
@@ -115,7 +146,6 @@ class QuantizedChangeFractionTest(parameterized.TestCase):
 
 
 class SyncDiagnosticsTest(parameterized.TestCase):
-
   def test_two_syncs(self):
     config, params = quant_testing.tiny_model()
     diag = quant.SyncDiagnostics()
@@ -123,16 +153,19 @@ class SyncDiagnosticsTest(parameterized.TestCase):
     first = diag(params, q0)
     self.assertTrue(all(isinstance(v, float) for v in first.values()))
     self.assertTrue(math.isnan(first["quant/normalized_weight_update"]))
-    self.assertAlmostEqual(first["quant/normalized_quant_error"],
-                           float(quant.normalized_quant_error(params, q0)),
-                           places=9)
+    self.assertAlmostEqual(
+      first["quant/normalized_quant_error"],
+      float(quant.normalized_quant_error(params, q0)),
+      places=9,
+    )
     self.assertIn("quant/normalized_quant_error/down_proj", first)
 
     layers = dict(params["layers"])
     up = layers["up_proj"]["kernel"]
     # A uniform rescaling would move no code (the scales follow); add noise.
-    layers["up_proj"] = {"kernel": up + 1e-3 * jax.random.normal(
-        jax.random.key(7), up.shape)}
+    layers["up_proj"] = {
+      "kernel": up + 1e-3 * jax.random.normal(jax.random.key(7), up.shape)
+    }
     new = dict(params, layers=layers)
     q1 = quant.quantize_params(config, new, "int8")
     second = diag(new, q1)
@@ -141,19 +174,27 @@ class SyncDiagnosticsTest(parameterized.TestCase):
     def select(tree):
       return {"/".join(p): tree[p[0]][p[1]][p[2]] for p in kernels}
 
-    kernel_update = float(quant.normalized_weight_update(select(params),
-                                                         select(new)))
-    self.assertAlmostEqual(second["quant/normalized_kernel_update"],
-                           kernel_update, places=7)
+    kernel_update = float(
+      quant.normalized_weight_update(select(params), select(new))
+    )
     self.assertAlmostEqual(
-        second["quant/normalized_weight_update"],
-        float(quant.normalized_weight_update(params, new)), places=7)
+      second["quant/normalized_kernel_update"], kernel_update, places=7
+    )
     self.assertAlmostEqual(
-        second["quant/update_to_quant_error"],
-        kernel_update / second["quant/normalized_quant_error"], places=5)
+      second["quant/normalized_weight_update"],
+      float(quant.normalized_weight_update(params, new)),
+      places=7,
+    )
     self.assertAlmostEqual(
-        second["quant/quantized_change_fraction"],
-        float(quant.quantized_change_fraction(q0, q1)), places=7)
+      second["quant/update_to_quant_error"],
+      kernel_update / second["quant/normalized_quant_error"],
+      places=5,
+    )
+    self.assertAlmostEqual(
+      second["quant/quantized_change_fraction"],
+      float(quant.quantized_change_fraction(q0, q1)),
+      places=7,
+    )
     # Noise of 1/20 of the weights' std moves some of up_proj's codes; up_proj
     # holds a quarter of the quantized weights of this config.
     self.assertBetween(second["quant/quantized_change_fraction"], 1e-3, 0.25)

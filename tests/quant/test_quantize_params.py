@@ -1,4 +1,5 @@
 """quantize_params on decoder trees, and the decoder running the result."""
+
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,6 @@ import quant_testing
 
 
 class QuantizeParamsTest(parameterized.TestCase):
-
   def setUp(self):
     super().setUp()
     self.config, self.params = quant_testing.tiny_model("qwen2")
@@ -23,7 +23,8 @@ class QuantizeParamsTest(parameterized.TestCase):
     q = quant.quantize_params(self.config, self.params, mode=mode)
     paths = [p for p, _ in quant.iter_qtensors(q)]
     self.assertCountEqual(
-        paths, [("layers", n, "kernel") for n in quant.LAYER_KERNELS])
+      paths, [("layers", n, "kernel") for n in quant.LAYER_KERNELS]
+    )
     for name in quant.LAYER_KERNELS:
       qt = q["layers"][name]["kernel"]
       w = self.params["layers"][name]["kernel"]
@@ -31,12 +32,17 @@ class QuantizeParamsTest(parameterized.TestCase):
       self.assertEqual(qt.value.shape, w.shape)
       self.assertEqual(qt.scale.shape, (w.shape[0], 1, w.shape[2]))
       np.testing.assert_array_equal(
-          qt.value, quant.quantize(w, mode).value)  # leaf-wise quantizer
+        qt.value, quant.quantize(w, mode).value
+      )  # leaf-wise quantizer
     # Everything else is the same values in fresh buffers (the trainer may
     # donate params while the rollout engine still holds this tree).
-    for path in (("embed", "embedding"), ("final_norm", "scale"),
-                 ("lm_head", "kernel"), ("layers", "attn_norm", "scale"),
-                 ("layers", "q_proj", "bias")):
+    for path in (
+      ("embed", "embedding"),
+      ("final_norm", "scale"),
+      ("lm_head", "kernel"),
+      ("layers", "attn_norm", "scale"),
+      ("layers", "q_proj", "bias"),
+    ):
       a, b = self.params, q
       for k in path:
         a, b = a[k], b[k]
@@ -46,8 +52,9 @@ class QuantizeParamsTest(parameterized.TestCase):
     self.assertNotIsInstance(self.params["layers"]["q_proj"]["kernel"], QTensor)
 
   def test_include_lm_head(self):
-    q = quant.quantize_params(self.config, self.params, "int8",
-                              include_lm_head=True)
+    q = quant.quantize_params(
+      self.config, self.params, "int8", include_lm_head=True
+    )
     self.assertIsInstance(q["lm_head"]["kernel"], QTensor)
 
   def test_include_lm_head_with_tied_embeddings_is_an_error(self):
@@ -66,8 +73,12 @@ class QuantizeParamsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "per_tensor"):
       quant.quantize_params(self.config, self.params, "int8", per_tensor=True)
 
-  @parameterized.parameters(("int8", False, 0.05), ("int8", True, 0.05),
-                            ("int8_wo", False, 0.02), ("fp8", False, 0.1))
+  @parameterized.parameters(
+    ("int8", False, 0.05),
+    ("int8", True, 0.05),
+    ("int8_wo", False, 0.02),
+    ("fp8", False, 0.1),
+  )
   def test_decoder_runs_quantized_tree(self, mode, fake, tol):
     tokens = quant_testing.random_tokens(self.config)
     ref = models.forward(self.config, self.params, tokens)
@@ -82,10 +93,16 @@ class QuantizeParamsTest(parameterized.TestCase):
 
   def test_int8_real_and_fake_decoders_agree(self):
     tokens = quant_testing.random_tokens(self.config)
-    real = models.forward(self.config, quant.quantize_params(
-        self.config, self.params, "int8"), tokens)
-    fake = models.forward(self.config, quant.quantize_params(
-        self.config, self.params, "int8", fake=True), tokens)
+    real = models.forward(
+      self.config,
+      quant.quantize_params(self.config, self.params, "int8"),
+      tokens,
+    )
+    fake = models.forward(
+      self.config,
+      quant.quantize_params(self.config, self.params, "int8", fake=True),
+      tokens,
+    )
     np.testing.assert_allclose(real, fake, atol=1e-4)
 
 

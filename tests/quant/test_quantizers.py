@@ -1,4 +1,5 @@
 """Weight/activation quantizers and `qdot` (rljax.quant.quantizers, qtensor)."""
+
 from absl.testing import parameterized
 import chex
 import hypothesis
@@ -13,21 +14,22 @@ from rljax.quant import qtensor
 from rljax.quant import quantizers
 from rljax.quant.qtensor import QTensor
 
-_SETTINGS = hypothesis.settings(max_examples=25, deadline=None,
-                                suppress_health_check=list(
-                                    hypothesis.HealthCheck))
+_SETTINGS = hypothesis.settings(
+  max_examples=25,
+  deadline=None,
+  suppress_health_check=list(hypothesis.HealthCheck),
+)
 
 
 def _kernels(min_side=1, max_side=8):
-  shapes = hnp.array_shapes(min_dims=2, max_dims=3, min_side=min_side,
-                            max_side=max_side)
+  shapes = hnp.array_shapes(
+    min_dims=2, max_dims=3, min_side=min_side, max_side=max_side
+  )
   elements = st.floats(-1e3, 1e3, width=32, allow_subnormal=False)
-  return shapes.flatmap(
-      lambda s: hnp.arrays(np.float32, s, elements=elements))
+  return shapes.flatmap(lambda s: hnp.arrays(np.float32, s, elements=elements))
 
 
 class QuantizeInt8Test(parameterized.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_hand_computed(self):
     # in=3, out=2: channel 0 has max |w| = 2.54 -> s = 0.02; channel 1: 0.5/127.
@@ -64,10 +66,12 @@ class QuantizeInt8Test(parameterized.TestCase):
     err = np.abs(np.asarray(quantizers.dequantize(q)) - w)
     bound = np.asarray(q.scale) / 2
     # float32 rounding of w / s and of q * s adds a few ulps of |w|.
-    np.testing.assert_array_less(err, bound * (1 + 1e-6) + 4e-7 * np.abs(w)
-                                 + 1e-30)
-    self.assertLessEqual(int(np.max(np.abs(np.asarray(q.value, np.int32)))),
-                         127)
+    np.testing.assert_array_less(
+      err, bound * (1 + 1e-6) + 4e-7 * np.abs(w) + 1e-30
+    )
+    self.assertLessEqual(
+      int(np.max(np.abs(np.asarray(q.value, np.int32)))), 127
+    )
 
   def test_rejects_bad_inputs(self):
     with self.assertRaisesRegex(TypeError, "float array"):
@@ -81,7 +85,6 @@ class QuantizeInt8Test(parameterized.TestCase):
 
 
 class QuantizeFp8Test(parameterized.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_hand_computed(self):
     # s = 448 / 448 = 1; 1.0625 is a tie between 1 and 1.125 -> 1 (even);
@@ -90,16 +93,18 @@ class QuantizeFp8Test(parameterized.TestCase):
     q = self.variant(quantizers.quantize_fp8)(w)
     self.assertEqual(q.value.dtype, jnp.float8_e4m3fn)
     np.testing.assert_allclose(q.scale, [[1.0]], rtol=1e-6)
-    np.testing.assert_array_equal(q.value.astype(jnp.float32)[:, 0],
-                                  [448.0, 1.0, -2.0, 0.3125])
+    np.testing.assert_array_equal(
+      q.value.astype(jnp.float32)[:, 0], [448.0, 1.0, -2.0, 0.3125]
+    )
 
   def test_subnormals(self):
     # Below 2^-6 e4m3 is subnormal, a fixed grid k·2^-9: 0.005 -> 3·2^-9,
     # 0.001 -> 1·2^-9 (0.000953 away, closer than 0).
     w = jnp.array([[448.0], [0.005], [0.001]], jnp.float32)
     q = quantizers.quantize_fp8(w)
-    np.testing.assert_array_equal(q.value.astype(jnp.float32)[1:, 0],
-                                  [3 * 2.0**-9, 2.0**-9])
+    np.testing.assert_array_equal(
+      q.value.astype(jnp.float32)[1:, 0], [3 * 2.0**-9, 2.0**-9]
+    )
 
   def test_per_tensor_scale_shape(self):
     w = jnp.stack([jnp.eye(3) * 2.0, jnp.eye(3) * 4.0])
@@ -118,12 +123,12 @@ class QuantizeFp8Test(parameterized.TestCase):
     # 3 mantissa bits: half a step is 2^-4 relative for normals; subnormals
     # have a fixed spacing 2^-9, so at most 2^-10 * s absolute.
     bound = np.where(normal, 2.0**-4 * np.abs(w), 2.0**-10 * s)
-    np.testing.assert_array_less(err, bound * (1 + 1e-5) + 1e-6 * np.abs(w)
-                                 + 1e-30)
+    np.testing.assert_array_less(
+      err, bound * (1 + 1e-5) + 1e-6 * np.abs(w) + 1e-30
+    )
 
 
 class ActivationQuantTest(parameterized.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_int8_per_token(self):
     x = jnp.array([[0.0, 1.27, -0.634], [10.0, 4.0, 0.0]], jnp.float32)
@@ -134,12 +139,12 @@ class ActivationQuantTest(parameterized.TestCase):
   def test_fp8_per_token_max_is_448(self):
     x = jnp.array([[1.0, -2.0], [3.0, 0.5]], jnp.float32)
     q, s = qtensor.quantize_activations_fp8(x)
-    np.testing.assert_array_equal(jnp.max(jnp.abs(q.astype(jnp.float32)), -1),
-                                  [448.0, 448.0])
+    np.testing.assert_array_equal(
+      jnp.max(jnp.abs(q.astype(jnp.float32)), -1), [448.0, 448.0]
+    )
 
 
 class QdotTest(parameterized.TestCase):
-
   def setUp(self):
     super().setUp()
     k1, k2 = jax.random.split(jax.random.key(0))
@@ -154,7 +159,8 @@ class QdotTest(parameterized.TestCase):
   def test_int8_real_equals_fake(self):
     real = self.variant(qtensor.qdot)(self.x, quantizers.quantize_int8(self.w))
     fake = self.variant(qtensor.qdot)(
-        self.x, quantizers.quantize_int8(self.w, fake=True))
+      self.x, quantizers.quantize_int8(self.w, fake=True)
+    )
     # Integer partial sums stay below 2^24, so float32 accumulation is exact.
     np.testing.assert_allclose(real, fake, rtol=1e-6, atol=1e-7)
 
@@ -167,12 +173,14 @@ class QdotTest(parameterized.TestCase):
     self.assertGreater(err, 0.0)  # it really went through the quantizer
 
   def test_float_kernel_is_plain_matmul(self):
-    np.testing.assert_allclose(qtensor.qdot(self.x, self.w), self.ref,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+      qtensor.qdot(self.x, self.w), self.ref, rtol=1e-6
+    )
 
   def test_keeps_activation_dtype(self):
-    y = qtensor.qdot(self.x.astype(jnp.bfloat16),
-                     quantizers.quantize_int8(self.w))
+    y = qtensor.qdot(
+      self.x.astype(jnp.bfloat16), quantizers.quantize_int8(self.w)
+    )
     self.assertEqual(y.dtype, jnp.bfloat16)
 
   def test_int8_uses_integer_dot(self):

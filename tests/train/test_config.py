@@ -1,4 +1,5 @@
 """TrainConfig validation and the algorithm presets (no compute)."""
+
 import dataclasses
 
 import pytest
@@ -8,7 +9,6 @@ from rljax.train import config as config_lib
 
 
 class TestPresets:
-
   @pytest.mark.parametrize("algorithm", config_lib.ALGORITHMS)
   def test_every_preset_builds_a_valid_loss(self, algorithm):
     cfg = config_lib.apply_preset(algorithm)
@@ -41,8 +41,9 @@ class TestPresets:
 
 
 class TestValidation:
-
-  @pytest.mark.parametrize("field,value,match", [
+  @pytest.mark.parametrize(
+    "field,value,match",
+    [
       ("algorithm", "trpo", "algorithm='trpo'"),
       ("rollout_quant", "int4", "rollout_quant='int4'"),
       ("engine", "sglang", "engine='sglang'"),
@@ -50,7 +51,8 @@ class TestValidation:
       ("top_p", 1.5, "top_p=1.5"),
       ("group_size", 0, "group_size=0"),
       ("uaq_scale", -1.0, "uaq_scale=-1.0"),
-  ])
+    ],
+  )
   def test_bad_values_name_the_field(self, field, value, match):
     with pytest.raises(ValueError, match=match):
       config_lib.TrainConfig(**{field: value})
@@ -87,8 +89,12 @@ class TestResolve:
   def test_grid_cell_algorithm_gets_that_preset(self):
     # A GRPO script and a GRPO JSON base; the cell asks for DAPO.
     script = {"algorithm": "grpo", "steps": 5, "kl_coef": 1e-3}
-    base = {"algorithm": "grpo", "kl_coef": 0.01, "eps_high": 0.2,
-            "prompts_per_step": 3}
+    base = {
+      "algorithm": "grpo",
+      "kl_coef": 0.01,
+      "eps_high": 0.2,
+      "prompts_per_step": 3,
+    }
     cfg = config_lib.resolve("grpo", script, base, {}, {"algorithm": "dapo"})
     assert cfg.algorithm == "dapo"
     assert cfg.dynamic_sampling and cfg.eps_high == 0.28
@@ -108,8 +114,9 @@ class TestResolve:
 
   def test_unnamed_layer_beats_preset_even_after_algorithm_change(self):
     # Typed flags that name no algorithm are meant for every cell.
-    cfg = config_lib.resolve("grpo", {"algorithm": "grpo"}, {},
-                             {"kl_coef": 0.5}, {"algorithm": "dapo"})
+    cfg = config_lib.resolve(
+      "grpo", {"algorithm": "grpo"}, {}, {"kl_coef": 0.5}, {"algorithm": "dapo"}
+    )
     assert cfg.kl_coef == 0.5 and cfg.dynamic_sampling
 
   def test_unknown_fields_of_every_layer_are_reported(self):
@@ -121,6 +128,7 @@ class TestResolve:
 def _flag_config(argv, **script_defaults):
   from absl import flags
   from rljax.train import flags as train_flags
+
   fv = flags.FlagValues()
   train_flags.define_train_flags(fv, **script_defaults)
   fv(["prog", *argv])
@@ -128,20 +136,29 @@ def _flag_config(argv, **script_defaults):
 
 
 class TestFlags:
-
   def test_typed_flag_beats_preset_and_script_default(self):
     cfg = _flag_config(["--eps_high=0.5"], algorithm="dapo", eps_high=0.3)
     assert cfg.eps_high == 0.5 and cfg.dynamic_sampling
 
   def test_other_algorithm_than_the_scripts_gets_its_preset(self):
-    cfg = _flag_config(["--algorithm=grpo"], algorithm="dapo", eps_high=0.28,
-                       dynamic_sampling=True, steps=9)
+    cfg = _flag_config(
+      ["--algorithm=grpo"],
+      algorithm="dapo",
+      eps_high=0.28,
+      dynamic_sampling=True,
+      steps=9,
+    )
     assert (cfg.eps_high, cfg.dynamic_sampling, cfg.kl_coef) == (
-        0.2, False, 1e-3)
+      0.2,
+      False,
+      1e-3,
+    )
     assert cfg.steps == 9
 
   # Each bad flag of issue 16 item 7, named in the error.
-  @pytest.mark.parametrize("argv,field", [
+  @pytest.mark.parametrize(
+    "argv,field",
+    [
       (["--adam_b1=2"], "adam_b1"),
       (["--adam_b2=1"], "adam_b2"),
       (["--weight_decay=-1"], "weight_decay"),
@@ -161,7 +178,8 @@ class TestFlags:
       (["--eval_every=1", "--eval_size=0"], "eval_size"),
       (["--task=gsm8k"], "data_path"),
       (["--task_difficulty=impossible"], "task_difficulty"),
-  ])
+    ],
+  )
   def test_bad_flag_is_named_with_value_and_range(self, argv, field):
     with pytest.raises(config_lib.ConfigError) as e:
       _flag_config(argv)
@@ -170,10 +188,23 @@ class TestFlags:
 
   def test_several_bad_flags_are_reported_together(self):
     with pytest.raises(config_lib.ConfigError) as e:
-      _flag_config(["--adam_b1=2", "--kl_coef=-1", "--mesh_shape=foo",
-                    "--logprob_chunk=-1", "--eval_every=1", "--eval_size=0"])
+      _flag_config(
+        [
+          "--adam_b1=2",
+          "--kl_coef=-1",
+          "--mesh_shape=foo",
+          "--logprob_chunk=-1",
+          "--eval_every=1",
+          "--eval_size=0",
+        ]
+      )
     assert {p.field for p in e.value.problems} == {
-        "adam_b1", "kl_coef", "mesh_shape", "logprob_chunk", "eval_size"}
+      "adam_b1",
+      "kl_coef",
+      "mesh_shape",
+      "logprob_chunk",
+      "eval_size",
+    }
     assert "5 problems" in str(e.value)
     assert "chunk_size" not in str(e.value)
 
@@ -181,9 +212,13 @@ class TestFlags:
 def test_every_numeric_field_has_a_rule():
   """A new numeric field must say its range in FIELD_RULES."""
   import typing
+
   hints = typing.get_type_hints(config_lib.TrainConfig)
-  numeric = [n for n in config_lib.field_names()
-             if hints[n] in (int, float, float | None)]
+  numeric = [
+    n
+    for n in config_lib.field_names()
+    if hints[n] in (int, float, float | None)
+  ]
   missing = [n for n in numeric if n not in config_lib.FIELD_RULES]
   assert not missing, f"add a rule to config.FIELD_RULES for {missing}"
 

@@ -9,6 +9,7 @@ SIGKILL; they share a persistent JAX compilation cache and one saved
 tokenizer, and two uninterrupted reference runs (synchronous and pipelined)
 are made once for the module.
 """
+
 import json
 import os
 import random
@@ -35,16 +36,29 @@ from rljax.train.metrics import MetricsWriter, read_metrics
 
 from .test_trainer import make_trainer, small_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                      "fault_worker.py")
-STEPS = 4        # synchronous reference
-PIPE_STEPS = 3   # pipelined reference
-BASE = dict(algorithm="grpo", model="tiny", prompts_per_step=2, group_size=2,
-            max_new_tokens=4, eval_size=0, reward_workers=0,
-            checkpoint_every=1, keep_checkpoints=4, tensorboard=False,
-            learning_rate=1e-3, export_hf=False, micro_batches=1)
+REPO = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+WORKER = os.path.join(
+  os.path.dirname(os.path.abspath(__file__)), "fault_worker.py"
+)
+STEPS = 4  # synchronous reference
+PIPE_STEPS = 3  # pipelined reference
+BASE = dict(
+  algorithm="grpo",
+  model="tiny",
+  prompts_per_step=2,
+  group_size=2,
+  max_new_tokens=4,
+  eval_size=0,
+  reward_workers=0,
+  checkpoint_every=1,
+  keep_checkpoints=4,
+  tensorboard=False,
+  learning_rate=1e-3,
+  export_hf=False,
+  micro_batches=1,
+)
 
 
 def overrides(run_dir, **kw) -> dict:
@@ -60,6 +74,7 @@ def config(run_dir, **kw):
 
 # -- subprocesses -------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
   root = tmp_path_factory.mktemp("faults_env")
@@ -67,11 +82,12 @@ def env(tmp_path_factory):
   testing.tiny_tokenizer().save_pretrained(tok_dir)  # pylint: disable=protected-access
   e = dict(os.environ)
   e.update(
-      PYTHONPATH=REPO + os.pathsep + e.get("PYTHONPATH", ""),
-      RLJAX_TEST_TOKENIZER_DIR=tok_dir,
-      JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    PYTHONPATH=REPO + os.pathsep + e.get("PYTHONPATH", ""),
+    RLJAX_TEST_TOKENIZER_DIR=tok_dir,
+    JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+  )
   e.pop("RLJAX_TEST_WAIT_FOR", None)
   return e
 
@@ -81,8 +97,14 @@ def start(env, ovr: dict, die_at: str = "", wait_for: str = ""):
   if wait_for:
     e["RLJAX_TEST_WAIT_FOR"] = wait_for
   cmd = [sys.executable, WORKER, json.dumps(ovr)] + ([die_at] if die_at else [])
-  return subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  return subprocess.Popen(
+    cmd,
+    cwd=REPO,
+    env=e,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 def finish(proc, timeout=400) -> tuple[int, str]:
@@ -101,23 +123,25 @@ def wait_until(cond, proc, what: str, timeout=300) -> None:
 
 
 def manifest_written(run_dir, step):
-  return lambda: os.path.exists(os.path.join(
-      str(run_dir), "checkpoints", str(step), ckpt_lib.MANIFEST))
+  return lambda: os.path.exists(
+    os.path.join(str(run_dir), "checkpoints", str(step), ckpt_lib.MANIFEST)
+  )
 
 
 def saved_params(run_dir, step):
-  mgr = ocp.CheckpointManager(os.path.join(str(run_dir), "checkpoints"),
-                              item_names=("state", "meta"))
+  mgr = ocp.CheckpointManager(
+    os.path.join(str(run_dir), "checkpoints"), item_names=("state", "meta")
+  )
   try:
-    restored = mgr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore()))
+    restored = mgr.restore(
+      step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+    )
   finally:
     mgr.close()
   return jax.tree.map(np.asarray, restored.state["params"])
 
 
 class Reference:
-
   def __init__(self, run_dir, steps):
     self.run_dir = run_dir
     self.rows = read_metrics(str(run_dir))
@@ -130,13 +154,14 @@ def references(env, tmp_path_factory):
   """Uninterrupted runs, synchronous and pipelined (made side by side)."""
   root = tmp_path_factory.mktemp("faults_reference")
   sync = start(env, overrides(root / "sync"))
-  pipe = start(env, overrides(root / "pipe", steps=PIPE_STEPS,
-                              pipelined=True))
+  pipe = start(env, overrides(root / "pipe", steps=PIPE_STEPS, pipelined=True))
   for proc in (sync, pipe):
     rc, out = finish(proc)
     assert rc == 0, out
-  return {"sync": Reference(root / "sync", STEPS),
-          "pipe": Reference(root / "pipe", PIPE_STEPS)}
+  return {
+    "sync": Reference(root / "sync", STEPS),
+    "pipe": Reference(root / "pipe", PIPE_STEPS),
+  }
 
 
 def assert_same_run(run_dir, ref: Reference, steps: int) -> None:
@@ -144,11 +169,13 @@ def assert_same_run(run_dir, ref: Reference, steps: int) -> None:
   rows = read_metrics(str(run_dir))
   assert [r["step"] for r in rows] == list(range(1, steps + 1))
   for got, want in zip(rows, ref.rows):
-    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6,
-                               err_msg=f"step {got['step']}")
+    np.testing.assert_allclose(
+      got["loss"], want["loss"], rtol=1e-6, err_msg=f"step {got['step']}"
+    )
     np.testing.assert_allclose(got["reward_mean"], want["reward_mean"])
-  for a, b in zip(jax.tree.leaves(saved_params(run_dir, steps)),
-                  jax.tree.leaves(ref.params)):
+  for a, b in zip(
+    jax.tree.leaves(saved_params(run_dir, steps)), jax.tree.leaves(ref.params)
+  ):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
@@ -156,7 +183,8 @@ def assert_same_run(run_dir, ref: Reference, steps: int) -> None:
 
 
 def test_kill9_after_checkpoint_resumes_to_the_uninterrupted_run(
-    env, references, tmp_path):
+  env, references, tmp_path
+):
   """Issue 12: a real kill -9 (at a random moment after checkpoint 2, maybe
   inside checkpoint 3), then a resume, gives the uninterrupted run's steps
   (loss and params). Issue 16.2: while the first process lives, a second
@@ -172,6 +200,7 @@ def test_kill9_after_checkpoint_resumes_to_the_uninterrupted_run(
         return json.load(f)["pid"] == first.pid
     except (OSError, ValueError, KeyError):
       return False
+
   wait_until(locked_by_first, first, "the first run locks its directory")
   rc, out = finish(start(env, overrides(run, resume=True)))
   assert rc != 0
@@ -189,7 +218,8 @@ def test_kill9_after_checkpoint_resumes_to_the_uninterrupted_run(
 
 
 def test_pipelined_run_killed_inside_checkpoints_resumes_exactly(
-    env, references, tmp_path):
+  env, references, tmp_path
+):
   """Killed inside orbax's save of step 3, then (resumed) after orbax
   committed step 3 but before its checksum manifest: the unfinished step is
   set aside, and the resume from step 2 trains on the in-flight rollout the
@@ -252,10 +282,12 @@ def run_copy(references, tmp_path):
   return dest
 
 
-@pytest.mark.parametrize("damage", [_truncate, _remove_meta, _bad_json,
-                                    _flip_bit])
+@pytest.mark.parametrize(
+  "damage", [_truncate, _remove_meta, _bad_json, _flip_bit]
+)
 def test_damaged_latest_checkpoint_falls_back_to_the_newest_verified(
-    run_copy, damage):
+  run_copy, damage
+):
   ckpts = os.path.join(str(run_copy), "checkpoints")
   damage(os.path.join(ckpts, "4"))
   lines = []
@@ -279,36 +311,50 @@ def test_no_verified_checkpoint_is_a_clear_error(run_copy):
   rundir_lib.RunDirLock(str(run_copy)).release()  # and the lock was freed
 
 
-def test_resume_refuses_a_changed_config_without_touching_config_json(
-    run_copy):
+def test_resume_refuses_a_changed_config_without_touching_config_json(run_copy):
   path = os.path.join(str(run_copy), "config.json")
   with open(path, "rb") as f:
     before = f.read()
-  for changed in (dict(seed=1), dict(learning_rate=2e-3),
-                  dict(rollout_quant="none"), dict(algorithm="dapo"),
-                  dict(eval_size=4)):
+  for changed in (
+    dict(seed=1),
+    dict(learning_rate=2e-3),
+    dict(rollout_quant="none"),
+    dict(algorithm="dapo"),
+    dict(eval_size=4),
+  ):
     field = next(iter(changed))
-    with pytest.raises(rundir_lib.ConfigChangeError,
-                       match=f"--allow_config_change=.*{field}"):
+    with pytest.raises(
+      rundir_lib.ConfigChangeError, match=f"--allow_config_change=.*{field}"
+    ):
       rundir_lib.RunDir(config(run_copy, resume=True, **changed))
   with pytest.raises(FileExistsError, match="--resume"):
     rundir_lib.RunDir(config(run_copy, seed=1))
   with pytest.raises(ValueError, match="sed"):
-    rundir_lib.RunDir(config(run_copy, resume=True, seed=1,
-                             allow_config_change="sed"))
+    rundir_lib.RunDir(
+      config(run_copy, resume=True, seed=1, allow_config_change="sed")
+    )
   with open(path, "rb") as f:
     assert f.read() == before
   # Run-control fields may change freely.
-  rundir_lib.RunDir(config(run_copy, resume=True, steps=9, eval_every=0,
-                           keep_checkpoints=2,
-                           checkpoint_every=2)).close()
-  assert not os.path.exists(os.path.join(str(run_copy),
-                                         rundir_lib.CHANGES_FILE))
+  rundir_lib.RunDir(
+    config(
+      run_copy,
+      resume=True,
+      steps=9,
+      eval_every=0,
+      keep_checkpoints=2,
+      checkpoint_every=2,
+    )
+  ).close()
+  assert not os.path.exists(
+    os.path.join(str(run_copy), rundir_lib.CHANGES_FILE)
+  )
   # A named change is accepted and recorded.
   lines = []
-  rundir_lib.RunDir(config(run_copy, resume=True, seed=1,
-                           allow_config_change="seed"),
-                    log=lines.append).close()
+  rundir_lib.RunDir(
+    config(run_copy, resume=True, seed=1, allow_config_change="seed"),
+    log=lines.append,
+  ).close()
   with open(path) as f:
     assert json.load(f)["seed"] == 1
   with open(os.path.join(str(run_copy), rundir_lib.CHANGES_FILE)) as f:
@@ -322,8 +368,9 @@ def test_resume_refuses_a_changed_config_without_touching_config_json(
 
 def test_second_lock_is_refused_and_a_stale_one_taken_over(tmp_path):
   first = rundir_lib.RunDirLock(str(tmp_path))
-  with pytest.raises(rundir_lib.RunDirLockedError,
-                     match=f"pid {os.getpid()} on host"):
+  with pytest.raises(
+    rundir_lib.RunDirLockedError, match=f"pid {os.getpid()} on host"
+  ):
     rundir_lib.RunDirLock(str(tmp_path))
   first.release()
   # A killed holder leaves its pid in the file but no flock.
@@ -352,8 +399,11 @@ def test_a_fresh_start_never_deletes_an_earlier_metrics_log(tmp_path):
   with open(path, "w") as f:
     f.write('{"step": 1, "loss": 0.5}\n')
   MetricsWriter(str(tmp_path), tensorboard=False).close()
-  kept = [n for n in os.listdir(str(tmp_path))
-          if n.startswith("metrics.") and n != "metrics.jsonl"]
+  kept = [
+    n
+    for n in os.listdir(str(tmp_path))
+    if n.startswith("metrics.") and n != "metrics.jsonl"
+  ]
   assert len(kept) == 1
   with open(os.path.join(str(tmp_path), kept[0])) as f:
     assert json.loads(f.readline())["loss"] == 0.5
@@ -361,8 +411,7 @@ def test_a_fresh_start_never_deletes_an_earlier_metrics_log(tmp_path):
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_guarded_update_keeps_the_old_state_unless_all_results_are_finite(
-    jit):
+def test_guarded_update_keeps_the_old_state_unless_all_results_are_finite(jit):
   params = {"w": jnp.array([1.0, -2.0, 3.0])}
   grads = {"w": jnp.zeros(3)}  # finite gradients...
   for b2, want in ((0.999, True), (1.0, False)):  # ...b2 = 1 divides 0 by 0
@@ -378,11 +427,16 @@ def test_guarded_update_keeps_the_old_state_unless_all_results_are_finite(
       np.testing.assert_array_equal(new_s[0].count, state[0].count)
   opt = optax.adam(0.1)
   _, _, applied = update_lib.guarded_update(
-      opt, {"w": jnp.array([0.0, jnp.nan, 0.0])}, opt.init(params), params,
-      jnp.float32(0.0))
+    opt,
+    {"w": jnp.array([0.0, jnp.nan, 0.0])},
+    opt.init(params),
+    params,
+    jnp.float32(0.0),
+  )
   assert not bool(applied)
   _, _, applied = update_lib.guarded_update(
-      opt, grads, opt.init(params), params, jnp.float32(jnp.inf))
+    opt, grads, opt.init(params), params, jnp.float32(jnp.inf)
+  )
   assert not bool(applied)
 
 
@@ -402,8 +456,9 @@ def test_nan_weights_reach_neither_a_checkpoint_nor_the_engine(tmp_path):
     assert bool(update_lib.all_finite(trainer.state))
     assert trainer.checkpointer.all_steps() == []
     # Whatever the cause, non-finite weights are never written or pushed.
-    nan_state = trainer.state.replace(params=jax.tree.map(
-        lambda x: x * jnp.nan, trainer.state.params))
+    nan_state = trainer.state.replace(
+      params=jax.tree.map(lambda x: x * jnp.nan, trainer.state.params)
+    )
     trainer.state = nan_state
     with pytest.raises(loop_lib.NonFiniteError):
       trainer.rollout_params()

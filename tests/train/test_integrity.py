@@ -7,6 +7,7 @@ DAPO's overlong punishment, the dynamic-sampling refill loop, the KL
 reward penalty's estimator, REINFORCE++-baseline whitening with filler
 groups, and UAQ fold → train → HF export → reload.
 """
+
 import jax
 import numpy as np
 import pytest
@@ -41,20 +42,35 @@ class ScriptedTask(Task):
     return batch
 
   def score(self, completions, examples, n):
-    flags = (self.plan[self.calls] if self.calls < len(self.plan)
-             else [True] * len(examples))
+    flags = (
+      self.plan[self.calls]
+      if self.calls < len(self.plan)
+      else [True] * len(examples)
+    )
     self.calls += 1
     ramp = np.linspace(0.0, 1.0, n, dtype=np.float32)
-    scores = np.concatenate([ramp if f else np.full(n, 0.5, np.float32)
-                             for f in flags])
+    scores = np.concatenate(
+      [ramp if f else np.full(n, 0.5, np.float32) for f in flags]
+    )
     return scores, {"scripted": scores}
 
 
 def _config(algorithm, tmp_path, **kw):
-  base = dict(model="tiny", steps=1, prompts_per_step=2, group_size=4,
-              max_new_tokens=6, eval_size=0, reward_workers=0,
-              run_dir=str(tmp_path), checkpoint_every=100, tensorboard=False,
-              learning_rate=1e-3, export_hf=False, rollout_quant="none")
+  base = dict(
+    model="tiny",
+    steps=1,
+    prompts_per_step=2,
+    group_size=4,
+    max_new_tokens=6,
+    eval_size=0,
+    reward_workers=0,
+    run_dir=str(tmp_path),
+    checkpoint_every=100,
+    tensorboard=False,
+    learning_rate=1e-3,
+    export_hf=False,
+    rollout_quant="none",
+  )
   base.update(kw)
   return apply_preset(algorithm, **base)
 
@@ -62,10 +78,17 @@ def _config(algorithm, tmp_path, **kw):
 def _trainer(cfg, plan=()):
   tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
-  task = ScriptedTask(examples[8:], examples[:8], tokenizer,
-                      data_lib.ChatTemplate(tokenizer), cfg.prompts_per_step,
-                      cfg.seed, cfg.max_prompt_tokens, reward_workers=0,
-                      plan=plan)
+  task = ScriptedTask(
+    examples[8:],
+    examples[:8],
+    tokenizer,
+    data_lib.ChatTemplate(tokenizer),
+    cfg.prompts_per_step,
+    cfg.seed,
+    cfg.max_prompt_tokens,
+    reward_workers=0,
+    plan=plan,
+  )
   trainer = loop_lib.Trainer(cfg, task=task, show_progress=False)
   trainer.sync()  # what `run` does first: the engine gets θ
   return trainer
@@ -91,29 +114,35 @@ def test_dapo_preset_has_soft_overlong_punishment():
   assert cfg.overlong_shaping
   assert cfg.overlong_lengths() == (10, 2)  # L_max = budget, L_cache = 1/5
   # Punishment starts after L_max − L_cache = 8: (8 − |y|) / 2, −1 past 10.
-  shaped = batch_lib.shaped_rewards(cfg, np.ones(5, np.float32),
-                                    np.array([3, 8, 9, 10, 11]))
+  shaped = batch_lib.shaped_rewards(
+    cfg, np.ones(5, np.float32), np.array([3, 8, 9, 10, 11])
+  )
   np.testing.assert_allclose(shaped, [1.0, 1.0, 0.5, 0.0, 0.0])
   # Explicit sizes; other presets stay unshaped.
-  cfg = apply_preset("dapo", max_new_tokens=10, overlong_max_len=12,
-                     overlong_cache_len=4)
+  cfg = apply_preset(
+    "dapo", max_new_tokens=10, overlong_max_len=12, overlong_cache_len=4
+  )
   np.testing.assert_allclose(
-      batch_lib.shaped_rewards(cfg, np.zeros(2, np.float32), np.array([9, 10])),
-      [-0.25, -0.5])
+    batch_lib.shaped_rewards(cfg, np.zeros(2, np.float32), np.array([9, 10])),
+    [-0.25, -0.5],
+  )
   grpo = apply_preset("grpo", max_new_tokens=10)
   assert grpo.overlong_lengths() is None
   np.testing.assert_array_equal(
-      batch_lib.shaped_rewards(grpo, np.ones(2, np.float32), np.array([9, 10])),
-      [1.0, 1.0])
+    batch_lib.shaped_rewards(grpo, np.ones(2, np.float32), np.array([9, 10])),
+    [1.0, 1.0],
+  )
 
 
 def test_a_size_alone_turns_shaping_on():
   # Never silently unused: configs and run directories written before the
   # switch existed set the sizes only.
-  assert apply_preset("grpo", overlong_max_len=100,
-                      overlong_cache_len=20).overlong_lengths() == (100, 20)
-  assert apply_preset("grpo", max_new_tokens=50,
-                      overlong_cache_len=5).overlong_lengths() == (50, 5)
+  assert apply_preset(
+    "grpo", overlong_max_len=100, overlong_cache_len=20
+  ).overlong_lengths() == (100, 20)
+  assert apply_preset(
+    "grpo", max_new_tokens=50, overlong_cache_len=5
+  ).overlong_lengths() == (50, 5)
   with pytest.raises(ValueError, match="overlong_cache_len=64"):
     apply_preset("dapo", max_new_tokens=32, overlong_cache_len=64)
 
@@ -147,6 +176,7 @@ def _spy_build_batch(trainer):
   def spy(rb, valid, rewards):
     seen.update(rb=rb, valid=valid, rewards=rewards)
     return real(rb, valid, rewards)
+
   trainer._build_batch = spy
   return seen
 
@@ -169,11 +199,14 @@ def test_refill_draws_until_the_batch_has_enough_informative_groups(tmp_path):
   assert row["dynamic_sampling_kept_groups"] == 2
   assert row["dynamic_sampling_filtered_groups"] == 4  # 1 + 2 + 1 dull
   assert row["valid_fraction"] == 1.0
-  assert seen["rb"].prompt_ids == [prompt(task.drawn[0][0]),
-                                   prompt(task.drawn[2][1])]
+  assert seen["rb"].prompt_ids == [
+    prompt(task.drawn[0][0]),
+    prompt(task.drawn[2][1]),
+  ]
   np.testing.assert_array_equal(seen["valid"], True)
-  np.testing.assert_allclose(seen["rewards"], np.tile([0, 1 / 3, 2 / 3, 1], 2),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    seen["rewards"], np.tile([0, 1 / 3, 2 / 3, 1], 2), rtol=1e-6
+  )
   assert np.isfinite(row["loss"]) and row["applied"] == 1.0
 
 
@@ -211,8 +244,10 @@ def test_one_round_without_refills_keeps_the_filler_masked(tmp_path):
   assert row["dynamic_sampling_kept_groups"] == 1
   assert row["dynamic_sampling_filtered_groups"] == 1
   # The informative group first, then the dull one as masked filler.
-  assert seen["rb"].prompt_ids == [prompt(task.drawn[0][1]),
-                                   prompt(task.drawn[0][0])]
+  assert seen["rb"].prompt_ids == [
+    prompt(task.drawn[0][1]),
+    prompt(task.drawn[0][0]),
+  ]
   np.testing.assert_array_equal(seen["valid"], [True] * 4 + [False] * 4)
   assert row["valid_fraction"] == 0.5
 
@@ -221,10 +256,16 @@ def test_one_round_without_refills_keeps_the_filler_masked(tmp_path):
 
 
 def _logp(trainer, params, batch):
-  return np.asarray(models.token_logprobs(
-      trainer.model_config, params, batch["tokens"],
+  return np.asarray(
+    models.token_logprobs(
+      trainer.model_config,
+      params,
+      batch["tokens"],
       attention_mask=batch["attention_mask"],
-      temperature=trainer.cfg.temperature)[0], np.float64)
+      temperature=trainer.cfg.temperature,
+    )[0],
+    np.float64,
+  )
 
 
 def _k3(logp, ref):
@@ -242,8 +283,14 @@ def test_kl_reward_penalty_uses_k3_for_outcome_rewards(tmp_path):
   # Issue 12, defect 4: the KL reward penalty was always k1. Outcome path:
   # A = r − β Σ_t k3_t (advantage="reinforce" shows it unbaselined).
   beta = 0.5
-  cfg = _config("grpo", tmp_path, advantage="reinforce", kl_coef=0.0,
-                kl_in_reward_coef=beta, kl_estimator="k3")
+  cfg = _config(
+    "grpo",
+    tmp_path,
+    advantage="reinforce",
+    kl_coef=0.0,
+    kl_in_reward_coef=beta,
+    kl_estimator="k3",
+  )
   trainer = _trainer(cfg)
   try:
     trainer.ref_params = _other_reference(trainer)
@@ -259,17 +306,25 @@ def test_kl_reward_penalty_uses_k3_for_outcome_rewards(tmp_path):
   k1 = np.where(mask, logp - ref, 0.0)
   assert np.abs(beta * (k3 - k1).sum(axis=1)).max() > 1e-2
   expected = rewards - beta * k3.sum(axis=1)
-  np.testing.assert_allclose(_per_sequence(out["advantages"], mask), expected,
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+    _per_sequence(out["advantages"], mask), expected, rtol=1e-4, atol=1e-4
+  )
 
 
 def test_kl_reward_penalty_uses_k3_per_token_with_a_critic(tmp_path):
   # PPO path: r_t = −β k3_t, plus the outcome reward on the last token. With
   # γ = λ = 1 the advantage is the reward-to-go minus the critic's value.
   beta = 0.5
-  cfg = _config("ppo", tmp_path, group_size=2, kl_in_reward_coef=beta,
-                kl_estimator="k3", gamma=1.0, gae_lambda=1.0,
-                critic_lambda=1.0)
+  cfg = _config(
+    "ppo",
+    tmp_path,
+    group_size=2,
+    kl_in_reward_coef=beta,
+    kl_estimator="k3",
+    gamma=1.0,
+    gae_lambda=1.0,
+    critic_lambda=1.0,
+  )
   trainer = _trainer(cfg)
   try:
     trainer.ref_params = _other_reference(trainer)
@@ -289,10 +344,12 @@ def test_kl_reward_penalty_uses_k3_per_token_with_a_critic(tmp_path):
   to_go = np.cumsum(token_r[:, ::-1], axis=1)[:, ::-1]
   values = np.asarray(out["old_values"], np.float64)
   expected = np.where(mask, to_go - values, 0.0)
-  np.testing.assert_allclose(np.asarray(out["advantages"]), expected,
-                             rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(np.asarray(out["returns"]),
-                             np.where(mask, to_go, 0.0), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(out["advantages"]), expected, rtol=1e-4, atol=1e-4
+  )
+  np.testing.assert_allclose(
+    np.asarray(out["returns"]), np.where(mask, to_go, 0.0), rtol=1e-4, atol=1e-4
+  )
 
 
 # ---------------------------------- REINFORCE++-baseline with filler groups
@@ -303,16 +360,25 @@ def test_reinforce_pp_baseline_whitens_over_valid_groups_only():
   # 1 = [3, 3] is dynamic-sampling filler. Over the kept group: centred
   # [.5, −.5], mean 0, std .5 → [1, −1]. Counting the filler's zeros, the
   # std would be √.125 and the advantages ±1.414.
-  cfg = apply_preset("reinforce_pp", advantage="reinforce_pp_baseline",
-                     group_size=2, prompts_per_step=2, kl_in_reward_coef=0.0)
+  cfg = apply_preset(
+    "reinforce_pp",
+    advantage="reinforce_pp_baseline",
+    group_size=2,
+    prompts_per_step=2,
+    kl_in_reward_coef=0.0,
+  )
   adv = batch_lib.sequence_advantages(
-      cfg, np.array([1.0, 0.0, 3.0, 3.0], np.float32),
-      np.array([True, True, False, False]))
+    cfg,
+    np.array([1.0, 0.0, 3.0, 3.0], np.float32),
+    np.array([True, True, False, False]),
+  )
   np.testing.assert_allclose(adv, [1.0, -1.0, 0.0, 0.0], rtol=1e-5)
   # Group 1 informative but masked: it must not move group 0's numbers.
   adv = batch_lib.sequence_advantages(
-      cfg, np.array([1.0, 0.0, 9.0, -5.0], np.float32),
-      np.array([True, True, False, False]))
+    cfg,
+    np.array([1.0, 0.0, 9.0, -5.0], np.float32),
+    np.array([True, True, False, False]),
+  )
   np.testing.assert_allclose(adv, [1.0, -1.0, 0.0, 0.0], rtol=1e-5)
 
 
@@ -320,8 +386,9 @@ def test_reinforce_pp_baseline_whitens_over_valid_groups_only():
 
 
 def test_uaq_fold_train_export_reload_gives_the_trained_function(tmp_path):
-  cfg = _config("grpo", tmp_path, rollout_quant="int8", uaq_scale=1.5,
-                learning_rate=1e-2)
+  cfg = _config(
+    "grpo", tmp_path, rollout_quant="int8", uaq_scale=1.5, learning_rate=1e-2
+  )
   trainer = _trainer(cfg)
   try:
     assert trainer.uaq_scale == 1.5
@@ -333,22 +400,33 @@ def test_uaq_fold_train_export_reload_gives_the_trained_function(tmp_path):
     config = trainer.model_config
   finally:
     trainer.close()
-  moved = max(float(np.abs(a - b).max()) for a, b in
-              zip(jax.tree.leaves(before), jax.tree.leaves(trained)))
+  moved = max(
+    float(np.abs(a - b).max())
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(trained))
+  )
   assert moved > 1e-4  # the step changed θ
   loaded_config, loaded = models.load_hf(tmp_path / "hf")
   # The file holds the unfolded parametrisation of the trained θ ...
   unfolded = quant.unfold_uaq(config, trained, scale=1.5)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6,
-                                                        atol=1e-6),
-               loaded, unfolded)
+  jax.tree.map(
+    lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6),
+    loaded,
+    unfolded,
+  )
   # ... and computes the function that was trained.
-  tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 12), 0,
-                              config.vocab_size)
+  tokens = jax.random.randint(
+    jax.random.PRNGKey(3), (2, 12), 0, config.vocab_size
+  )
   want = models.forward(config, trained, tokens)
   got = models.forward(loaded_config, loaded, tokens)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4,
-                             atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4
+  )
   # The fold is not the identity here: the exported weights differ from θ.
-  assert max(float(np.abs(a - b).max()) for a, b in zip(
-      jax.tree.leaves(unfolded), jax.tree.leaves(trained))) > 1e-3
+  assert (
+    max(
+      float(np.abs(a - b).max())
+      for a, b in zip(jax.tree.leaves(unfolded), jax.tree.leaves(trained))
+    )
+    > 1e-3
+  )

@@ -1,6 +1,7 @@
 """LoRA through the trainer on the tiny model: a GRPO run with INT8 rollout
 and the UAQ fold takes finite steps, trains only the adapters, checkpoints
 only them, resumes, and exports merged HF weights plus a PEFT adapter."""
+
 import json
 import os
 
@@ -15,8 +16,14 @@ from tests.train.test_trainer import make_trainer, small_config
 
 
 def _lora_config(tmp_path, **kw):
-  base = dict(lora_rank=4, lora_alpha=8.0, lora_dropout=0.05,
-              rollout_quant="int8", uaq_scale=1.5, learning_rate=1e-2)
+  base = dict(
+    lora_rank=4,
+    lora_alpha=8.0,
+    lora_dropout=0.05,
+    rollout_quant="int8",
+    uaq_scale=1.5,
+    learning_rate=1e-2,
+  )
   base.update(kw)
   return small_config("grpo", tmp_path, **base)
 
@@ -33,23 +40,32 @@ def test_lora_grpo_run(tmp_path):
   trainer = make_trainer(cfg)
   try:
     frozen_before = jax.tree.map(np.asarray, trainer.frozen_params)
-    assert sorted(trainer.state.params["layers"]) == ["q_proj", "up_proj",
-                                                      "v_proj"]
+    assert sorted(trainer.state.params["layers"]) == [
+      "q_proj",
+      "up_proj",
+      "v_proj",
+    ]
     rows = trainer.run()
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
       assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])
       assert r["applied"] == 1.0
     # Only the adapters moved; the frozen base is bit-identical.
-    assert float(jnp.abs(trainer.state.params["layers"]["q_proj"]["lora_b"]
-                         ).max()) > 0
-    jax.tree.map(np.testing.assert_array_equal,
-                 jax.tree.map(np.asarray, trainer.frozen_params),
-                 frozen_before)
+    assert (
+      float(jnp.abs(trainer.state.params["layers"]["q_proj"]["lora_b"]).max())
+      > 0
+    )
+    jax.tree.map(
+      np.testing.assert_array_equal,
+      jax.tree.map(np.asarray, trainer.frozen_params),
+      frozen_before,
+    )
     # The optimizer state holds adapter-shaped leaves only.
     shapes = {x.shape for x in jax.tree.leaves(trainer.state.params)}
-    assert all(x.ndim == 0 or x.shape in shapes
-               for x in jax.tree.leaves(trainer.state.opt_state))
+    assert all(
+      x.ndim == 0 or x.shape in shapes
+      for x in jax.tree.leaves(trainer.state.opt_state)
+    )
 
     trainer.export_policy(str(tmp_path / "hf"))
     trainer.export_adapter(str(tmp_path / "adapter"))
@@ -61,27 +77,35 @@ def test_lora_grpo_run(tmp_path):
   # from the *unfolded* base.
   config, exported = models.load_hf(tmp_path / "hf")
   plain = quant.unfold_uaq(config, merged, scale=1.5)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-2),
-               exported, plain)  # bf16 export
+  jax.tree.map(
+    lambda x, y: np.testing.assert_allclose(x, y, atol=2e-2), exported, plain
+  )  # bf16 export
   lora, adapters = lora_lib.load_peft_adapter(config, tmp_path / "adapter")
   base = quant.unfold_uaq(config, trainer.frozen_params, scale=1.5)
   rebuilt = lora_lib.merge(config, lora, base, adapters)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5,
-                                                        atol=1e-5),
-               rebuilt, plain)
+  jax.tree.map(
+    lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5),
+    rebuilt,
+    plain,
+  )
   meta = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
   assert meta["target_modules"] == ["q_proj", "up_proj", "v_proj"]
 
   # Checkpoints hold the adapters (and their optimizer state), not the base.
-  ckpt_bytes = sum(os.path.getsize(os.path.join(d, f))
-                   for d, _, fs in os.walk(tmp_path / "checkpoints")
-                   for f in fs)
+  ckpt_bytes = sum(
+    os.path.getsize(os.path.join(d, f))
+    for d, _, fs in os.walk(tmp_path / "checkpoints")
+    for f in fs
+  )
   base_bytes = sum(x.nbytes for x in jax.tree.leaves(frozen_before))
   assert ckpt_bytes < base_bytes
 
   # Resume continues from the adapters.
-  resumed = make_trainer(_lora_config(tmp_path, steps=3, resume=True,
-                                      lora_targets="q_proj,v_proj,up_proj"))
+  resumed = make_trainer(
+    _lora_config(
+      tmp_path, steps=3, resume=True, lora_targets="q_proj,v_proj,up_proj"
+    )
+  )
   try:
     assert resumed.step_num == 2
     row = resumed.run()[-1]
@@ -92,9 +116,15 @@ def test_lora_grpo_run(tmp_path):
 
 @pytest.mark.parametrize("base_dtype", ["bfloat16", "int8"])
 def test_low_precision_base_takes_finite_steps(tmp_path, base_dtype):
-  trainer = make_trainer(_lora_config(tmp_path, steps=1,
-                                      lora_base_dtype=base_dtype,
-                                      rollout_quant="none", uaq_scale=1.0))
+  trainer = make_trainer(
+    _lora_config(
+      tmp_path,
+      steps=1,
+      lora_base_dtype=base_dtype,
+      rollout_quant="none",
+      uaq_scale=1.0,
+    )
+  )
   try:
     row = trainer.run()[-1]
   finally:

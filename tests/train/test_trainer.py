@@ -1,6 +1,7 @@
 """The RL loop end to end on a tiny random model: every preset takes two
 steps, a killed run resumes to the same next step, pipelined mode runs, and
 NaNs stop a step with a debug dump."""
+
 import json
 import os
 
@@ -21,16 +22,27 @@ class LetterTask(Task):
   across a random model's samples, so advantages and gradients are not 0."""
 
   def score(self, completions, examples, n):
-    scores = np.array([c.count("e") / max(len(c), 1) for c in completions],
-                      np.float32)
+    scores = np.array(
+      [c.count("e") / max(len(c), 1) for c in completions], np.float32
+    )
     return scores, {"e_share": scores}
 
 
 def small_config(algorithm, run_dir, **kw):
-  base = dict(model="tiny", steps=2, prompts_per_step=2, group_size=4,
-              max_new_tokens=6, eval_size=0, reward_workers=0,
-              run_dir=str(run_dir), checkpoint_every=1, tensorboard=False,
-              learning_rate=1e-3, export_hf=False)
+  base = dict(
+    model="tiny",
+    steps=2,
+    prompts_per_step=2,
+    group_size=4,
+    max_new_tokens=6,
+    eval_size=0,
+    reward_workers=0,
+    run_dir=str(run_dir),
+    checkpoint_every=1,
+    tensorboard=False,
+    learning_rate=1e-3,
+    export_hf=False,
+  )
   if algorithm in ("ppo", "vapo"):
     base.update(group_size=2)
   base.update(kw)
@@ -40,9 +52,16 @@ def small_config(algorithm, run_dir, **kw):
 def make_trainer(cfg):
   tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
-  task = LetterTask(examples[8:], examples[:8], tokenizer,
-                    data_lib.ChatTemplate(tokenizer), cfg.prompts_per_step,
-                    cfg.seed, cfg.max_prompt_tokens, reward_workers=0)
+  task = LetterTask(
+    examples[8:],
+    examples[:8],
+    tokenizer,
+    data_lib.ChatTemplate(tokenizer),
+    cfg.prompts_per_step,
+    cfg.seed,
+    cfg.max_prompt_tokens,
+    reward_workers=0,
+  )
   return loop_lib.Trainer(cfg, task=task, show_progress=False)
 
 
@@ -75,8 +94,12 @@ def test_params_change_when_rewards_vary(tmp_path):
   finally:
     trainer.close()
   assert row["advantage_abs_max"] > 0  # the letter task gives variance
-  diff = max(float(np.max(np.abs(a - np.asarray(b)))) for a, b in zip(
-      jax.tree.leaves(before), jax.tree.leaves(trainer.state.params)))
+  diff = max(
+    float(np.max(np.abs(a - np.asarray(b))))
+    for a, b in zip(
+      jax.tree.leaves(before), jax.tree.leaves(trainer.state.params)
+    )
+  )
   assert diff > 0
 
 
@@ -101,14 +124,18 @@ def test_killed_run_resumes_to_the_same_next_step(tmp_path):
   finally:
     resumed.close()
   assert [r["step"] for r in resumed_rows] == [4]
-  np.testing.assert_allclose(resumed_rows[0]["loss"], full_rows[3]["loss"],
-                             rtol=1e-6)
-  np.testing.assert_allclose(resumed_rows[0]["reward_mean"],
-                             full_rows[3]["reward_mean"])
-  for a, b in zip(jax.tree.leaves(full.state.params),
-                  jax.tree.leaves(resumed.state.params)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6,
-                               atol=1e-7)
+  np.testing.assert_allclose(
+    resumed_rows[0]["loss"], full_rows[3]["loss"], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    resumed_rows[0]["reward_mean"], full_rows[3]["reward_mean"]
+  )
+  for a, b in zip(
+    jax.tree.leaves(full.state.params), jax.tree.leaves(resumed.state.params)
+  ):
+    np.testing.assert_allclose(
+      np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7
+    )
   assert [r["step"] for r in read_metrics(str(killed_dir))] == [1, 2, 3, 4]
 
 
@@ -121,8 +148,9 @@ def test_existing_run_dir_without_resume_is_refused(tmp_path):
 
 
 def test_pipelined_rollouts_are_one_step_stale(tmp_path):
-  trainer = make_trainer(small_config("grpo", tmp_path, steps=3,
-                                      pipelined=True))
+  trainer = make_trainer(
+    small_config("grpo", tmp_path, steps=3, pipelined=True)
+  )
   try:
     rows = trainer.run()
   finally:
@@ -139,6 +167,7 @@ def test_nan_stops_the_step_and_dumps_the_batch(tmp_path, monkeypatch):
     batch, metrics = original(*args)
     batch["advantages"] = batch["advantages"] * np.nan
     return batch, metrics
+
   monkeypatch.setattr(trainer, "_build_batch", poisoned)
   trainer.sync()
   with pytest.raises(loop_lib.NonFiniteError, match="loss"):

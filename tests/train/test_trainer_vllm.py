@@ -2,6 +2,7 @@
 INT8 rollouts from the sidecar feed two update steps, and a sidecar killed in
 the middle of a run is restarted with the last synced weights instead of
 ending the run."""
+
 import importlib.util
 import os
 import signal
@@ -21,12 +22,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 def test_vllm_int8_rollouts_train_and_survive_a_killed_sidecar(tmp_path):
   cfg = apply_preset(
-      "grpo", model="smollm2-135m-instruct", engine="vllm",
-      rollout_quant="int8", correction="acr", uaq_scale=1.5, steps=2,
-      prompts_per_step=2, group_size=2, max_new_tokens=8, temperature=1.0,
-      eval_size=0, reward_workers=0, run_dir=str(tmp_path),
-      checkpoint_every=10, tensorboard=False, export_hf=False,
-      max_prompt_tokens=96)
+    "grpo",
+    model="smollm2-135m-instruct",
+    engine="vllm",
+    rollout_quant="int8",
+    correction="acr",
+    uaq_scale=1.5,
+    steps=2,
+    prompts_per_step=2,
+    group_size=2,
+    max_new_tokens=8,
+    temperature=1.0,
+    eval_size=0,
+    reward_workers=0,
+    run_dir=str(tmp_path),
+    checkpoint_every=10,
+    tensorboard=False,
+    export_hf=False,
+    max_prompt_tokens=96,
+  )
   trainer = loop_lib.Trainer(cfg, show_progress=False)
   killed = []
   real_score = trainer.task.score

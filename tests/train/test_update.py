@@ -1,4 +1,5 @@
 """The jitted update step: micro-batch exactness, NaN safety, critic."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,20 +28,26 @@ def make_batch(config, seed=1, uneven=True):
   tokens = jax.random.randint(k[0], (B, T), 0, config.vocab_size)
   mask = np.zeros((B, T - 1), np.float32)
   for b in range(B):  # uneven response lengths make seq-mean ≠ token-mean
-    mask[b, PROMPT:PROMPT + (3 + 2 * b if uneven else 8)] = 1.0
+    mask[b, PROMPT : PROMPT + (3 + 2 * b if uneven else 8)] = 1.0
   mask = jnp.asarray(mask)
   logp = -jnp.abs(jax.random.normal(k[1], (B, T - 1))) - 0.5
-  return dict(tokens=tokens, attention_mask=jnp.ones((B, T), jnp.int32),
-              loss_mask=mask, prox_logp=logp,
-              behav_logp=logp + 0.2 * jax.random.normal(k[2], logp.shape),
-              advantages=jax.random.normal(k[3], (B, T - 1)) * mask)
+  return dict(
+    tokens=tokens,
+    attention_mask=jnp.ones((B, T), jnp.int32),
+    loss_mask=mask,
+    prox_logp=logp,
+    behav_logp=logp + 0.2 * jax.random.normal(k[2], logp.shape),
+    advantages=jax.random.normal(k[3], (B, T - 1)) * mask,
+  )
 
 
 def run_sgd(config, params, batch, aggregation, micro):
-  loss = objectives.PolicyLossConfig(surrogate="ppo", correction="acr",
-                                     aggregation=aggregation, norm_const=16.0)
-  spec = update_lib.UpdateSpec(model_config=config, loss=loss,
-                               micro_batches=micro)
+  loss = objectives.PolicyLossConfig(
+    surrogate="ppo", correction="acr", aggregation=aggregation, norm_const=16.0
+  )
+  spec = update_lib.UpdateSpec(
+    model_config=config, loss=loss, micro_batches=micro
+  )
   opt = optax.sgd(1.0)
   fn = update_lib.make_update_step(spec, opt, donate=False)
   state = update_lib.init_train_state(params, opt)
@@ -50,7 +57,6 @@ def run_sgd(config, params, batch, aggregation, micro):
 
 
 class TestMicroBatchAccumulation:
-
   # Every mode's (sum, denominator) algebra is property-tested in
   # tests/core; here two modes check the wiring through the model.
   @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
@@ -62,29 +68,41 @@ class TestMicroBatchAccumulation:
     for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_micro)):
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
     np.testing.assert_allclose(m_full["loss"], m_micro["loss"], rtol=1e-5)
-    np.testing.assert_allclose(m_full["clip_fraction"],
-                               m_micro["clip_fraction"], rtol=1e-5)
+    np.testing.assert_allclose(
+      m_full["clip_fraction"], m_micro["clip_fraction"], rtol=1e-5
+    )
 
   def test_gradient_matches_direct_autodiff(self, tiny):
     """The step's gradient is ∇ of policy_loss(token_logprobs(θ)) itself."""
     config, params = tiny
     batch = make_batch(config)
-    loss_cfg = objectives.PolicyLossConfig(surrogate="ppo", correction="tis",
-                                           aggregation="seq-mean-token-mean")
+    loss_cfg = objectives.PolicyLossConfig(
+      surrogate="ppo", correction="tis", aggregation="seq-mean-token-mean"
+    )
 
     def direct(p):
-      logp, _ = models.token_logprobs(config, p, batch["tokens"],
-                                      attention_mask=batch["attention_mask"])
-      loss, _ = objectives.policy_loss(logp, batch["prox_logp"],
-                                       batch["behav_logp"], batch["advantages"],
-                                       batch["loss_mask"], loss_cfg)
+      logp, _ = models.token_logprobs(
+        config, p, batch["tokens"], attention_mask=batch["attention_mask"]
+      )
+      loss, _ = objectives.policy_loss(
+        logp,
+        batch["prox_logp"],
+        batch["behav_logp"],
+        batch["advantages"],
+        batch["loss_mask"],
+        loss_cfg,
+      )
       return loss
+
     g_direct = jax.grad(direct)(params)
-    spec = update_lib.UpdateSpec(model_config=config, loss=loss_cfg,
-                                 micro_batches=2)
+    spec = update_lib.UpdateSpec(
+      model_config=config, loss=loss_cfg, micro_batches=2
+    )
     opt = optax.sgd(1.0)
     state = update_lib.init_train_state(params, opt)
-    new_state, _ = update_lib.make_update_step(spec, opt, donate=False)(state, batch)
+    new_state, _ = update_lib.make_update_step(spec, opt, donate=False)(
+      state, batch
+    )
     g_step = jax.tree.map(lambda a, b: a - b, params, new_state.params)
     for a, b in zip(jax.tree.leaves(g_direct), jax.tree.leaves(g_step)):
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
@@ -98,30 +116,41 @@ CAPS = {"seq_tis": 20.0, "seq_mis": 20.0, "geo_rs": 1.8}
 def correction_configs(aggregation):
   for correction in objectives.CORRECTIONS:
     yield objectives.PolicyLossConfig(
-        surrogate="ppo", correction=correction, aggregation=aggregation,
-        tis_cap=CAPS.get(correction, 2.0), norm_const=16.0)
-  yield objectives.PolicyLossConfig(surrogate="ppo", correction="tis",
-                                    aggregation=aggregation, veto_threshold=0.3,
-                                    norm_const=16.0)
+      surrogate="ppo",
+      correction=correction,
+      aggregation=aggregation,
+      tis_cap=CAPS.get(correction, 2.0),
+      norm_const=16.0,
+    )
+  yield objectives.PolicyLossConfig(
+    surrogate="ppo",
+    correction="tis",
+    aggregation=aggregation,
+    veto_threshold=0.3,
+    norm_const=16.0,
+  )
 
 
 def off_policy_batch(config, seed=2):
   """make_batch with a trainer/engine mismatch large enough that mis drops
   ~40% of the tokens (log ρ ~ N(0.5, 1), C = 2)."""
   batch = make_batch(config, seed)
-  noise = 0.5 + jax.random.normal(jax.random.PRNGKey(seed + 100),
-                                  batch["prox_logp"].shape)
+  noise = 0.5 + jax.random.normal(
+    jax.random.PRNGKey(seed + 100), batch["prox_logp"].shape
+  )
   batch["behav_logp"] = batch["prox_logp"] - noise
   return batch
 
 
 def step_grads(config, params, batch, loss_cfg, micro, **spec_kw):
-  spec = update_lib.UpdateSpec(model_config=config, loss=loss_cfg,
-                               micro_batches=micro, **spec_kw)
+  spec = update_lib.UpdateSpec(
+    model_config=config, loss=loss_cfg, micro_batches=micro, **spec_kw
+  )
   opt = optax.sgd(1.0)
   state = update_lib.init_train_state(params, opt)
   new_state, metrics = update_lib.make_update_step(spec, opt, donate=False)(
-      state, batch)
+    state, batch
+  )
   grads = jax.tree.map(lambda a, b: a - b, params, new_state.params)  # lr = 1
   return grads, metrics
 
@@ -138,7 +167,8 @@ class TestStepEqualsKernel:
     config, params = tiny
     batch = off_policy_batch(config)
     logp_fn = lambda p: models.token_logprobs(
-        config, p, batch["tokens"], attention_mask=batch["attention_mask"])[0]
+      config, p, batch["tokens"], attention_mask=batch["attention_mask"]
+    )[0]
     logp, vjp = jax.vjp(logp_fn, params)
     return batch, logp, jax.jit(lambda ct: vjp(ct)[0])
 
@@ -151,14 +181,24 @@ class TestStepEqualsKernel:
     # cases follow below.
     with jax.disable_jit():
       for loss_cfg in correction_configs(aggregation):
-        loss, g_logp = jax.value_and_grad(lambda lp: objectives.policy_loss(
-            lp, batch["prox_logp"], batch["behav_logp"], batch["advantages"],
-            batch["loss_mask"], loss_cfg)[0])(logp)
+        loss, g_logp = jax.value_and_grad(
+          lambda lp: objectives.policy_loss(
+            lp,
+            batch["prox_logp"],
+            batch["behav_logp"],
+            batch["advantages"],
+            batch["loss_mask"],
+            loss_cfg,
+          )[0]
+        )(logp)
         g_ref = pullback(g_logp)
         g_step, metrics = step_grads(config, params, batch, loss_cfg, micro=4)
-        msg = f"{loss_cfg.correction} veto={loss_cfg.veto_threshold} {aggregation}"
-        np.testing.assert_allclose(metrics["loss"], loss, rtol=2e-5, atol=1e-7,
-                                   err_msg=msg)
+        msg = (
+          f"{loss_cfg.correction} veto={loss_cfg.veto_threshold} {aggregation}"
+        )
+        np.testing.assert_allclose(
+          metrics["loss"], loss, rtol=2e-5, atol=1e-7, err_msg=msg
+        )
         for a, b in zip(jax.tree.leaves(g_ref), jax.tree.leaves(g_step)):
           np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6, err_msg=msg)
 
@@ -167,23 +207,36 @@ class TestStepEqualsKernel:
     batch, _, _ = reference
     for loss_cfg in correction_configs("token-mean"):
       if loss_cfg.rejects:
-        keep = objectives.policy_loss_keep(batch["prox_logp"], batch["behav_logp"],
-                                           batch["loss_mask"], loss_cfg)
+        keep = objectives.policy_loss_keep(
+          batch["prox_logp"], batch["behav_logp"], batch["loss_mask"], loss_cfg
+        )
         kept = float(keep.sum() / batch["loss_mask"].sum())
         assert 0.2 < kept < 0.8, (loss_cfg.correction, kept)
 
-  @pytest.mark.parametrize("correction,aggregation", [
-      ("mis", "token-mean"), ("seq_mis", "seq-mean-token-mean")])
-  def test_jitted_mis_step_matches_hand_computed_kernel(self, tiny, reference,
-                                                       correction, aggregation):
+  @pytest.mark.parametrize(
+    "correction,aggregation",
+    [("mis", "token-mean"), ("seq_mis", "seq-mean-token-mean")],
+  )
+  def test_jitted_mis_step_matches_hand_computed_kernel(
+    self, tiny, reference, correction, aggregation
+  ):
     config, params = tiny
     batch, logp, pullback = reference
-    loss_cfg = objectives.PolicyLossConfig(correction=correction,
-                                           aggregation=aggregation,
-                                           tis_cap=CAPS.get(correction, 2.0))
-    loss, g_logp = jax.value_and_grad(lambda lp: objectives.policy_loss(
-        lp, batch["prox_logp"], batch["behav_logp"], batch["advantages"],
-        batch["loss_mask"], loss_cfg)[0])(logp)
+    loss_cfg = objectives.PolicyLossConfig(
+      correction=correction,
+      aggregation=aggregation,
+      tis_cap=CAPS.get(correction, 2.0),
+    )
+    loss, g_logp = jax.value_and_grad(
+      lambda lp: objectives.policy_loss(
+        lp,
+        batch["prox_logp"],
+        batch["behav_logp"],
+        batch["advantages"],
+        batch["loss_mask"],
+        loss_cfg,
+      )[0]
+    )(logp)
     g_step, metrics = step_grads(config, params, batch, loss_cfg, micro=2)
     np.testing.assert_allclose(metrics["loss"], loss, rtol=2e-5)
     for a, b in zip(jax.tree.leaves(pullback(g_logp)), jax.tree.leaves(g_step)):
@@ -195,18 +248,28 @@ class TestStepEqualsKernel:
     config, params = tiny
     batch = make_batch(config, seed=3)
     logp_fn = lambda p: models.token_logprobs(
-        config, p, batch["tokens"], attention_mask=batch["attention_mask"])[0]
+      config, p, batch["tokens"], attention_mask=batch["attention_mask"]
+    )[0]
     logp, vjp = jax.vjp(logp_fn, params)
     noise = 0.5 + jax.random.normal(jax.random.PRNGKey(7), logp.shape)
     batch["behav_logp"] = logp - noise
     batch["prox_logp"] = batch["behav_logp"]  # what the trainer passes: unused
-    loss_cfg = objectives.PolicyLossConfig(correction="mis", tis_cap=2.0,
-                                           aggregation="token-mean")
-    loss, g_logp = jax.value_and_grad(lambda lp: objectives.policy_loss(
-        lp, jax.lax.stop_gradient(lp), batch["behav_logp"], batch["advantages"],
-        batch["loss_mask"], loss_cfg)[0])(logp)
-    g_step, metrics = step_grads(config, params, batch, loss_cfg, micro=2,
-                                 prox_is_current=True)
+    loss_cfg = objectives.PolicyLossConfig(
+      correction="mis", tis_cap=2.0, aggregation="token-mean"
+    )
+    loss, g_logp = jax.value_and_grad(
+      lambda lp: objectives.policy_loss(
+        lp,
+        jax.lax.stop_gradient(lp),
+        batch["behav_logp"],
+        batch["advantages"],
+        batch["loss_mask"],
+        loss_cfg,
+      )[0]
+    )(logp)
+    g_step, metrics = step_grads(
+      config, params, batch, loss_cfg, micro=2, prox_is_current=True
+    )
     np.testing.assert_allclose(metrics["loss"], loss, rtol=2e-5)
     for a, b in zip(jax.tree.leaves(vjp(g_logp)[0]), jax.tree.leaves(g_step)):
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
@@ -216,24 +279,47 @@ class TestStepEqualsKernel:
     reference log-probs at padding (cleaned by kl_loss_terms) change nothing."""
     config, params = tiny
     batch = off_policy_batch(config, seed=4)
-    ref = batch["prox_logp"] - 0.3 * jax.random.normal(jax.random.PRNGKey(5),
-                                                       batch["prox_logp"].shape)
+    ref = batch["prox_logp"] - 0.3 * jax.random.normal(
+      jax.random.PRNGKey(5), batch["prox_logp"].shape
+    )
     batch["ref_logp"] = jnp.where(batch["loss_mask"] > 0, ref, jnp.nan)
-    loss_cfg = objectives.PolicyLossConfig(correction="mis", tis_cap=2.0,
-                                           aggregation="seq-mean-token-mean")
+    loss_cfg = objectives.PolicyLossConfig(
+      correction="mis", tis_cap=2.0, aggregation="seq-mean-token-mean"
+    )
 
     def direct(p):
-      logp, ent = models.token_logprobs(config, p, batch["tokens"],
-                                        attention_mask=batch["attention_mask"])
-      pg, _ = objectives.policy_loss(logp, batch["prox_logp"], batch["behav_logp"],
-                                     batch["advantages"], batch["loss_mask"], loss_cfg)
-      kl = kl_lib.kl_loss(logp, jnp.where(batch["loss_mask"] > 0, ref, 0.0),
-                          batch["loss_mask"], "k2", "seq-mean-token-mean")
+      logp, ent = models.token_logprobs(
+        config, p, batch["tokens"], attention_mask=batch["attention_mask"]
+      )
+      pg, _ = objectives.policy_loss(
+        logp,
+        batch["prox_logp"],
+        batch["behav_logp"],
+        batch["advantages"],
+        batch["loss_mask"],
+        loss_cfg,
+      )
+      kl = kl_lib.kl_loss(
+        logp,
+        jnp.where(batch["loss_mask"] > 0, ref, 0.0),
+        batch["loss_mask"],
+        "k2",
+        "seq-mean-token-mean",
+      )
       h = agg_lib.aggregate_mean(ent, batch["loss_mask"], "seq-mean-token-mean")
       return pg + 0.1 * kl - 0.01 * h
+
     loss, g_direct = jax.value_and_grad(direct)(params)
-    g_step, metrics = step_grads(config, params, batch, loss_cfg, micro=4,
-                                 kl_coef=0.1, kl_estimator="k2", entropy_coef=0.01)
+    g_step, metrics = step_grads(
+      config,
+      params,
+      batch,
+      loss_cfg,
+      micro=4,
+      kl_coef=0.1,
+      kl_estimator="k2",
+      entropy_coef=0.01,
+    )
     np.testing.assert_allclose(metrics["loss"], loss, rtol=2e-5)
     assert np.isfinite(float(metrics["kl_to_ref"]))
     for a, b in zip(jax.tree.leaves(g_direct), jax.tree.leaves(g_step)):
@@ -241,7 +327,6 @@ class TestStepEqualsKernel:
 
 
 class TestNonFinite:
-
   def test_nan_advantage_leaves_params_untouched(self, tiny):
     config, params = tiny
     batch = make_batch(config)
@@ -251,7 +336,8 @@ class TestNonFinite:
     opt = update_lib.make_optimizer(1e-3, 10)
     state = update_lib.init_train_state(params, opt)
     new_state, metrics = update_lib.make_update_step(spec, opt, donate=False)(
-        state, batch)
+      state, batch
+    )
     assert not np.isfinite(float(metrics["loss"]))
     assert float(metrics["applied"]) == 0.0
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new_state.params)):
@@ -259,18 +345,19 @@ class TestNonFinite:
 
 
 class TestCritic:
-
   def test_value_loss_decreases_on_fixed_targets(self, tiny):
     config, params = tiny
     batch = make_batch(config)
     batch["returns"] = batch["loss_mask"] * 1.0
     critic = models.init_critic(config, params, jax.random.PRNGKey(3))
-    values = models.value_forward(config, params, critic["head"],
-                                  batch["tokens"], batch["attention_mask"])
+    values = models.value_forward(
+      config, params, critic["head"], batch["tokens"], batch["attention_mask"]
+    )
     batch["old_values"] = values[:, :-1]
     loss_cfg = objectives.PolicyLossConfig(surrogate="ppo", correction="acr")
-    spec = update_lib.UpdateSpec(model_config=config, loss=loss_cfg,
-                                 uses_critic=True, value_clip=10.0)
+    spec = update_lib.UpdateSpec(
+      model_config=config, loss=loss_cfg, uses_critic=True, value_clip=10.0
+    )
     opt = update_lib.make_optimizer(1e-4, 10)
     copt = update_lib.make_optimizer(3e-3, 10)
     state = update_lib.init_train_state(params, opt, critic, copt)
@@ -283,10 +370,10 @@ class TestCritic:
 
 
 class TestOptimizer:
-
   def test_warmup_then_cosine(self):
-    opt = update_lib.make_optimizer(1e-3, steps=10, warmup_steps=2,
-                                    schedule="cosine")
+    opt = update_lib.make_optimizer(
+      1e-3, steps=10, warmup_steps=2, schedule="cosine"
+    )
     params = {"w": jnp.ones(3)}
     state = opt.init(params)
     lrs = []

@@ -3,6 +3,7 @@
 `VLLMSidecarConfig` (validated at construction), `SidecarError` and the
 weight format a checkpoint directory declares (`checkpoint_quant_mode`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,12 @@ _FLOAT_MODES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 
 # Names other rljax engines use for the same weight formats.
-_MODE_ALIASES = {"none": "f32", "float32": "f32", "bfloat16": "bf16",
-                 "float16": "f16"}
+_MODE_ALIASES = {
+  "none": "f32",
+  "float32": "f32",
+  "bfloat16": "bf16",
+  "float16": "f16",
+}
 
 
 class SidecarError(EngineFailure):
@@ -33,16 +38,24 @@ class SidecarError(EngineFailure):
   carry the same facts.
   """
 
-  def __init__(self, message: str, *, url: str, pid: int | None,
-               log_path: str | None, action: str):
+  def __init__(
+    self,
+    message: str,
+    *,
+    url: str,
+    pid: int | None,
+    log_path: str | None,
+    action: str,
+  ):
     super().__init__(message)
     self.url, self.pid, self.log_path, self.action = url, pid, log_path, action
 
 
 def _check_positive(name: str, value: Any, kind=(int, float)) -> None:
   if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
-    raise ValueError(f"VLLMSidecarConfig.{name}={value!r}; expected a "
-                     "positive number")
+    raise ValueError(
+      f"VLLMSidecarConfig.{name}={value!r}; expected a positive number"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +120,7 @@ class VLLMSidecarConfig:
       batch token budget is raised to max(max_model_len, 4096) unless
       extra_args sets --max-num-batched-tokens.
   """
+
   host: str = "127.0.0.1"
   port: int = 0
   served_model_name: str = "policy"
@@ -136,42 +150,73 @@ class VLLMSidecarConfig:
 
   def __post_init__(self):
     if not isinstance(self.host, str) or not self.host:
-      raise ValueError(f"VLLMSidecarConfig.host={self.host!r}; expected a "
-                       "host name or IP address")
-    if isinstance(self.port, bool) or not isinstance(self.port, int) or not (
-        0 <= self.port < 65536):
-      raise ValueError(f"VLLMSidecarConfig.port={self.port!r}; expected 0 (a "
-                       "free port) or a port number < 65536")
+      raise ValueError(
+        f"VLLMSidecarConfig.host={self.host!r}; expected a "
+        "host name or IP address"
+      )
+    if (
+      isinstance(self.port, bool)
+      or not isinstance(self.port, int)
+      or not (0 <= self.port < 65536)
+    ):
+      raise ValueError(
+        f"VLLMSidecarConfig.port={self.port!r}; expected 0 (a "
+        "free port) or a port number < 65536"
+      )
     name = self.served_model_name
     if not isinstance(name, str) or not name:
-      raise ValueError("VLLMSidecarConfig.served_model_name="
-                       f"{self.served_model_name!r}; expected a non-empty str")
-    for name in ("max_model_len", "tensor_parallel_size", "shard_bytes",
-                 "max_concurrent_requests"):
+      raise ValueError(
+        "VLLMSidecarConfig.served_model_name="
+        f"{self.served_model_name!r}; expected a non-empty str"
+      )
+    for name in (
+      "max_model_len",
+      "tensor_parallel_size",
+      "shard_bytes",
+      "max_concurrent_requests",
+    ):
       _check_positive(name, getattr(self, name), int)
-    for name in ("cpu_kvcache_gib", "startup_timeout_s", "request_timeout_s",
-                 "sync_timeout_s"):
+    for name in (
+      "cpu_kvcache_gib",
+      "startup_timeout_s",
+      "request_timeout_s",
+      "sync_timeout_s",
+    ):
       _check_positive(name, getattr(self, name))
     if not 0.0 < self.gpu_memory_utilization <= 1.0:
       raise ValueError(
-          "VLLMSidecarConfig.gpu_memory_utilization="
-          f"{self.gpu_memory_utilization}; expected a fraction in (0, 1]")
+        "VLLMSidecarConfig.gpu_memory_utilization="
+        f"{self.gpu_memory_utilization}; expected a fraction in (0, 1]"
+      )
     if isinstance(self.extra_args, str) or not all(
-        isinstance(a, str) for a in self.extra_args):
-      raise TypeError(f"VLLMSidecarConfig.extra_args={self.extra_args!r}; "
-                      "expected a tuple of strings (one per argv item)")
+      isinstance(a, str) for a in self.extra_args
+    ):
+      raise TypeError(
+        f"VLLMSidecarConfig.extra_args={self.extra_args!r}; "
+        "expected a tuple of strings (one per argv item)"
+      )
     object.__setattr__(self, "extra_args", tuple(self.extra_args))
-    env = tuple(tuple(kv) for kv in (self.env.items() if isinstance(
-        self.env, Mapping) else self.env))
-    if not all(len(kv) == 2 and all(isinstance(x, str) for x in kv)
-               for kv in env):
-      raise TypeError(f"VLLMSidecarConfig.env={self.env!r}; expected "
-                      "(name, value) string pairs")
+    env = tuple(
+      tuple(kv)
+      for kv in (
+        self.env.items() if isinstance(self.env, Mapping) else self.env
+      )
+    )
+    if not all(
+      len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in env
+    ):
+      raise TypeError(
+        f"VLLMSidecarConfig.env={self.env!r}; expected "
+        "(name, value) string pairs"
+      )
     object.__setattr__(self, "env", env)
-    if self.api_key is not None and (not isinstance(self.api_key, str) or
-                                     not self.api_key.strip()):
-      raise ValueError("VLLMSidecarConfig.api_key: expected None (a random "
-                       "per-run key) or a non-empty string")
+    if self.api_key is not None and (
+      not isinstance(self.api_key, str) or not self.api_key.strip()
+    ):
+      raise ValueError(
+        "VLLMSidecarConfig.api_key: expected None (a random "
+        "per-run key) or a non-empty string"
+      )
 
 
 def checkpoint_quant_mode(model_dir: str | os.PathLike) -> str:
@@ -191,13 +236,17 @@ def checkpoint_quant_mode(model_dir: str | os.PathLike) -> str:
       fmt = quant.get("format")
       if fmt in _COMPRESSED_FORMATS:
         return _COMPRESSED_FORMATS[fmt]
-      raise ValueError(f"{path}: compressed-tensors format {fmt!r}; expected "
-                       f"one of {sorted(_COMPRESSED_FORMATS)}")
-    raise ValueError(f"{path}: quant_method={method!r}; the sidecar syncs "
-                     "float or compressed-tensors checkpoints")
+      raise ValueError(
+        f"{path}: compressed-tensors format {fmt!r}; expected "
+        f"one of {sorted(_COMPRESSED_FORMATS)}"
+      )
+    raise ValueError(
+      f"{path}: quant_method={method!r}; the sidecar syncs "
+      "float or compressed-tensors checkpoints"
+    )
   dtype = config.get("torch_dtype") or config.get("dtype") or "float32"
   if dtype not in _FLOAT_MODES:
-    raise ValueError(f"{path}: torch_dtype={dtype!r}; expected one of "
-                     f"{sorted(_FLOAT_MODES)}")
+    raise ValueError(
+      f"{path}: torch_dtype={dtype!r}; expected one of {sorted(_FLOAT_MODES)}"
+    )
   return _FLOAT_MODES[dtype]
-

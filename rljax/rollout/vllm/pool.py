@@ -1,5 +1,6 @@
 """`VLLMSidecarPool` (one rollout over several sidecars) and
 `engine_for_model`, which exports a model and starts its engine."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -32,24 +33,32 @@ class VLLMSidecarPool:
   format.
   """
 
-  def __init__(self, sidecars: Sequence[VLLMSidecar],
-               sync_root: str | None = None, shard_bytes: int = 1 << 30):
+  def __init__(
+    self,
+    sidecars: Sequence[VLLMSidecar],
+    sync_root: str | None = None,
+    shard_bytes: int = 1 << 30,
+  ):
     sidecars = list(sidecars)
     if not sidecars or not all(isinstance(s, VLLMSidecar) for s in sidecars):
-      raise TypeError(f"VLLMSidecarPool: sidecars={sidecars!r:.120}; "
-                      "expected a non-empty list of VLLMSidecar")
+      raise TypeError(
+        f"VLLMSidecarPool: sidecars={sidecars!r:.120}; "
+        "expected a non-empty list of VLLMSidecar"
+      )
     first = sidecars[0]
     for s in sidecars[1:]:
       if dict(s.manifest.specs) != dict(first.manifest.specs):
         raise ValueError(
-            f"VLLMSidecarPool: {s.describe()} runs a checkpoint "
-            f"({s.model_dir}) with other tensors than {first.describe()} "
-            f"({first.model_dir}); expected the same model and format")
+          f"VLLMSidecarPool: {s.describe()} runs a checkpoint "
+          f"({s.model_dir}) with other tensors than {first.describe()} "
+          f"({first.model_dir}); expected the same model and format"
+        )
     self.sidecars = sidecars
     self.shard_bytes = shard_bytes
     self._sync_dirs = weight_sync.SyncDirs(
-        sync_root if sync_root is not None else first.config.sync_root,
-        prefix="rljax-vllm-pool-sync")
+      sync_root if sync_root is not None else first.config.sync_root,
+      prefix="rljax-vllm-pool-sync",
+    )
     self._finalizer = weakref.finalize(self, self._sync_dirs.cleanup)
     self.last_sync_timing: dict[str, float] = {}
 
@@ -70,23 +79,29 @@ class VLLMSidecarPool:
       raise errors[0]
     return [f.result() for f in futures]
 
-  def generate(self, prompt_ids: Sequence[Sequence[int]],
-               sampling: SamplingConfig) -> RolloutBatch:
+  def generate(
+    self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+  ) -> RolloutBatch:
     if not isinstance(sampling, SamplingConfig):
-      raise TypeError(f"VLLMSidecarPool.generate: sampling={sampling!r:.80}; "
-                      "expected a rljax.rollout.SamplingConfig")
+      raise TypeError(
+        f"VLLMSidecarPool.generate: sampling={sampling!r:.80}; "
+        "expected a rljax.rollout.SamplingConfig"
+      )
     prompts = check_prompts(prompt_ids, self.sidecars[0].vocab_size)
     bounds = np.linspace(0, len(prompts), len(self.sidecars) + 1).astype(int)
-    calls = [(s.generate_rows, (prompts[lo:hi], sampling, int(lo)))
-             for s, lo, hi in zip(self.sidecars, bounds[:-1], bounds[1:])
-             if hi > lo]
+    calls = [
+      (s.generate_rows, (prompts[lo:hi], sampling, int(lo)))
+      for s, lo, hi in zip(self.sidecars, bounds[:-1], bounds[1:])
+      if hi > lo
+    ]
     start = time.perf_counter()
     chunks = self._run_all(calls)
     rows = [row for chunk in chunks for row in chunk]
     return _to_batch(prompts, rows, sampling, time.perf_counter() - start)
 
-  def update_weights(self, params: Any, quant_mode: str | None = None
-                     ) -> SyncStats:
+  def update_weights(
+    self, params: Any, quant_mode: str | None = None
+  ) -> SyncStats:
     """Converts and writes once, then every sidecar reloads concurrently."""
     start = time.perf_counter()
     tensors = self.sidecars[0].prepare_weights(params, quant_mode)
@@ -98,10 +113,13 @@ class VLLMSidecarPool:
     finally:
       self._sync_dirs.commit(path)
     end = time.perf_counter()
-    self.last_sync_timing = {"prepare_s": prepared - start,
-                             "write_s": written - prepared,
-                             "reload_s": end - written, "seconds": end - start,
-                             "bytes": nbytes}
+    self.last_sync_timing = {
+      "prepare_s": prepared - start,
+      "write_s": written - prepared,
+      "reload_s": end - written,
+      "seconds": end - start,
+      "bytes": nbytes,
+    }
     return SyncStats(seconds=end - start, bytes=nbytes)
 
   def restart(self) -> None:
@@ -128,10 +146,15 @@ class VLLMSidecarPool:
     self.close()
 
 
-def engine_for_model(model_config: Any, params: Any, out_dir: str,
-                     quant: str = "none", tokenizer: Any = None,
-                     urls: str = "",
-                     config: VLLMSidecarConfig | None = None):
+def engine_for_model(
+  model_config: Any,
+  params: Any,
+  out_dir: str,
+  quant: str = "none",
+  tokenizer: Any = None,
+  urls: str = "",
+  config: VLLMSidecarConfig | None = None,
+):
   """A vLLM engine (one sidecar, or a pool over `urls`) serving `params`.
 
   Writes the starting checkpoint to `out_dir`: bf16 for "none"/"bf16", the
@@ -139,26 +162,37 @@ def engine_for_model(model_config: Any, params: Any, out_dir: str,
   The trainer then pushes the weights it quantized at every sync.
   """
   from rljax import models
+
   if quant in ("none", "bf16", "f32"):
-    models.save_hf(model_config, params, out_dir, tokenizer=tokenizer,
-                   dtype="bfloat16")
+    models.save_hf(
+      model_config, params, out_dir, tokenizer=tokenizer, dtype="bfloat16"
+    )
   elif quant == "int8":
-    models.export_compressed_tensors_int8(model_config, params, out_dir,
-                                         tokenizer=tokenizer)
+    models.export_compressed_tensors_int8(
+      model_config, params, out_dir, tokenizer=tokenizer
+    )
   elif quant == "fp8":
     if is_cpu_build():
-      raise ValueError("quant='fp8' with engine='vllm' needs CUDA: vLLM's CPU "
-                       "build has no FP8 kernels; use --engine=jax (FP8 "
-                       "emulation) or --rollout_quant=int8")
-    models.export_compressed_tensors_fp8(model_config, params, out_dir,
-                                        tokenizer=tokenizer)
+      raise ValueError(
+        "quant='fp8' with engine='vllm' needs CUDA: vLLM's CPU "
+        "build has no FP8 kernels; use --engine=jax (FP8 "
+        "emulation) or --rollout_quant=int8"
+      )
+    models.export_compressed_tensors_fp8(
+      model_config, params, out_dir, tokenizer=tokenizer
+    )
   else:
-    raise ValueError(f"quant={quant!r} is not supported by the vLLM engine; "
-                     "expected one of ('none', 'bf16', 'int8', 'fp8')")
+    raise ValueError(
+      f"quant={quant!r} is not supported by the vLLM engine; "
+      "expected one of ('none', 'bf16', 'int8', 'fp8')"
+    )
   if urls:
-    sidecars = [VLLMSidecar.attach(u.strip(), model_dir=out_dir, config=config,
-                                   model_config=model_config)
-                for u in urls.split(",") if u.strip()]
+    sidecars = [
+      VLLMSidecar.attach(
+        u.strip(), model_dir=out_dir, config=config, model_config=model_config
+      )
+      for u in urls.split(",")
+      if u.strip()
+    ]
     return sidecars[0] if len(sidecars) == 1 else VLLMSidecarPool(sidecars)
   return VLLMSidecar(out_dir, config, model_config=model_config)
-

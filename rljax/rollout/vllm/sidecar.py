@@ -3,6 +3,7 @@
 HTTP fan-out of the completions, weight sync (check, write, reload),
 health checks and restart, on top of `process` and `config`.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -84,9 +85,14 @@ class VLLMSidecar:
   rollouts have been seen to reproduce too, but nothing guarantees it.
   """
 
-  def __init__(self, model_dir: str | os.PathLike | None = None,
-               config: VLLMSidecarConfig | None = None, *,
-               url: str | None = None, model_config: Any = None):
+  def __init__(
+    self,
+    model_dir: str | os.PathLike | None = None,
+    config: VLLMSidecarConfig | None = None,
+    *,
+    url: str | None = None,
+    model_config: Any = None,
+  ):
     """Launches a sidecar on model_dir, or attaches to url.
 
     Args:
@@ -104,8 +110,9 @@ class VLLMSidecar:
     """
     self.config = config if config is not None else VLLMSidecarConfig()
     if not isinstance(self.config, VLLMSidecarConfig):
-      raise TypeError(f"config={self.config!r:.80}; expected a "
-                      "VLLMSidecarConfig")
+      raise TypeError(
+        f"config={self.config!r:.80}; expected a VLLMSidecarConfig"
+      )
     self._model_config = model_config
     self._lock = threading.RLock()
     self._proc: subprocess.Popen | None = None
@@ -115,49 +122,61 @@ class VLLMSidecar:
     self._broken: str | None = None
     self._has_extension = False
     self._last_weights_dir: str | None = None
-    self._sync_dirs = weight_sync.SyncDirs(self.config.sync_root,
-                                           prefix="rljax-vllm-sync")
+    self._sync_dirs = weight_sync.SyncDirs(
+      self.config.sync_root, prefix="rljax-vllm-sync"
+    )
     self.last_sync_timing: dict[str, float] = {}
     self.startup_seconds: float | None = None
     # Every server this sidecar launched (a restart adds one): close(), the
     # garbage collector or interpreter exit stop them all.
     self._launched: list[subprocess.Popen] = []
-    self._finalizer = weakref.finalize(self, _shutdown, self._launched,
-                                       self._sync_dirs)
+    self._finalizer = weakref.finalize(
+      self, _shutdown, self._launched, self._sync_dirs
+    )
     self._log_dir: str | None = None
     if url is None:
       self._api_key = self.config.api_key or secrets.token_urlsafe(32)
     else:
-      self._api_key = (self.config.api_key or
-                       os.environ.get("VLLM_API_KEY") or None)
+      self._api_key = (
+        self.config.api_key or os.environ.get("VLLM_API_KEY") or None
+      )
     if url is None:
       if model_dir is None:
-        raise ValueError("VLLMSidecar: pass model_dir (to launch a server) or "
-                         "url (to attach to one)")
+        raise ValueError(
+          "VLLMSidecar: pass model_dir (to launch a server) or "
+          "url (to attach to one)"
+        )
       self.model_dir = os.path.abspath(os.fspath(model_dir))
       if not os.path.isfile(os.path.join(self.model_dir, "config.json")):
         raise FileNotFoundError(
-            f"VLLMSidecar: {self.model_dir!r} has no config.json; expected an "
-            "HF checkpoint directory")
+          f"VLLMSidecar: {self.model_dir!r} has no config.json; expected an "
+          "HF checkpoint directory"
+        )
       self._attached = False
       self._read_checkpoint()
       self._launch()
     else:
       self._attached = True
       self._url = url.rstrip("/")
-      self._client = VLLMClient(self._url, self.config.request_timeout_s,
-                                api_key=self._api_key)
-      self.model_dir = (os.path.abspath(os.fspath(model_dir))
-                        if model_dir is not None else None)
+      self._client = VLLMClient(
+        self._url, self.config.request_timeout_s, api_key=self._api_key
+      )
+      self.model_dir = (
+        os.path.abspath(os.fspath(model_dir)) if model_dir is not None else None
+      )
       start = time.perf_counter()
       self._wait_healthy(time.perf_counter() + self.config.startup_timeout_s)
       self._handshake()
       self.startup_seconds = time.perf_counter() - start
 
   @classmethod
-  def attach(cls, url: str, model_dir: str | os.PathLike | None = None,
-             config: VLLMSidecarConfig | None = None,
-             model_config: Any = None) -> "VLLMSidecar":
+  def attach(
+    cls,
+    url: str,
+    model_dir: str | os.PathLike | None = None,
+    config: VLLMSidecarConfig | None = None,
+    model_config: Any = None,
+  ) -> "VLLMSidecar":
     """Uses a vLLM server that is already running at url (not owned: close()
     leaves it running). It must run with `VLLM_SERVER_DEV_MODE=1` and
     `--logprobs-mode processed_logprobs`."""
@@ -210,37 +229,56 @@ class VLLMSidecar:
 
   def _command(self, port: int) -> list[str]:
     cfg = self.config
-    cmd = [sys.executable, "-m", server_module(),
-           "--model", self.model_dir,
-           "--host", cfg.host, "--port", str(port),
-           "--served-model-name", cfg.served_model_name,
-           "--max-model-len", str(cfg.max_model_len),
-           "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
-           "--tensor-parallel-size", str(cfg.tensor_parallel_size),
-           "--seed", str(cfg.seed),
-           # behav_logp must be of the distribution sampled from (after
-           # temperature / top-k / top-p), not of the raw logits.
-           "--logprobs-mode", "processed_logprobs",
-           # The checkpoint's generation_config.json must not change sampling.
-           "--generation-config", "vllm",
-           "--disable-uvicorn-access-log",
-           # Every route but /health needs the per-run key (VLLM_API_KEY).
-           "--middleware", AUTH_MIDDLEWARE]
+    cmd = [
+      sys.executable,
+      "-m",
+      server_module(),
+      "--model",
+      self.model_dir,
+      "--host",
+      cfg.host,
+      "--port",
+      str(port),
+      "--served-model-name",
+      cfg.served_model_name,
+      "--max-model-len",
+      str(cfg.max_model_len),
+      "--gpu-memory-utilization",
+      str(cfg.gpu_memory_utilization),
+      "--tensor-parallel-size",
+      str(cfg.tensor_parallel_size),
+      "--seed",
+      str(cfg.seed),
+      # behav_logp must be of the distribution sampled from (after
+      # temperature / top-k / top-p), not of the raw logits.
+      "--logprobs-mode",
+      "processed_logprobs",
+      # The checkpoint's generation_config.json must not change sampling.
+      "--generation-config",
+      "vllm",
+      "--disable-uvicorn-access-log",
+      # Every route but /health needs the per-run key (VLLM_API_KEY).
+      "--middleware",
+      AUTH_MIDDLEWARE,
+    ]
     if cfg.enforce_eager:
       cmd.append("--enforce-eager")
     if cfg.worker_extension:
       cmd += ["--worker-extension-cls", EXTENSION_CLASS]
-    chunked = (not is_cpu_build()) if cfg.chunked_prefill is None else (
-        cfg.chunked_prefill)
-    if not chunked and not any("chunked-prefill" in a
-                               for a in cfg.extra_args):
+    chunked = (
+      (not is_cpu_build())
+      if cfg.chunked_prefill is None
+      else (cfg.chunked_prefill)
+    )
+    if not chunked and not any("chunked-prefill" in a for a in cfg.extra_args):
       cmd.append("--no-enable-chunked-prefill")
-      if not any(a.startswith("--max-num-batched-tokens")
-                 for a in cfg.extra_args):
-        cmd += ["--max-num-batched-tokens",
-                str(max(cfg.max_model_len, 4096))]
-    elif cfg.chunked_prefill and not any("chunked-prefill" in a
-                                         for a in cfg.extra_args):
+      if not any(
+        a.startswith("--max-num-batched-tokens") for a in cfg.extra_args
+      ):
+        cmd += ["--max-num-batched-tokens", str(max(cfg.max_model_len, 4096))]
+    elif cfg.chunked_prefill and not any(
+      "chunked-prefill" in a for a in cfg.extra_args
+    ):
       cmd.append("--enable-chunked-prefill")
     return cmd + list(cfg.extra_args)
 
@@ -250,24 +288,29 @@ class VLLMSidecar:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.config.cpu_kvcache_gib:g}")
     if not os.path.isfile(os.path.join(EXTENSION_DIR, "rljax_vllm_auth.py")):
       raise FileNotFoundError(
-          f"VLLMSidecar: rljax's server modules are not in {EXTENSION_DIR!r} "
-          "(they ship in the rljax repository, third_party/vllm_ext); use a "
-          "source checkout")
+        f"VLLMSidecar: rljax's server modules are not in {EXTENSION_DIR!r} "
+        "(they ship in the rljax repository, third_party/vllm_ext); use a "
+        "source checkout"
+      )
     if self.config.worker_extension and not os.path.isdir(
-        os.path.join(EXTENSION_DIR, "rljax_vllm_ext")):
+      os.path.join(EXTENSION_DIR, "rljax_vllm_ext")
+    ):
       raise FileNotFoundError(
-          f"VLLMSidecar: the worker extension is not at {EXTENSION_DIR!r} "
-          "(it ships in the rljax repository, third_party/vllm_ext); use a "
-          "source checkout or pass VLLMSidecarConfig(worker_extension=False)")
+        f"VLLMSidecar: the worker extension is not at {EXTENSION_DIR!r} "
+        "(it ships in the rljax repository, third_party/vllm_ext); use a "
+        "source checkout or pass VLLMSidecarConfig(worker_extension=False)"
+      )
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (EXTENSION_DIR, env.get("PYTHONPATH")) if p)
+      p for p in (EXTENSION_DIR, env.get("PYTHONPATH")) if p
+    )
     if self.config.batch_invariant:
       if is_cpu_build():
         raise ValueError(
-            "VLLMSidecarConfig.batch_invariant=True, but the installed vLLM "
-            f"({vllm_version()}) is its CPU build: vLLM's batch-invariant "
-            "mode needs an NVIDIA (sm80+), AMD Instinct or Intel XPU GPU; "
-            "expected batch_invariant=False on CPU")
+          "VLLMSidecarConfig.batch_invariant=True, but the installed vLLM "
+          f"({vllm_version()}) is its CPU build: vLLM's batch-invariant "
+          "mode needs an NVIDIA (sm80+), AMD Instinct or Intel XPU GPU; "
+          "expected batch_invariant=False on CPU"
+        )
       env["VLLM_BATCH_INVARIANT"] = "1"
     env.update(dict(self.config.env))
     # After config.env: the key must be the one the client sends. vLLM
@@ -291,29 +334,39 @@ class VLLMSidecar:
     for attempt in range(attempts):
       port = cfg.port or _free_port(cfg.host)
       self._url = f"http://{cfg.host}:{port}"
-      self._client = VLLMClient(self._url, cfg.request_timeout_s,
-                                api_key=self._api_key)
+      self._client = VLLMClient(
+        self._url, cfg.request_timeout_s, api_key=self._api_key
+      )
       if self._log_path is None:
         # One file per sidecar, kept across its restarts; mkstemp: unique
         # even for sidecars sharing a log_dir, and owner-only.
         fd, self._log_path = tempfile.mkstemp(
-            prefix=f"vllm-sidecar-{os.getpid()}-{port}-", suffix=".log",
-            dir=log_dir)
+          prefix=f"vllm-sidecar-{os.getpid()}-{port}-",
+          suffix=".log",
+          dir=log_dir,
+        )
         os.close(fd)
       self._launches += 1
       command = self._command(port)
-      guarded = guarded_command(command, os.getpid(),
-                                self._sync_dirs.glob_pattern)
+      guarded = guarded_command(
+        command, os.getpid(), self._sync_dirs.glob_pattern
+      )
       with open(self._log_path, "a") as log:
-        log.write(f"\n=== rljax launch #{self._launches}: "
-                  f"{' '.join(command)}\n")
+        log.write(
+          f"\n=== rljax launch #{self._launches}: {' '.join(command)}\n"
+        )
         log.flush()
         # cwd: the log dir, never a directory that could shadow packages on
         # the server's sys.path (`python -m` puts cwd first).
         self._proc = subprocess.Popen(
-            guarded, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, cwd=log_dir, env=env,
-            start_new_session=True)
+          guarded,
+          stdout=log,
+          stderr=subprocess.STDOUT,
+          stdin=subprocess.DEVNULL,
+          cwd=log_dir,
+          env=env,
+          start_new_session=True,
+        )
       self._launched.append(self._proc)
       try:
         self._wait_healthy(time.perf_counter() + cfg.startup_timeout_s)
@@ -336,8 +389,10 @@ class VLLMSidecar:
         if self._proc is not None:
           _kill_process_group(self._proc)
         raise self._failure(
-            "starting up", "not healthy after "
-            f"{self.config.startup_timeout_s:.0f} s (startup_timeout_s)")
+          "starting up",
+          "not healthy after "
+          f"{self.config.startup_timeout_s:.0f} s (startup_timeout_s)",
+        )
       time.sleep(0.5)
 
   def _handshake(self) -> None:
@@ -348,32 +403,42 @@ class VLLMSidecar:
       models = self._client.models()
     except VLLMRequestError as e:
       raise self._failure(action, e) from None
-    card = next((m for m in models
-                 if m.get("id") == self.config.served_model_name), None)
+    card = next(
+      (m for m in models if m.get("id") == self.config.served_model_name), None
+    )
     if card is None:
-      raise self._failure(action, (
+      raise self._failure(
+        action,
+        (
           f"it serves {[m.get('id') for m in models]}, not "
-          f"{self.config.served_model_name!r} (served_model_name)"))
-    self.max_model_len = int(card.get("max_model_len") or
-                             self.config.max_model_len)
+          f"{self.config.served_model_name!r} (served_model_name)"
+        ),
+      )
+    self.max_model_len = int(
+      card.get("max_model_len") or self.config.max_model_len
+    )
     if self._attached:
       if self.model_dir is None:
         root = card.get("root")
         if not (root and os.path.isdir(root)):
           raise ValueError(
-              f"VLLMSidecar.attach({self._url}): the server's checkpoint "
-              f"{root!r} is not readable here; pass model_dir= (a local copy) "
-              "so weight syncs can be checked against it")
+            f"VLLMSidecar.attach({self._url}): the server's checkpoint "
+            f"{root!r} is not readable here; pass model_dir= (a local copy) "
+            "so weight syncs can be checked against it"
+          )
         self.model_dir = os.path.abspath(root)
       self._read_checkpoint()
     try:
       self._client.reset_prefix_cache(timeout_s=60)
     except VLLMRequestError as e:
       if e.status == 404:
-        raise self._failure(action, (
+        raise self._failure(
+          action,
+          (
             "it has no /reset_prefix_cache route; start it with "
             "VLLM_SERVER_DEV_MODE=1 (weight syncs need the dev routes)"
-        )) from None
+          ),
+        ) from None
       raise self._failure(action, e) from None
     self._has_extension = False
     if self.config.worker_extension:
@@ -382,15 +447,19 @@ class VLLMSidecar:
         self._has_extension = True
       except VLLMRequestError as e:
         if not self._attached:
-          raise self._failure(action, f"the rljax worker extension did not "
-                              f"load: {e}") from None
+          raise self._failure(
+            action, f"the rljax worker extension did not load: {e}"
+          ) from None
     if self._quant_mode == "int8" and not self._has_extension:
       logging.warning(
-          "vLLM sidecar %s runs an INT8 checkpoint without rljax's worker "
-          "extension (start it with PYTHONPATH=%s --worker-extension-cls %s): "
-          "on vLLM's CPU backend INT8 weight reloads then produce garbage, "
-          "which the post-sync check reports", self.describe(), EXTENSION_DIR,
-          EXTENSION_CLASS)
+        "vLLM sidecar %s runs an INT8 checkpoint without rljax's worker "
+        "extension (start it with PYTHONPATH=%s --worker-extension-cls %s): "
+        "on vLLM's CPU backend INT8 weight reloads then produce garbage, "
+        "which the post-sync check reports",
+        self.describe(),
+        EXTENSION_DIR,
+        EXTENSION_CLASS,
+      )
     # This request also warms the server up (its first request is several
     # times slower than the next ones).
     self._probe(action)
@@ -405,21 +474,28 @@ class VLLMSidecar:
     probe = SamplingConfig(n=1, temperature=1.0, top_k=1, max_new_tokens=1)
     prompt = [min(1, (self.vocab_size or 2) - 1)] * 4
     try:
-      answer = self._client.complete(completion_request(
-          self.config.served_model_name, prompt, probe, seed=0),
-                                     timeout_s=self.config.request_timeout_s)
-      (_, logp, _), = parse_completion(answer, 1)
+      answer = self._client.complete(
+        completion_request(
+          self.config.served_model_name, prompt, probe, seed=0
+        ),
+        timeout_s=self.config.request_timeout_s,
+      )
+      ((_, logp, _),) = parse_completion(answer, 1)
     except (VLLMRequestError, ValueError) as e:
-      raise self._failure(action + " (probe generation)",
-                          _explain(e)) from None
+      raise self._failure(action + " (probe generation)", _explain(e)) from None
     if not np.isfinite(logp[0]):
-      raise self._failure(action + " (probe generation)",
-                          f"non-finite log-prob {logp[0]}")
+      raise self._failure(
+        action + " (probe generation)", f"non-finite log-prob {logp[0]}"
+      )
     if abs(float(logp[0])) > 1e-4:
-      raise self._failure(action, (
+      raise self._failure(
+        action,
+        (
           f"sampled-token log-prob {float(logp[0]):.4f} under top_k=1 is not "
           "0: the server does not return processed log-probs; run it with "
-          "--logprobs-mode processed_logprobs"))
+          "--logprobs-mode processed_logprobs"
+        ),
+      )
 
   def _log_tail(self) -> str:
     if not self._log_path or not os.path.isfile(self._log_path):
@@ -430,7 +506,7 @@ class VLLMSidecar:
       lines = f.read().decode(errors="replace").splitlines()
     for i in range(len(lines) - 1, -1, -1):  # only this launch's lines
       if lines[i].startswith("=== rljax launch #"):
-        lines = lines[i + 1:]
+        lines = lines[i + 1 :]
         break
     return summarize_log(lines)
 
@@ -443,19 +519,27 @@ class VLLMSidecar:
       parts.append(f"last log lines:\n{tail}")
     if self._log_path:
       parts.append(f"full log: {self._log_path}")
-    return SidecarError("\n".join(parts), url=self._url, pid=self.pid,
-                        log_path=self._log_path, action=action)
+    return SidecarError(
+      "\n".join(parts),
+      url=self._url,
+      pid=self.pid,
+      log_path=self._log_path,
+      action=action,
+    )
 
   def _require_usable(self, action: str) -> None:
     if self._closed:
-      raise RuntimeError(f"VLLMSidecar {self.describe()}: {action} after "
-                         "close()")
+      raise RuntimeError(
+        f"VLLMSidecar {self.describe()}: {action} after close()"
+      )
     if self._broken:
-      raise self._failure(action, (
-          f"it is unusable since {self._broken}; call restart()"))
+      raise self._failure(
+        action, (f"it is unusable since {self._broken}; call restart()")
+      )
     if self._proc is not None and self._proc.poll() is not None:
-      raise self._failure(action, "the server process is not running; call "
-                          "restart()")
+      raise self._failure(
+        action, "the server process is not running; call restart()"
+      )
 
   def is_alive(self) -> bool:
     """True when the server answers /health (and, if launched, runs)."""
@@ -470,8 +554,9 @@ class VLLMSidecar:
     again), then reloads the weights of the last sync."""
     with self._lock:
       if self._closed:
-        raise RuntimeError(f"VLLMSidecar {self.describe()}: restart after "
-                           "close()")
+        raise RuntimeError(
+          f"VLLMSidecar {self.describe()}: restart after close()"
+        )
       if self._attached:
         self._wait_healthy(time.perf_counter() + self.config.startup_timeout_s)
         self._handshake()
@@ -503,8 +588,9 @@ class VLLMSidecar:
 
   # -- generation -------------------------------------------------------------
 
-  def generate(self, prompt_ids: Sequence[Sequence[int]],
-               sampling: SamplingConfig) -> RolloutBatch:
+  def generate(
+    self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+  ) -> RolloutBatch:
     """Samples `sampling.n` responses per prompt (see `base.RolloutBatch`).
 
     Raises:
@@ -512,16 +598,21 @@ class VLLMSidecar:
       SidecarError: the server died, timed out or failed the request.
     """
     if not isinstance(sampling, SamplingConfig):
-      raise TypeError(f"VLLMSidecar.generate: sampling={sampling!r:.80}; "
-                      "expected a rljax.rollout.SamplingConfig")
+      raise TypeError(
+        f"VLLMSidecar.generate: sampling={sampling!r:.80}; "
+        "expected a rljax.rollout.SamplingConfig"
+      )
     prompts = check_prompts(prompt_ids, self.vocab_size)
     start = time.perf_counter()
     rows = self.generate_rows(prompts, sampling, first_index=0)
     return _to_batch(prompts, rows, sampling, time.perf_counter() - start)
 
-  def generate_rows(self, prompts: list[list[int]], sampling: SamplingConfig,
-                    first_index: int = 0
-                    ) -> list[tuple[list[int], np.ndarray, str]]:
+  def generate_rows(
+    self,
+    prompts: list[list[int]],
+    sampling: SamplingConfig,
+    first_index: int = 0,
+  ) -> list[tuple[list[int], np.ndarray, str]]:
     """(response ids, behav_logp, finish reason) for prompt-major samples.
 
     `first_index` is the index of prompts[0] in the whole rollout: seeds
@@ -534,16 +625,22 @@ class VLLMSidecar:
       for i, prompt in enumerate(prompts):
         if len(prompt) + sampling.max_new_tokens > limit:
           raise ValueError(
-              f"VLLMSidecar.generate: prompt {first_index + i} has "
-              f"{len(prompt)} tokens + max_new_tokens="
-              f"{sampling.max_new_tokens} > max_model_len={limit}; expected "
-              "shorter prompts or a larger VLLMSidecarConfig.max_model_len")
+            f"VLLMSidecar.generate: prompt {first_index + i} has "
+            f"{len(prompt)} tokens + max_new_tokens="
+            f"{sampling.max_new_tokens} > max_model_len={limit}; expected "
+            "shorter prompts or a larger VLLMSidecarConfig.max_model_len"
+          )
       name = self.config.served_model_name
-      bodies = [completion_request(name, p, sampling,
-                                   _prompt_seed(sampling.seed, first_index + i))
-                for i, p in enumerate(prompts)]
-      action = (f"generating {len(prompts)} prompts x n={sampling.n}, "
-                f"max_new_tokens={sampling.max_new_tokens}")
+      bodies = [
+        completion_request(
+          name, p, sampling, _prompt_seed(sampling.seed, first_index + i)
+        )
+        for i, p in enumerate(prompts)
+      ]
+      action = (
+        f"generating {len(prompts)} prompts x n={sampling.n}, "
+        f"max_new_tokens={sampling.max_new_tokens}"
+      )
       if self.config.fresh_prefix_cache:
         try:
           # False (nothing reset) while another client's requests hold
@@ -554,30 +651,40 @@ class VLLMSidecar:
       workers = min(len(bodies), self.config.max_concurrent_requests)
       results: list[Any] = [None] * len(bodies)
       pool = concurrent.futures.ThreadPoolExecutor(
-          max_workers=max(workers, 1), thread_name_prefix="vllm-request")
+        max_workers=max(workers, 1), thread_name_prefix="vllm-request"
+      )
       try:
-        futures = {pool.submit(self._client.complete, body): i
-                   for i, body in enumerate(bodies)}
+        futures = {
+          pool.submit(self._client.complete, body): i
+          for i, body in enumerate(bodies)
+        }
         done = concurrent.futures.as_completed(futures)
         if self.config.show_progress:
           import tqdm  # pylint: disable=g-import-not-at-top
-          done = tqdm.tqdm(done, total=len(futures), desc="vllm rollout",
-                           unit="prompt")
+
+          done = tqdm.tqdm(
+            done, total=len(futures), desc="vllm rollout", unit="prompt"
+          )
         for future in done:
           i = futures[future]
           try:
             results[i] = parse_completion(future.result(), sampling.n)
           except VLLMRequestError as e:
             explained = _explain(e)
-            if (e.status is not None and 400 <= e.status < 500
-                and explained == str(e)):
+            if (
+              e.status is not None
+              and 400 <= e.status < 500
+              and explained == str(e)
+            ):
               raise ValueError(
-                  f"vLLM sidecar {self.describe()} rejected prompt "
-                  f"{first_index + i}: {e.detail}") from None
+                f"vLLM sidecar {self.describe()} rejected prompt "
+                f"{first_index + i}: {e.detail}"
+              ) from None
             raise self._failure(action, explained) from None
           except ValueError as e:
-            raise self._failure(action, f"prompt {first_index + i}: {e}"
-                                ) from None
+            raise self._failure(
+              action, f"prompt {first_index + i}: {e}"
+            ) from None
       finally:
         pool.shutdown(wait=False, cancel_futures=True)
       return [row for rows in results for row in rows]
@@ -590,20 +697,23 @@ class VLLMSidecar:
     mode = _MODE_ALIASES.get(quant_mode, quant_mode)
     if mode != self._quant_mode:
       raise ValueError(
-          f"VLLMSidecar {self.describe()}: update_weights(quant_mode="
-          f"{quant_mode!r}) but the engine runs a {self._quant_mode} "
-          f"checkpoint ({self.model_dir}); vLLM cannot change the weight "
-          f"format at a sync: launch a sidecar from a {mode} export instead")
+        f"VLLMSidecar {self.describe()}: update_weights(quant_mode="
+        f"{quant_mode!r}) but the engine runs a {self._quant_mode} "
+        f"checkpoint ({self.model_dir}); vLLM cannot change the weight "
+        f"format at a sync: launch a sidecar from a {mode} export instead"
+      )
     return mode
 
   def _rljax_model_config(self) -> Any:
     if self._model_config is None:
       from rljax import models  # pylint: disable=g-import-not-at-top
+
       self._model_config = models.ModelConfig.from_hf(self.model_dir)
     return self._model_config
 
-  def prepare_weights(self, params: Any, quant_mode: str | None = None
-                      ) -> dict[str, np.ndarray]:
+  def prepare_weights(
+    self, params: Any, quant_mode: str | None = None
+  ) -> dict[str, np.ndarray]:
     """The exact tensors a sync writes: HF name -> array in checkpoint
     format, checked against the engine's checkpoint.
 
@@ -623,25 +733,34 @@ class VLLMSidecar:
     elif isinstance(params, Mapping):
       config = self._rljax_model_config()
       from rljax import models  # pylint: disable=g-import-not-at-top
+
       if mode in ("int8", "fp8"):
         state_dict = models.compressed_tensors_state_dict(
-            config, params, mode=mode, dtype=self._float_dtype_name())
+          config, params, mode=mode, dtype=self._float_dtype_name()
+        )
       else:
         state_dict = models.to_hf_state_dict(config, params)
     else:
-      raise TypeError(f"{context}: params is a {type(params).__name__}; "
-                      "expected an HF state dict or an rljax params tree")
-    return weight_sync.prepare_tensors(state_dict, self._manifest,
-                                       self.config.check_finite, context)
+      raise TypeError(
+        f"{context}: params is a {type(params).__name__}; "
+        "expected an HF state dict or an rljax params tree"
+      )
+    return weight_sync.prepare_tensors(
+      state_dict, self._manifest, self.config.check_finite, context
+    )
 
   def _float_dtype_name(self) -> str:
-    floats = [s.dtype for s in self._manifest.specs.values()
-              if weight_sync.is_float_dtype(s.dtype) and s.dtype.itemsize > 1]
+    floats = [
+      s.dtype
+      for s in self._manifest.specs.values()
+      if weight_sync.is_float_dtype(s.dtype) and s.dtype.itemsize > 1
+    ]
     names = [np.dtype(d).name for d in floats]
     return max(set(names), key=names.count) if names else "bfloat16"
 
-  def update_weights(self, params: Any, quant_mode: str | None = None
-                     ) -> SyncStats:
+  def update_weights(
+    self, params: Any, quant_mode: str | None = None
+  ) -> SyncStats:
     """Pushes new weights: check, write shards to tmpfs, reload, reset cache.
 
     Args:
@@ -663,8 +782,9 @@ class VLLMSidecar:
       start = time.perf_counter()
       tensors = self.prepare_weights(params, quant_mode)
       prepared = time.perf_counter()
-      path, nbytes = write_sync_dir(self._sync_dirs, tensors,
-                                    self.config.shard_bytes)
+      path, nbytes = write_sync_dir(
+        self._sync_dirs, tensors, self.config.shard_bytes
+      )
       written = time.perf_counter()
       try:
         self._load_dir(path)
@@ -672,10 +792,13 @@ class VLLMSidecar:
         # Kept even when the reload failed: restart() re-pushes it.
         self._sync_dirs.commit(path)
       end = time.perf_counter()
-      self.last_sync_timing = {"prepare_s": prepared - start,
-                               "write_s": written - prepared,
-                               "reload_s": end - written,
-                               "seconds": end - start, "bytes": nbytes}
+      self.last_sync_timing = {
+        "prepare_s": prepared - start,
+        "write_s": written - prepared,
+        "reload_s": end - written,
+        "seconds": end - start,
+        "bytes": nbytes,
+      }
       return SyncStats(seconds=end - start, bytes=nbytes)
 
   def load_weights_dir(self, path: str) -> None:
@@ -690,28 +813,32 @@ class VLLMSidecar:
   def _load_dir(self, path: str) -> None:
     self._last_weights_dir = path
     action = f"reloading weights from {path!r}"
-    method = ("rljax_reload_weights" if self._has_extension
-              else "reload_weights")
+    method = "rljax_reload_weights" if self._has_extension else "reload_weights"
     try:
-      self._client.collective_rpc(method, {"weights_path": path},
-                                  timeout_s=self.config.sync_timeout_s)
+      self._client.collective_rpc(
+        method, {"weights_path": path}, timeout_s=self.config.sync_timeout_s
+      )
     except VLLMRequestError as e:
       # A failed in-place reload leaves layers without data.
       self._broken = f"a failed weight reload from {path!r}"
-      raise self._failure(action, f"{e}; the engine is unusable until "
-                          "restart()") from None
+      raise self._failure(
+        action, f"{e}; the engine is unusable until restart()"
+      ) from None
     for _ in range(20):
       try:
         if self._client.reset_prefix_cache(timeout_s=60):
           break
       except VLLMRequestError as e:
-        raise self._failure("resetting the prefix cache after a weight sync",
-                            e) from None
+        raise self._failure(
+          "resetting the prefix cache after a weight sync", e
+        ) from None
       time.sleep(0.1)  # refused while blocks are still held by requests
     else:
       self._broken = "a prefix-cache reset that kept failing after a sync"
-      raise self._failure("resetting the prefix cache after a weight sync",
-                          "the server kept answering success=false")
+      raise self._failure(
+        "resetting the prefix cache after a weight sync",
+        "the server kept answering success=false",
+      )
     if self.config.verify_after_sync:
       try:
         self._probe(f"checking the engine after {action}")
@@ -723,22 +850,30 @@ class VLLMSidecar:
 def _explain(error: Exception) -> str:
   text = str(error)
   if "Out of range float values" in text:
-    return (f"{text} (the engine produced NaN/inf log-probs: its weights or "
-            "kernels are broken)")
+    return (
+      f"{text} (the engine produced NaN/inf log-probs: its weights or "
+      "kernels are broken)"
+    )
   return text
 
 
-def _to_batch(prompts: list[list[int]],
-              rows: list[tuple[list[int], np.ndarray, str]],
-              sampling: SamplingConfig, seconds: float) -> RolloutBatch:
+def _to_batch(
+  prompts: list[list[int]],
+  rows: list[tuple[list[int], np.ndarray, str]],
+  sampling: SamplingConfig,
+  seconds: float,
+) -> RolloutBatch:
   tokens = sum(len(ids) for ids, _, _ in rows)
   return RolloutBatch(
-      prompt_ids=prompts,
-      response_ids=[ids for ids, _, _ in rows],
-      behav_logp=[logp for _, logp, _ in rows],
-      finish_reason=[reason for _, _, reason in rows],
-      n=sampling.n,
-      timing={"seconds": seconds, "tokens": float(tokens),
-              "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-              "prompt_tokens": float(sum(len(p) for p in prompts))})
-
+    prompt_ids=prompts,
+    response_ids=[ids for ids, _, _ in rows],
+    behav_logp=[logp for _, logp, _ in rows],
+    finish_reason=[reason for _, _, reason in rows],
+    n=sampling.n,
+    timing={
+      "seconds": seconds,
+      "tokens": float(tokens),
+      "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+      "prompt_tokens": float(sum(len(p) for p in prompts)),
+    },
+  )

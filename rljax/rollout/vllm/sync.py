@@ -1,5 +1,6 @@
 """Weight sync directories: converted tensors written as safetensors
 shards to a fresh tmpfs dir that the server reloads from."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -11,13 +12,20 @@ from rljax.rollout import weight_sync
 
 
 def _is_hf_state_dict(params: Any) -> bool:
-  return isinstance(params, Mapping) and bool(params) and all(
-      isinstance(k, str) and hasattr(v, "shape") for k, v in params.items())
+  return (
+    isinstance(params, Mapping)
+    and bool(params)
+    and all(
+      isinstance(k, str) and hasattr(v, "shape") for k, v in params.items()
+    )
+  )
 
 
-def write_sync_dir(sync_dirs: weight_sync.SyncDirs,
-                   tensors: Mapping[str, np.ndarray],
-                   shard_bytes: int) -> tuple[str, int]:
+def write_sync_dir(
+  sync_dirs: weight_sync.SyncDirs,
+  tensors: Mapping[str, np.ndarray],
+  shard_bytes: int,
+) -> tuple[str, int]:
   """Writes tensors to a fresh sync dir; returns (path, bytes)."""
   nbytes = sum(a.nbytes for a in tensors.values())
   path = sync_dirs.new(nbytes)
@@ -27,4 +35,3 @@ def write_sync_dir(sync_dirs: weight_sync.SyncDirs,
     sync_dirs.discard(path)
     raise
   return path, written
-
