@@ -525,7 +525,11 @@ def plot(by_shape: dict[str, list[dict]], path: str) -> None:
       label=name,
     )
   ax.set_xscale("log", base=2)
-  ax.set_xlabel("batch (prompts x samples); T = 128 at 128, 256 at 512")
+  lengths = sorted({p[2] for pts in series.values() for p in pts})
+  ax.set_xlabel(
+    "batch (prompts x samples); new tokens T = "
+    + ", ".join(str(t) for t in lengths)
+  )
   ax.set_ylabel("generated tokens / s")
   ax.set_title(f"Rollout throughput, {cpu_lib.host_cpu().model}")
   ax.grid(alpha=0.3)
