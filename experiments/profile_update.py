@@ -35,6 +35,7 @@ import numpy as np
 from rljax import models
 from rljax.core import objectives
 from rljax.train import update as update_lib
+from rljax.train.memory_plan import plan, random_batch
 
 _MODEL = flags.DEFINE_string(
   "model",
@@ -115,24 +116,6 @@ def measure_matmul_peak(dtype, n: int = 2048, repeats: int = 5) -> float:
   return 2.0 * n**3 / best
 
 
-def random_batch(config, batch: int, seq: int, rng) -> dict:
-  k = jax.random.split(rng, 4)
-  tokens = jax.random.randint(
-    k[0], (batch, seq), 0, config.vocab_size, jnp.int32
-  )
-  prompt = seq // 4
-  mask = jnp.zeros((batch, seq - 1), jnp.float32).at[:, prompt:].set(1.0)
-  logp = -jnp.abs(jax.random.normal(k[1], (batch, seq - 1))) - 1.0
-  return {
-    "tokens": tokens,
-    "attention_mask": jnp.ones((batch, seq), jnp.int32),
-    "loss_mask": mask,
-    "prox_logp": logp,
-    "behav_logp": logp + 0.01 * jax.random.normal(k[2], logp.shape),
-    "advantages": jax.random.normal(k[3], (batch, seq - 1)) * mask,
-  }
-
-
 def peak_memory_bytes(compiled) -> int:
   dev = jax.devices()[0]
   stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
@@ -165,131 +148,6 @@ def compiled_memory(compiled) -> dict:
   except Exception:  # pylint: disable=broad-except
     return {}
   return {"compiled_temp_bytes": temp, "compiled_peak_bytes": peak}
-
-
-def _per_device_bytes(tree, shardings) -> int:
-  """Bytes of `tree` on the most loaded device, from its shardings."""
-  total = 0
-  for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
-    total += int(np.prod(s.shard_shape(x.shape))) * jnp.dtype(x.dtype).itemsize
-  return total
-
-
-def _memory(compiled) -> dict:
-  mem = compiled.memory_analysis()
-  return {
-    "argument": int(mem.argument_size_in_bytes),
-    "output": int(mem.output_size_in_bytes),
-    "alias": int(mem.alias_size_in_bytes),
-    "temp": int(mem.temp_size_in_bytes),
-  }
-
-
-def plan(
-  config,
-  mesh,
-  batch: int,
-  seq: int,
-  micro_batches: int,
-  remat: bool,
-  logprob_chunk: int,
-  param_dtype,
-  compute_dtype,
-  decode: bool,
-  rollout_batch: int,
-) -> dict:
-  """Compiles (never runs) the sharded update step and one decode step;
-  returns per-device bytes. Peak = arguments + outputs − donated + temps."""
-  from rljax.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
-  from rljax.train import sharded  # pylint: disable=g-import-not-at-top
-
-  param_dtype, compute_dtype = jnp.dtype(param_dtype), jnp.dtype(compute_dtype)
-  loss = objectives.PolicyLossConfig(
-    surrogate="ppo",
-    correction="acr",
-    eps_low=0.2,
-    eps_high=0.28,
-    aggregation="token-mean",
-  )
-  spec = update_lib.UpdateSpec(
-    model_config=config,
-    loss=loss,
-    micro_batches=micro_batches,
-    remat=remat,
-    logprob_chunk=logprob_chunk,
-    param_transform=(
-      sharded.cast_params_transform(compute_dtype)
-      if compute_dtype != param_dtype
-      else None
-    ),
-  )
-  optimizer = update_lib.make_optimizer(1e-6, 100)
-  params = jax.eval_shape(
-    lambda: models.init_params(config, jax.random.PRNGKey(0), dtype=param_dtype)
-  )
-  state = jax.eval_shape(
-    lambda p: update_lib.init_train_state(p, optimizer), params
-  )
-  batch_shapes = jax.eval_shape(
-    lambda: random_batch(config, batch, seq, jax.random.PRNGKey(1))
-  )
-  step, shardings = sharded.make_sharded_update_step(
-    spec, optimizer, mesh, state, batch_shapes
-  )
-  t0 = time.perf_counter()
-  compiled = step.lower(state, batch_shapes).compile()
-  compile_s = time.perf_counter() - t0
-  mem = _memory(compiled)
-  s = shardings["state"]
-  out = {
-    "params": int(sum(x.size for x in jax.tree.leaves(params))),
-    "update_compile_s": compile_s,
-    "params_bytes": _per_device_bytes(state.params, s.params),
-    "opt_state_bytes": _per_device_bytes(state.opt_state, s.opt_state),
-    "batch_bytes": _per_device_bytes(batch_shapes, shardings["batch"]),
-    "update_temp_bytes": mem["temp"],
-    "update_peak_bytes": (
-      mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]
-    ),
-  }
-  if decode:
-    rb = rollout_batch or batch
-    # Rollout weights in the compute dtype, laid out like the params.
-    r_params = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, compute_dtype), params
-    )
-    cache = jax.eval_shape(
-      lambda: models.init_cache(config, rb, seq, dtype=compute_dtype)
-    )
-    r_shard = sharding_lib.param_shardings(config, r_params, mesh)
-    c_shard = sharding_lib.cache_shardings(mesh, cache)
-    b_shard = sharding_lib.batch_sharding(mesh)
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    tok = jax.ShapeDtypeStruct((rb, 1), jnp.int32)
-    kv_mask = jax.ShapeDtypeStruct((rb, seq), jnp.bool_)
-    idx = jax.ShapeDtypeStruct((), jnp.int32)
-    fn = jax.jit(
-      lambda p, t, pos, c, i, m: models.forward_with_cache(
-        config, p, t, pos, c, i, m
-      ),
-      in_shardings=(r_shard, b_shard, b_shard, c_shard, rep, b_shard),
-      out_shardings=(b_shard, c_shard),
-      donate_argnums=(3,),
-    )
-    t0 = time.perf_counter()
-    dec = fn.lower(r_params, tok, tok, cache, idx, kv_mask).compile()
-    dmem = _memory(dec)
-    out.update(
-      decode_compile_s=time.perf_counter() - t0,
-      rollout_batch=rb,
-      rollout_params_bytes=_per_device_bytes(r_params, r_shard),
-      kv_cache_bytes=_per_device_bytes(cache, c_shard),
-      decode_temp_bytes=dmem["temp"],
-      decode_peak_bytes=(
-        dmem["argument"] + dmem["output"] - dmem["alias"] + dmem["temp"]
-      ),
-    )
-  return out
 
 
 def main_aot():

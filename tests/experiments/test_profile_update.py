@@ -54,17 +54,12 @@ def test_aot_plan_splits_params_and_optimizer_over_fsdp():
   """--aot's planner compiles the sharded step (nothing runs) and reports
   per-device bytes; with fsdp=2 each device holds half of every kernel and
   of Adam's moments (only the small norms are replicated)."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
+  # The planner lives in the library (importing the script would define its
+  # absl flags a second time in a worker that already ran another script).
+  from rljax.train import memory_plan as profile  # pylint: disable=g-import-not-at-top
 
   if jax.device_count() < 2:
     pytest.skip("needs 2 (fake) devices: tests/conftest.py")
-  path = os.path.join(
-    os.path.dirname(__file__), "..", "..", "experiments", "profile_update.py"
-  )
-  module_spec = importlib.util.spec_from_file_location("profile_update", path)
-  profile = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(profile)
   config = models.tiny_config()
   mesh = models.make_mesh(data=1, fsdp=2, tensor=1, devices=jax.devices()[:2])
   # The smallest program (no micro-batches, remat or chunks): compile time.
