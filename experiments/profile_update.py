@@ -35,7 +35,7 @@ import numpy as np
 from rljax import models
 from rljax.core import objectives
 from rljax.train import update as update_lib
-from rljax.train.memory_plan import plan, random_batch
+from rljax.train.memory_plan import compiled_bytes, plan, random_batch
 
 _MODEL = flags.DEFINE_string(
   "model",
@@ -122,13 +122,7 @@ def peak_memory_bytes(compiled) -> int:
   if stats and "peak_bytes_in_use" in stats:
     return int(stats["peak_bytes_in_use"])
   try:
-    mem = compiled.memory_analysis()
-    return int(
-      mem.argument_size_in_bytes
-      + mem.output_size_in_bytes
-      + mem.temp_size_in_bytes
-      - mem.alias_size_in_bytes
-    )
+    return compiled_bytes(compiled)["peak"]
   except Exception:  # pylint: disable=broad-except
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
@@ -137,17 +131,13 @@ def compiled_memory(compiled) -> dict:
   """XLA's static memory plan of the compiled step: temporaries (where
   remat saves) and the peak (arguments + outputs + temporaries − aliased)."""
   try:
-    mem = compiled.memory_analysis()
-    temp = int(mem.temp_size_in_bytes)
-    peak = int(
-      mem.argument_size_in_bytes
-      + mem.output_size_in_bytes
-      + temp
-      - mem.alias_size_in_bytes
-    )
+    mem = compiled_bytes(compiled)
   except Exception:  # pylint: disable=broad-except
     return {}
-  return {"compiled_temp_bytes": temp, "compiled_peak_bytes": peak}
+  return {
+    "compiled_temp_bytes": mem["temp"],
+    "compiled_peak_bytes": mem["peak"],
+  }
 
 
 def main_aot():

@@ -48,14 +48,19 @@ def _per_device_bytes(tree, shardings) -> int:
   return total
 
 
-def _memory(compiled) -> dict:
+def compiled_bytes(compiled) -> dict:
+  """XLA's static memory plan of a compiled program, in bytes: arguments,
+  outputs, donated (aliased) buffers, temporaries, and the peak
+  = arguments + outputs − aliased + temporaries."""
   mem = compiled.memory_analysis()
-  return {
+  out = {
     "argument": int(mem.argument_size_in_bytes),
     "output": int(mem.output_size_in_bytes),
     "alias": int(mem.alias_size_in_bytes),
     "temp": int(mem.temp_size_in_bytes),
   }
+  out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+  return out
 
 
 def plan(
@@ -109,7 +114,7 @@ def plan(
   t0 = time.perf_counter()
   compiled = step.lower(state, batch_shapes).compile()
   compile_s = time.perf_counter() - t0
-  mem = _memory(compiled)
+  mem = compiled_bytes(compiled)
   s = shardings["state"]
   out = {
     "params": int(sum(x.size for x in jax.tree.leaves(params))),
@@ -118,9 +123,7 @@ def plan(
     "opt_state_bytes": _per_device_bytes(state.opt_state, s.opt_state),
     "batch_bytes": _per_device_bytes(batch_shapes, shardings["batch"]),
     "update_temp_bytes": mem["temp"],
-    "update_peak_bytes": (
-      mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]
-    ),
+    "update_peak_bytes": mem["peak"],
   }
   if decode:
     rb = rollout_batch or batch
@@ -148,15 +151,13 @@ def plan(
     )
     t0 = time.perf_counter()
     dec = fn.lower(r_params, tok, tok, cache, idx, kv_mask).compile()
-    dmem = _memory(dec)
+    dmem = compiled_bytes(dec)
     out.update(
       decode_compile_s=time.perf_counter() - t0,
       rollout_batch=rb,
       rollout_params_bytes=_per_device_bytes(r_params, r_shard),
       kv_cache_bytes=_per_device_bytes(cache, c_shard),
       decode_temp_bytes=dmem["temp"],
-      decode_peak_bytes=(
-        dmem["argument"] + dmem["output"] - dmem["alias"] + dmem["temp"]
-      ),
+      decode_peak_bytes=dmem["peak"],
     )
   return out
