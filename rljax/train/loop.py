@@ -42,7 +42,6 @@ from rljax.train import collect as collect_lib
 from rljax.train import optim as optim_lib
 from rljax.train import update as update_lib
 from rljax.train import rundir as rundir_lib
-from rljax.train import testing
 from rljax.train.config import TrainConfig
 from rljax.train.metrics import MetricsWriter, nonfinite_keys
 from rljax.train.tasks import Task, build_task
@@ -60,10 +59,6 @@ def _seed_for(*parts: int) -> int:
 
 def load_policy(cfg: TrainConfig, seed: int) -> models.Model:
   return models.load_named(cfg.model, seed)
-
-
-# Older name, still used by tests outside tests/train.
-_tiny_tokenizer = testing.tiny_tokenizer
 
 
 # Jitted functions shared by every Trainer of a process (an ablation, the

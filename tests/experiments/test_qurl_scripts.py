@@ -132,9 +132,9 @@ def test_allow_train_on_eval_overrides_and_missing_files_are_skipped(
 
 
 def test_long_prompts_are_dropped_and_counted(tmp_path):
-  from rljax.train import loop as loop_lib
+  from rljax.train import testing
 
-  tok = loop_lib._tiny_tokenizer()  # pylint: disable=protected-access
+  tok = testing.tiny_tokenizer()
   long_q = "Compute " + " + ".join(str(i) for i in range(200)) + "."
   path = _jsonl(
     tmp_path / "d.jsonl",

@@ -11,6 +11,7 @@ from rljax.rewards import judge, likelihood
 from rljax.rewards import reward_model as rm
 from rljax.train import loop as loop_lib
 from rljax.train import tasks
+from rljax.train import testing
 from rljax.train.config import apply_preset
 from rljax.train.metrics import read_metrics
 
@@ -18,7 +19,7 @@ from rljax.train.metrics import read_metrics
 @pytest.fixture(scope="module")
 def tiny_rm_dir(tmp_path_factory):
   """A random (untrained) tiny reward model on the SmolLM2 tokenizer."""
-  tokenizer = loop_lib._tiny_tokenizer()
+  tokenizer = testing.tiny_tokenizer()
   config = models.tiny_config(vocab_size=len(tokenizer))
   params = rm.init_reward_model(
     config,
@@ -50,7 +51,7 @@ def _cfg(tmp_path, **kw):
 
 
 def test_build_reward_picks_each_reward(tmp_path, tiny_rm_dir):
-  tokenizer = loop_lib._tiny_tokenizer()
+  tokenizer = testing.tiny_tokenizer()
   assert tasks.build_reward(_cfg(tmp_path), tokenizer) is None
   got = tasks.build_reward(
     _cfg(tmp_path, reward="reward_model", reward_model_path=tiny_rm_dir),
