@@ -300,6 +300,7 @@ class Trainer:
       tokenizer=self.tokenizer,
       run_dir=cfg.run_dir,
       vllm_urls=cfg.vllm_urls,
+      mesh=self.placement.rollout_mesh,
     )
 
   def _logprobs(self, params, tokens, attention_mask):

@@ -110,6 +110,13 @@ class Placement:
   def sharded(self) -> bool:
     return self.mesh is not None
 
+  @property
+  def rollout_mesh(self) -> Mesh | None:
+    """The mesh the JAX sampler runs on: the trainer's on one process;
+    under multi-host each process samples on its own devices from gathered
+    weights (`local`), since every process needs the whole rollout."""
+    return self.mesh if jax.process_count() == 1 else None
+
   # -- placing arrays ---------------------------------------------------------
 
   def _put(self, tree, shardings):

@@ -70,8 +70,9 @@ def config(run_dir, mesh_shape, **overrides):
     ppo_epochs=2,
     mesh_shape=mesh_shape,
   )
+  algorithm = overrides.pop("algorithm", "grpo")
   base.update(overrides)
-  return apply_preset("grpo", **base)
+  return apply_preset(algorithm, **base)
 
 
 def trainer(run_dir, mesh_shape, **overrides):
