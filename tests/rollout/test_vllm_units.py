@@ -24,7 +24,8 @@ from rljax.rollout import base
 from rljax.rollout import vllm_client
 from rljax.rollout import vllm_sidecar
 from rljax.rollout import weight_sync
-from rljax.rollout.vllm import sidecar as vllm_sidecar_impl
+from rljax.rollout.vllm import process as vllm_process
+from rljax.rollout.vllm.process import LaunchedServer
 from rljax.rollout.vllm_sidecar import SidecarError
 from rljax.rollout.vllm_sidecar import VLLMSidecar
 from rljax.rollout.vllm_sidecar import VLLMSidecarConfig
@@ -361,10 +362,8 @@ class TestSidecarConfig:
 )
 class TestServerCommand:
   def _command(self, **config):
-    sidecar = object.__new__(VLLMSidecar)
-    sidecar.config = VLLMSidecarConfig(**config)
-    sidecar.model_dir = "/ckpt"
-    return sidecar._command(4321)  # pylint: disable=protected-access
+    server = LaunchedServer("/ckpt", VLLMSidecarConfig(**config), "k", "g")
+    return server.command(4321)
 
   def test_semantics_flags(self):
     cmd = self._command()
@@ -379,17 +378,17 @@ class TestServerCommand:
     )
 
   def test_chunked_prefill_off_on_the_cpu_build(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: True)
     cmd = self._command(max_model_len=8192)
     assert "--no-enable-chunked-prefill" in cmd
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "8192"
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: False)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: False)
     cmd = self._command()
     assert not any("chunked-prefill" in a for a in cmd)
     assert "--enable-chunked-prefill" in self._command(chunked_prefill=True)
 
   def test_extra_args_win(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: True)
     cmd = self._command(extra_args=("--max-num-batched-tokens", "999"))
     assert cmd.count("--max-num-batched-tokens") == 1
     assert cmd[-2:] == ["--max-num-batched-tokens", "999"]
@@ -643,8 +642,8 @@ def stand_in(tmp_path):
 
 def _use_stand_in(monkeypatch, script):
   monkeypatch.setattr(
-    VLLMSidecar,
-    "_command",
+    LaunchedServer,
+    "command",
     lambda self, port: [sys.executable, script, str(port)],
   )
 
@@ -668,9 +667,9 @@ def _process_start(pid: int) -> str | None:
 _TRAINER = r"""
 import json, os, signal, sys, time
 from rljax.rollout import vllm_sidecar
-from rljax.rollout.vllm_sidecar import SidecarError, VLLMSidecar
+from rljax.rollout.vllm_sidecar import LaunchedServer, SidecarError, VLLMSidecar
 script, ckpt, mode = sys.argv[1:4]
-VLLMSidecar._command = lambda self, port: [sys.executable, script, str(port)]
+LaunchedServer.command = lambda self, port: [sys.executable, script, str(port)]
 sidecar = VLLMSidecar(ckpt, vllm_sidecar.VLLMSidecarConfig(
     startup_timeout_s=60))
 
@@ -695,7 +694,7 @@ def group(sidecar):
 
 pids = group(sidecar)
 os.kill(sidecar.pid, signal.SIGKILL)
-sidecar._proc.wait()
+sidecar._server.proc.wait()
 try:
   sidecar.generate([[1, 2]], vllm_sidecar.SamplingConfig(max_new_tokens=1))
   raise AssertionError("a sidecar without its guard was usable")
@@ -754,7 +753,7 @@ class TestNoEngineOutlivesItsTrainer:
     first = sidecar.pid
     # The guard dies alone: its server and engine stay in its group.
     os.kill(first, signal.SIGKILL)
-    sidecar._proc.wait()  # pylint: disable=protected-access
+    sidecar._server.proc.wait()  # pylint: disable=protected-access
     sidecar.restart()
     second = sidecar.pid
     assert second != first
@@ -782,7 +781,7 @@ class TestLocalSurface:
       VLLMSidecar(ckpt, VLLMSidecarConfig()) as a,
       VLLMSidecar(ckpt, VLLMSidecarConfig()) as b,
     ):
-      keys = [s._api_key for s in (a, b)]  # pylint: disable=protected-access
+      keys = [s.api_key for s in (a, b)]
       assert keys[0] != keys[1] and all(len(k) >= 32 for k in keys)
       with open(f"/proc/{a.pid}/cmdline", "rb") as f:  # the guard's argv
         assert keys[0].encode() not in f.read()
@@ -790,7 +789,9 @@ class TestLocalSurface:
         vllm_client.VLLMClient(a.url).models()
       with pytest.raises(vllm_client.VLLMRequestError, match="HTTP 401"):
         vllm_client.VLLMClient(a.url, api_key=keys[1]).collective_rpc("x")
-      assert "api_key" not in repr(a.config) and keys[0] not in repr(a._client)  # pylint: disable=protected-access
+      assert "api_key" not in repr(a.config) and keys[0] not in repr(
+        a._client.http
+      )  # pylint: disable=protected-access
       # Two sidecars: two log files, each in an owner-only dir of its own.
       assert a.log_path != b.log_path
       for s in (a, b):
@@ -895,20 +896,18 @@ class TestBearerTokenMiddleware:
 
 class TestBatchInvariantOption:
   def _env(self, **config):
-    sidecar = object.__new__(VLLMSidecar)
-    sidecar.config = VLLMSidecarConfig(**config)
-    sidecar._api_key = "k"  # pylint: disable=protected-access
-    return sidecar._environment()  # pylint: disable=protected-access
+    server = LaunchedServer("/ckpt", VLLMSidecarConfig(**config), "k", "g")
+    return server.environment()
 
   def test_sets_vllm_batch_invariant_on_gpu_builds(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: False)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: False)
     assert self._env(batch_invariant=True)["VLLM_BATCH_INVARIANT"] == "1"
     assert "VLLM_BATCH_INVARIANT" not in self._env() or os.environ.get(
       "VLLM_BATCH_INVARIANT"
     )
 
   def test_refused_on_the_cpu_build(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: True)
     with pytest.raises(ValueError, match=r"batch_invariant=True.*CPU build"):
       self._env(batch_invariant=True)
 
