@@ -25,6 +25,7 @@ from rljax.rollout import vllm_client
 from rljax.rollout import vllm_sidecar
 from rljax.rollout import weight_sync
 from rljax.rollout.vllm import process as vllm_process
+from rljax.rollout.vllm import sync as vllm_sync
 from rljax.rollout.vllm.process import LaunchedServer
 from rljax.rollout.vllm_sidecar import SidecarError
 from rljax.rollout.vllm_sidecar import VLLMSidecar
@@ -353,6 +354,90 @@ class TestSidecarConfig:
     cfg = VLLMSidecarConfig(env={"A": "1"})
     assert cfg.env == (("A", "1"),)
     hash(cfg)
+
+  @pytest.mark.parametrize(
+    "field, value, match",
+    [
+      ("max_model_len", 1.5, r"max_model_len=1.5; expected a positive int"),
+      ("port", True, r"port=True; expected 0 \(a free port\)"),
+      ("sync_timeout_s", "60", r"sync_timeout_s='60'; expected a positive"),
+    ],
+  )
+  def test_wrong_types_are_value_errors_naming_the_field(
+    self, field, value, match
+  ):
+    with pytest.raises(ValueError, match=match):
+      VLLMSidecarConfig(**{field: value})
+
+  def test_bad_api_key_message_does_not_quote_it(self):
+    with pytest.raises(ValueError, match="api_key") as info:
+      VLLMSidecarConfig(api_key="   ")
+    assert "'   '" not in str(info.value)
+
+
+def _float_checkpoint(path, dtype="bfloat16"):
+  path.mkdir()
+  (path / "config.json").write_text(
+    json.dumps({"vocab_size": 8, "torch_dtype": dtype})
+  )
+  safetensors.numpy.save_file(
+    {"w": np.zeros((2, 2), BF16)}, str(path / "model.safetensors")
+  )
+  return str(path)
+
+
+class TestWeightSync:
+  """Weights checked and cast to the checkpoint a server runs, with no
+  server (the e2e tests push them into real engines)."""
+
+  def test_reads_the_checkpoint_and_casts_to_it(self, tmp_path):
+    sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
+    assert (sync.quant_mode, sync.vocab_size) == ("bf16", 8)
+    out = sync.prepare({"w": np.full((2, 2), 0.5, np.float32)}, None, "E")
+    assert out["w"].dtype == BF16
+    np.testing.assert_array_equal(out["w"].astype(np.float32), 0.5)
+    sync.prepare({"w": np.ones((2, 2), np.float32)}, "bfloat16", "E")
+
+  def test_another_weight_format_is_refused(self, tmp_path):
+    sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
+    with pytest.raises(ValueError, match=r"^E: .*runs a bf16 checkpoint"):
+      sync.prepare({"w": np.ones((2, 2), np.float32)}, "int8", "E")
+
+  def test_params_of_an_unknown_kind_are_refused(self, tmp_path):
+    sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
+    with pytest.raises(TypeError, match=r"E weight sync: params is a list"):
+      sync.prepare([1, 2], None, "E")
+
+
+class TestTimedSync:
+  def test_writes_reloads_commits_and_times_each_phase(self, tmp_path):
+    dirs = weight_sync.SyncDirs(tmp_path)
+    loaded = []
+    tensors = {"w": np.ones((4, 4), np.float32)}
+    stats, timing = vllm_sync.timed_sync(
+      lambda: tensors, dirs, 1 << 20, loaded.append
+    )
+    assert loaded == [dirs.current] and stats.bytes == 64
+    assert set(timing) == {"prepare_s", "write_s", "reload_s", "seconds"} | {
+      "bytes"
+    }
+    assert timing["seconds"] == stats.seconds >= timing["reload_s"] >= 0
+    manifest = weight_sync.CheckpointManifest.from_dir(loaded[0])
+    assert dict(manifest.specs)["w"].shape == (4, 4)
+
+  def test_failed_reload_keeps_the_dir_for_a_restart(self, tmp_path):
+    dirs = weight_sync.SyncDirs(tmp_path)
+    seen = []
+
+    def reload(path):
+      seen.append(path)
+      raise SidecarError("boom", url="u", pid=None, log_path=None, action="a")
+
+    with pytest.raises(SidecarError, match="boom"):
+      vllm_sync.timed_sync(
+        lambda: {"w": np.ones(2, np.float32)}, dirs, 64, reload
+      )
+    assert dirs.current == seen[0] and os.path.isdir(seen[0])
 
 
 @pytest.mark.skipif(
