@@ -47,6 +47,8 @@ Example:
 # pylint: disable=unused-import
 # ruff: noqa: F401
 from rljax.rollout.base import SamplingConfig
+from rljax.rollout.vllm.api import VLLMClient
+from rljax.rollout.vllm.api import VLLMRequestError
 from rljax.rollout.vllm.client import EngineClient
 from rljax.rollout.vllm.client import _prompt_seed
 from rljax.rollout.vllm.config import SidecarError

@@ -21,7 +21,7 @@ import safetensors.numpy
 
 from rljax.models import safetensors_io
 from rljax.rollout import base
-from rljax.rollout import vllm_client
+from rljax.rollout.vllm import api as vllm_api
 from rljax.rollout import vllm_sidecar
 from rljax.rollout import weight_sync
 from rljax.rollout.vllm import process as vllm_process
@@ -214,7 +214,7 @@ class TestCompletionRequest:
       max_new_tokens=33,
       stop_token_ids=(2, 7),
     )
-    body = vllm_client.completion_request("policy", [1, 2, 3], cfg, seed=11)
+    body = vllm_api.completion_request("policy", [1, 2, 3], cfg, seed=11)
     assert body["prompt"] == [1, 2, 3] and body["model"] == "policy"
     assert (body["n"], body["max_tokens"], body["seed"]) == (4, 33, 11)
     assert (body["temperature"], body["top_p"], body["top_k"]) == (0.7, 0.9, 5)
@@ -230,11 +230,11 @@ class TestCompletionRequest:
   )
   def test_greedy_is_temperature_zero(self, cfg):
     assert (
-      vllm_client.completion_request("m", [1], cfg, None)["temperature"] == 0.0
+      vllm_api.completion_request("m", [1], cfg, None)["temperature"] == 0.0
     )
 
   def test_no_seed_means_no_seed_field(self):
-    body = vllm_client.completion_request("m", [1], base.SamplingConfig(), None)
+    body = vllm_api.completion_request("m", [1], base.SamplingConfig(), None)
     assert "seed" not in body
 
 
@@ -255,7 +255,7 @@ class TestParseCompletion:
         _choice(0, [3, 2], [-1.0, -0.25], "stop"),
       ]
     }
-    rows = vllm_client.parse_completion(answer, 2)
+    rows = vllm_api.parse_completion(answer, 2)
     assert rows[0][0] == [3, 2] and rows[0][2] == "stop"
     np.testing.assert_array_equal(rows[0][1], np.float32([-1.0, -0.25]))
     assert rows[1][0] == [5] and rows[1][2] == "length"
@@ -289,7 +289,7 @@ class TestParseCompletion:
   )
   def test_malformed_answers(self, answer, n, match):
     with pytest.raises(ValueError, match=match):
-      vllm_client.parse_completion(answer, n)
+      vllm_api.parse_completion(answer, n)
 
 
 class TestCheckpointQuantMode:
@@ -870,10 +870,10 @@ class TestLocalSurface:
       assert keys[0] != keys[1] and all(len(k) >= 32 for k in keys)
       with open(f"/proc/{a.pid}/cmdline", "rb") as f:  # the guard's argv
         assert keys[0].encode() not in f.read()
-      with pytest.raises(vllm_client.VLLMRequestError, match="HTTP 401"):
-        vllm_client.VLLMClient(a.url).models()
-      with pytest.raises(vllm_client.VLLMRequestError, match="HTTP 401"):
-        vllm_client.VLLMClient(a.url, api_key=keys[1]).collective_rpc("x")
+      with pytest.raises(vllm_api.VLLMRequestError, match="HTTP 401"):
+        vllm_api.VLLMClient(a.url).models()
+      with pytest.raises(vllm_api.VLLMRequestError, match="HTTP 401"):
+        vllm_api.VLLMClient(a.url, api_key=keys[1]).collective_rpc("x")
       assert "api_key" not in repr(a.config) and keys[0] not in repr(
         a._client.http
       )  # pylint: disable=protected-access

@@ -3,6 +3,7 @@
   config   `VLLMSidecarConfig`, `SidecarError`, a checkpoint's weight format
   guard    the guard process: no server outlives its trainer
   process  a server's process: command, environment, launch, log, stop
+  api      the server's HTTP routes; completion request/response translation
   client   requests to a server: start-up checks, rollout fan-out, reload
   sync     weights in a server's checkpoint format, sync dirs, timing
   sidecar  `VLLMSidecar`: the engine façade composing the three above

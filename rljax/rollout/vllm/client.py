@@ -4,8 +4,8 @@
 the sidecar needs (the model, the dev routes, the worker extension,
 processed log-probs), fans a rollout out as one concurrent request per
 prompt, and reloads weights from a sync dir. Requests go through
-`rljax.rollout.vllm_client.VLLMClient`; failures become the `SidecarError`
-of the server they were sent to (`process.Server.failure`).
+`api.VLLMClient`; failures become the `SidecarError` of the server they
+were sent to (`process.Server.failure`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from rljax.rollout.vllm.config import VLLMSidecarConfig
 from rljax.rollout.vllm.process import EXTENSION_CLASS
 from rljax.rollout.vllm.process import EXTENSION_DIR
 from rljax.rollout.vllm.process import Server
-from rljax.rollout.vllm_client import VLLMClient
-from rljax.rollout.vllm_client import VLLMRequestError
-from rljax.rollout.vllm_client import completion_request
-from rljax.rollout.vllm_client import parse_completion
+from rljax.rollout.vllm.api import VLLMClient
+from rljax.rollout.vllm.api import VLLMRequestError
+from rljax.rollout.vllm.api import completion_request
+from rljax.rollout.vllm.api import parse_completion
 
 Row = tuple[list[int], np.ndarray, str]  # response ids, behav_logp, reason
 
