@@ -129,7 +129,9 @@ class VLLMSidecar:
           f"VLLMSidecar: {model_dir!r} has no config.json; expected an "
           "HF checkpoint directory"
         )
-      self._use_checkpoint(model_dir)
+      self._weights = WeightSync(
+        model_dir, self.config.check_finite, model_config
+      )
       self._server = LaunchedServer(
         model_dir, self.config, self.api_key, self._sync_dirs.glob_pattern
       )
@@ -149,6 +151,9 @@ class VLLMSidecar:
     start = time.perf_counter()
     self._server.start(self._connect)
     self.startup_seconds = time.perf_counter() - start
+    weights = self._weights
+    self.model_dir, self.vocab_size = weights.model_dir, weights.vocab_size
+    self.quant_mode, self.manifest = weights.quant_mode, weights.manifest
 
   @classmethod
   def attach(
@@ -185,14 +190,6 @@ class VLLMSidecar:
 
   # -- lifecycle --------------------------------------------------------------
 
-  def _use_checkpoint(self, model_dir: str) -> None:
-    self._weights = WeightSync(
-      model_dir, self.config.check_finite, self._model_config
-    )
-    self.model_dir, self.vocab_size = model_dir, self._weights.vocab_size
-    self.quant_mode = self._weights.quant_mode
-    self.manifest = self._weights.manifest
-
   def _connect(self) -> None:
     """Waits until the server is healthy and checks that it serves what the
     sidecar needs; then routes requests through a fresh client."""
@@ -210,10 +207,12 @@ class VLLMSidecar:
           f"{root!r} is not readable here; pass model_dir= (a local copy) "
           "so weight syncs can be checked against it"
         )
-      self._use_checkpoint(os.path.abspath(root))
+      self._weights = WeightSync(
+        os.path.abspath(root), self.config.check_finite, self._model_config
+      )
     client.check_server(
-      self.quant_mode,
-      self.vocab_size,
+      self._weights.quant_mode,
+      self._weights.vocab_size,
       attached=not isinstance(self._server, LaunchedServer),
     )
     self._client = client
