@@ -142,7 +142,7 @@ class VLLMSidecar:
       self._server = Server(url)
       if model_dir is not None:
         self.model_dir = os.path.abspath(os.fspath(model_dir))
-    self._client = EngineClient(self._server, self.config, self.api_key)
+    self._client: EngineClient  # of the server's current launch: _connect
     # Every server this sidecar launched (a restart adds one): close(), the
     # garbage collector or interpreter exit stop them all.
     self._finalizer = weakref.finalize(
