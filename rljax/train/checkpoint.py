@@ -20,6 +20,11 @@ Rotation is done here rather than by orbax (`max_to_keep`), after the new
 checkpoint's manifest is on disk: orbax deletes the old step as soon as the
 new one is renamed into place, so a kill between that and the manifest could
 leave no verified checkpoint at all.
+
+Multi-host: every process calls `save` and `restore` (orbax writes and
+reads each process's shards, and deletes on process 0); process 0 alone
+writes the aux file and the manifest, and every process waits for it before
+old steps rotate.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from rljax import distributed
 
 MANIFEST = "rljax_manifest.json"
 AUX_FILE = "rljax_aux.npz"
@@ -176,15 +183,18 @@ class RunCheckpointer:
     )
     self._manager.wait_until_finished()
     step_dir = self.step_dir(step)
-    if aux:
-      buf = io.BytesIO()
-      np.savez(buf, **aux)
-      with open(os.path.join(step_dir, AUX_FILE), "wb") as f:
-        f.write(buf.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
-    write_manifest(step_dir)
-    # Only now may older steps go; the newest `keep` (>= 1) stay.
+    if distributed.is_main_process():
+      if aux:
+        buf = io.BytesIO()
+        np.savez(buf, **aux)
+        with open(os.path.join(step_dir, AUX_FILE), "wb") as f:
+          f.write(buf.getvalue())
+          f.flush()
+          os.fsync(f.fileno())
+      write_manifest(step_dir)
+    # Only now may older steps go (orbax deletes them on process 0, with
+    # every process taking part); the newest `keep` (>= 1) stay.
+    distributed.barrier(f"rljax_manifest_{step}")
     for old in self.all_steps()[: -self.keep]:
       self._manager.delete(old)
 
@@ -222,6 +232,10 @@ class RunCheckpointer:
     shutil.move(self.step_dir(step), dest)
     self._manager.reload()
     return dest
+
+  def reload(self) -> None:
+    """Re-reads the steps on disk (another process changed them)."""
+    self._manager.reload()
 
   def read_meta(self, step: int) -> dict:
     restored = self._manager.restore(

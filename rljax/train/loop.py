@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from rljax import distributed
 from rljax import models
 from rljax import quant
 from rljax.core import advantages as adv_lib
@@ -40,6 +41,7 @@ from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train import collect as collect_lib
 from rljax.train import optim as optim_lib
+from rljax.train import placement as placement_lib
 from rljax.train import update as update_lib
 from rljax.train import rundir as rundir_lib
 from rljax.train.config import TrainConfig
@@ -252,6 +254,20 @@ class Trainer:
     self.state = update_lib.init_train_state(
       params, self.optimizer, critic_params, critic_opt
     )
+    # cfg.mesh_shape: state, reference and LoRA base on NamedShardings and
+    # the update step jitted over the mesh; "1,1,1" changes nothing.
+    place = self.placement = placement_lib.Placement.from_config(cfg)
+    self.state = place.put_params(self.model_config, self.state)
+    self.ref_params = place.put_params(self.model_config, self.ref_params)
+    self.frozen_params = place.put_params(self.model_config, self.frozen_params)
+    self.update_step = place.update_step(
+      self.spec,
+      self.optimizer,
+      critic_opt,
+      self.state,
+      self.frozen_params,
+      plain=self.update_step,
+    )
     self.engine_restarts = 0
     self.engine = self._make_engine()
     self.diagnostics = quant.SyncDiagnostics() if self.quantized else None
@@ -284,21 +300,26 @@ class Trainer:
       tokenizer=self.tokenizer,
       run_dir=cfg.run_dir,
       vllm_urls=cfg.vllm_urls,
+      mesh=self.placement.rollout_mesh,
     )
 
   def _logprobs(self, params, tokens, attention_mask):
-    return _sequence_logprobs(
-      self.model_config,
-      params,
-      tokens,
-      attention_mask,
-      self.cfg.temperature,
-      self.cfg.logprob_chunk or None,
+    tokens, attention_mask = self.placement.put_batch((tokens, attention_mask))
+    return self.placement.gather(
+      _sequence_logprobs(
+        self.model_config,
+        params,
+        tokens,
+        attention_mask,
+        self.cfg.temperature,
+        self.cfg.logprob_chunk or None,
+      )
     )
 
   def _values(self, critic_params, tokens, attention_mask):
-    return _sequence_values(
-      self.model_config, critic_params, tokens, attention_mask
+    tokens, attention_mask = self.placement.put_batch((tokens, attention_mask))
+    return self.placement.gather(
+      _sequence_values(self.model_config, critic_params, tokens, attention_mask)
     )
 
   def _new_jax_sampler(self):
@@ -336,7 +357,7 @@ class Trainer:
     step donates θ's), and the quantization diagnostics of exactly that.
     With LoRA, θ is merged first and the merged kernels are quantized."""
     t0 = time.perf_counter()
-    params = self.policy_params()
+    params = self.placement.local(self.policy_params())
     cfg = self.cfg
     rparams = quant.prepare_rollout_weights(
       self.model_config, params, cfg.rollout_quant, fake=cfg.fake_quant
@@ -671,7 +692,9 @@ class Trainer:
     t0 = time.perf_counter()
     if not hasattr(self, "_eval_engine"):
       self._eval_engine = self._new_jax_sampler()
-    self._eval_engine.update_weights(self.policy_params(), "none")
+    self._eval_engine.update_weights(
+      self.placement.local(self.policy_params()), "none"
+    )
     examples = self.task.eval_examples()
     prompts = [self.task.prompt_ids(e) for e in examples]
     rb = self._eval_engine.generate(
@@ -759,7 +782,7 @@ class Trainer:
       total=cfg.steps,
       initial=self.step_num,
       desc="rl",
-      disable=not self.show_progress,
+      disable=not (self.show_progress and distributed.is_main_process()),
       dynamic_ncols=True,
     )
     try:
@@ -779,7 +802,9 @@ class Trainer:
   def export_policy(self, out_dir: str, dtype: str = "bfloat16") -> str:
     """HF weights of the trained policy, UAQ unfolded (`models.save_hf`'s
     float `dtype`)."""
-    params = self.policy_params()
+    params = self.placement.local(self.policy_params())
+    if not distributed.is_main_process():
+      return out_dir  # multi-host: process 0 writes (the gather is collective)
     if self.uaq_scale != 1.0:
       params = quant.unfold_uaq(self.model_config, params, scale=self.uaq_scale)
     models.save_hf(
@@ -791,7 +816,9 @@ class Trainer:
     """LoRA runs: the adapters alone, PEFT layout, for the *unfolded* base."""
     if self.lora is None:
       raise ValueError("export_adapter: this run has lora_rank=0 (no adapters)")
-    adapters = self.state.params
+    adapters = self.placement.local(self.state.params)
+    if not distributed.is_main_process():
+      return out_dir
     if self.uaq_scale != 1.0:  # A ← A·s^-k undoes UAQ (models/lora.py)
       factors = lora_lib.uaq_kernel_factors(1.0 / self.uaq_scale)
       adapters = lora_lib.fold_adapters(self.lora, adapters, factors)
