@@ -114,7 +114,7 @@ def test_killed_run_resumes_to_the_same_next_step(tmp_path):
     full.close()
   # The same run, "killed" after step 3: its object is dropped mid-run.
   killed = make_trainer(small_config("grpo", killed_dir, steps=4))
-  killed.sync()
+  killed.actor.sync(killed.policy_params(), killed.step_num)
   for _ in range(3):
     killed.train_step()
   killed.close()
