@@ -100,6 +100,12 @@ class Actor:
       self.engine, what, call, on_restart
     )
 
+  def metrics(self) -> dict[str, float]:
+    """engine_restarts, for the engines that can be restarted (vLLM)."""
+    if self.cfg.engine == "jax":
+      return {}
+    return {"engine_restarts": float(self.restarts)}
+
   def close(self) -> None:
     if self.engine is not None:
       self.engine.close()

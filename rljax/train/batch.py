@@ -21,9 +21,9 @@ def seed_for(*parts: int) -> int:
   return int(h.generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def minibatch_seed(seed: int, step: int, epoch: int) -> int:
-  """The seed of the minibatch order of (step, epoch)."""
-  return seed_for(seed, step, 1000 + epoch)
+def minibatch_seeds(seed: int, step: int, epochs: int) -> list[int]:
+  """The seeds of the minibatch orders of step `step`, one per epoch."""
+  return [seed_for(seed, step, 1000 + epoch) for epoch in range(epochs)]
 
 
 def pad_id(tokenizer) -> int:

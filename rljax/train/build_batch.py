@@ -225,27 +225,37 @@ def build_batch(
 
 def make_batch(
   cfg: TrainConfig,
-  model_config: Any,
+  spec: Any,
   rollout: Collected,
-  *,
   pad_id: int,
-  prox_is_current: bool,
   policy_params: Callable[[], Any],
   ref_params: Any = None,
   critic_params: Any = None,
 ) -> tuple[dict[str, jax.Array], dict[str, float]]:
   """`build_batch` of a collected rollout, with the model calls it needs.
 
-  `policy_params` is called only if log π_θold is needed (with LoRA it
-  merges the adapters). Adds `time_logprobs` to the metrics.
+  Args:
+    cfg: the run's config.
+    spec: the update step's `UpdateSpec` (model config, whether θ_prox is
+      the current θ).
+    rollout: the step's `Collected` rollout.
+    pad_id: the tokenizer's pad id.
+    policy_params: () -> θ_old, called only if log π_θold is needed (with
+      LoRA it merges the adapters).
+    ref_params: the reference policy (KL), when `cfg.uses_reference`.
+    critic_params: the critic, when `cfg.uses_critic`.
+
+  Returns:
+    (batch, metrics); the metrics include `time_logprobs`.
   """
+  model_config = spec.model_config
   packed = pack(rollout.batch, pad_id, cfg.max_new_tokens)
   tokens = jnp.asarray(packed["tokens"])
   attn = jnp.asarray(packed["attention_mask"])
   chunk = cfg.logprob_chunk or None
   t0 = time.perf_counter()
   prox = ref = values = None
-  if needs_prox(cfg, prox_is_current):
+  if needs_prox(cfg, spec.prox_is_current):
     prox = sequence_logprobs(
       model_config, policy_params(), tokens, attn, cfg.temperature, chunk
     )

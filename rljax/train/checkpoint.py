@@ -24,6 +24,7 @@ leave no verified checkpoint at all.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -309,22 +310,19 @@ def rollout_from_arrays(aux: dict, prefix: str) -> tuple[RolloutBatch, dict]:
 
 
 def run_meta(
-  step: int,
-  config: dict,
-  uaq_scale: float,
-  data_state: dict,
-  row: dict,
-  pending_rollouts: int,
+  step: int, cfg: Any, uaq_scale: float, row: dict, collector: Any
 ) -> dict:
-  """The JSON side-car of a trainer checkpoint."""
+  """The JSON side-car of a trainer checkpoint: what a resume needs beyond
+  the state (the data position before any in-flight rollout's prompts,
+  how many rollouts are in flight, the UAQ scale θ is folded with)."""
   return {
     "step": step,
-    "seed": config["seed"],
+    "seed": cfg.seed,
     "uaq_scale": uaq_scale,
-    "data_state": data_state,
+    "data_state": collector.data_state(),
     "last_metrics": row,
-    "pending_rollouts": pending_rollouts,
-    "config": config,
+    "pending_rollouts": collector.pending,
+    "config": dataclasses.asdict(cfg),
   }
 
 
@@ -350,6 +348,24 @@ def save_step(
   for i, (rb, extra) in enumerate(pending_rollouts):
     aux.update(rollout_to_arrays(rb, extra, prefix=f"pending{i}_"))
   checkpointer.save(step, state, meta, aux)
+
+
+def resume(
+  checkpointer: RunCheckpointer,
+  step: int,
+  state: Any,
+  uaq_scale: float,
+  collector: Any,
+) -> tuple[Any, int]:
+  """Restores a trainer checkpoint: returns (state, step); the collector's
+  task goes back to the saved data position and, when pipelined, the saved
+  in-flight rollouts are queued again."""
+  state, meta = restore_step(checkpointer, step, state, uaq_scale)
+  collector.task.load_state_dict(meta["data_state"])
+  step = int(meta["step"])
+  if collector.cfg.pipelined:
+    collector.restore_pending(pending_rollouts(checkpointer, step, meta))
+  return state, step
 
 
 def restore_step(

@@ -71,9 +71,10 @@ def select(rounds: list[Round], prompts: int) -> Collected:
   )
 
 
-def reward_metrics(rollout: Collected) -> dict[str, float]:
+def reward_metrics(rollout: Collected, task: Any) -> dict[str, float]:
   """reward_mean: the sequences trained on (dynamic sampling may pad the
-  batch with masked-out groups); reward_all_mean: everything sampled."""
+  batch with masked-out groups); reward_all_mean: everything sampled;
+  prompts_filtered_long: the task's prompts dropped for length so far."""
   rewards, valid = rollout.rewards, rollout.valid
   return {
     "reward_mean": float(
@@ -81,6 +82,7 @@ def reward_metrics(rollout: Collected) -> dict[str, float]:
     ),
     "reward_all_mean": float(rewards.mean()),
     "accuracy": float((rewards >= 1.0).mean()),
+    "prompts_filtered_long": float(getattr(task, "prompts_filtered_long", 0)),
   }
 
 
@@ -161,17 +163,18 @@ class Collector:
     }
     return out
 
-  def schedule(self, step: int, rparams: Any, diag: dict, version: int):
+  def schedule(self, step: int, params: Any, version: int) -> None:
     """Queues (sync, generate the rollout of `step`) on the worker thread.
 
-    `rparams` are the rollout weights of θ at `version` (prepared on the
-    trainer's thread, so the worker never reads params that a later update
-    donates); the prompts are drawn here, in step order.
+    The rollout weights of θ = `params` (after `version` steps) are prepared
+    here, on the trainer's thread, so the worker never reads params that a
+    later update donates; the prompts are drawn here too, in step order.
     """
     if self._executor is None:
       self._executor = concurrent.futures.ThreadPoolExecutor(1)
     self._pending_data_states.append(self.task.state_dict())
     examples = self.task.next_train_batch(self.cfg.prompts_per_step)
+    rparams, diag = self.actor.prepare(params, version)
 
     def job():
       extra = self.actor.push(rparams, diag)

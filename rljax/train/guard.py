@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -51,18 +51,21 @@ def dump_debug(run_dir: str, step: int, batch: dict, metrics: dict) -> str:
 
 def check_updates(
   updates: Sequence[dict[str, float]],
-  step: int,
+  batch: dict,
+  seeds: Sequence[int],
   minibatches: int,
-  minibatch: Callable[[int, int], dict],
+  step: int,
   run_dir: str,
 ) -> None:
   """Raises NonFiniteError at the first update that was not applied.
 
   Args:
-    updates: the host metrics of the step's updates, epoch-major.
+    updates: the host metrics of the step's updates, epoch-major
+      (`update.run_epochs` of `batch`, `seeds`, `minibatches`).
+    batch: the step's batch; the offending minibatch of it is dumped.
+    seeds: the minibatch-order seed of each epoch.
+    minibatches: minibatches per epoch.
     step: the training step (names the dump directory).
-    minibatches: minibatches per epoch (to name the epoch and minibatch).
-    minibatch: (epoch, j) -> that minibatch again, for the dump.
     run_dir: where the dump goes.
 
   A non-finite loss or gradient norm is named; finite ones can still give
@@ -80,7 +83,8 @@ def check_updates(
       else "the updated parameters or optimizer state are not finite"
     )
     epoch, j = divmod(i, minibatches)
-    where = dump_debug(run_dir, step, minibatch(epoch, j), m)
+    mb = update_lib.minibatch(batch, minibatches, seeds[epoch], j)
+    where = dump_debug(run_dir, step, mb, m)
     raise NonFiniteError(
       f"step {step}: {what} (epoch {epoch}, minibatch {j}); the update "
       f"was not applied; batch and metrics saved to {where}"

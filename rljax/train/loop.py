@@ -25,7 +25,6 @@ from the params, or from a run directory (`restore.restore_policy`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 
@@ -173,17 +172,17 @@ class Trainer:
     self.heldout = heldout_lib.HeldOut(
       cfg, self.model_config, self.tokenizer, self.task
     )
+    self.pad_id = batch_lib.pad_id(self.tokenizer)
     resume_step = self.run_dir.resume_step
     if resume_step is not None:
-      self.state, meta = checkpoint_lib.restore_step(
-        self.checkpointer, resume_step, self.state, self.uaq_scale
+      self.state, self.step_num = checkpoint_lib.resume(
+        self.checkpointer,
+        resume_step,
+        self.state,
+        self.uaq_scale,
+        self.collector,
       )
-      self.task.load_state_dict(meta["data_state"])
-      self.step_num = resume_step = int(meta["step"])
-      if cfg.pipelined:
-        self.collector.restore_pending(
-          checkpoint_lib.pending_rollouts(self.checkpointer, resume_step, meta)
-        )
+      resume_step = self.step_num
     self.writer = MetricsWriter(cfg.run_dir, cfg.tensorboard, resume_step)
 
   def policy_params(self):
@@ -196,85 +195,56 @@ class Trainer:
     )
 
   def train_step(self) -> dict[str, float]:
-    """One RL step; returns its metrics row (as written to metrics.jsonl)."""
-    cfg = self.cfg
-    step = self.step_num + 1
-    t_step = time.perf_counter()
-    # 1. Rollout + rewards (with dynamic-sampling refills).
+    """One RL step (the phases numbered); returns its metrics row."""
+    cfg, step, t_step = self.cfg, self.step_num + 1, time.perf_counter()
+    # 1. Rollout + rewards, with dynamic-sampling refills.
     rollout = self.collector.collect(step)
     if cfg.pipelined:  # step k+s's rollout starts now, with θ_k
-      self.collector.schedule(
-        step + cfg.max_staleness,
-        *self.actor.prepare(self.policy_params(), self.step_num),
-        version=self.step_num,
-      )
+      self.collector.schedule(step + cfg.max_staleness, *self._theta())
     # 2. Batch: advantages, returns, proximal and reference log-probs.
     batch, batch_metrics = build_batch_lib.make_batch(
-      cfg,
-      self.model_config,
-      rollout,
-      pad_id=batch_lib.pad_id(self.tokenizer),
-      prox_is_current=self.spec.prox_is_current,
-      policy_params=self.policy_params,
-      ref_params=self.ref_params,
-      critic_params=self.state.critic_params,
-    )
-    t0 = time.perf_counter()
+      cfg, self.spec, rollout, self.pad_id, self.policy_params,
+      self.ref_params, self.state.critic_params,
+    )  # fmt: skip
+    t_update = time.perf_counter()
     # 3. Update epochs: every update dispatched before any metric is read.
-    seeds = [
-      batch_lib.minibatch_seed(cfg.seed, step, e) for e in range(cfg.ppo_epochs)
-    ]
+    seeds = batch_lib.minibatch_seeds(cfg.seed, step, cfg.ppo_epochs)
     self.state, updates = update_lib.run_epochs(
-      self.update_step,
-      self.state,
-      batch,
-      self.frozen_params,
-      seeds,
+      self.update_step, self.state, batch, self.frozen_params, seeds,
       cfg.minibatches,
-    )
-    # 4. Metrics fetch: one transfer per step.
+    )  # fmt: skip
+    # 4. Metrics fetch: one device→host transfer per step.
     updates = update_lib.fetch_metrics(updates)
-    # 5. Non-finite guard: a step that was not applied stops the run.
+    # 5. Non-finite guard: an update that was not applied stops the run.
     guard.check_updates(
-      updates,
-      step,
-      cfg.minibatches,
-      lambda e, j: update_lib.minibatch(batch, cfg.minibatches, seeds[e], j),
-      cfg.run_dir,
+      updates, batch, seeds, cfg.minibatches, step, cfg.run_dir
     )
     metrics = {**rollout.metrics, **batch_metrics}
-    metrics["time_update"] = time.perf_counter() - t0
+    metrics["time_update"] = time.perf_counter() - t_update
     metrics.update(update_lib.reduce_metrics(updates))
     self.step_num = step
-    # 6. Sync: θ_k (quantized) to the engine; pipelined: done by the worker.
+    # 6. Sync: θ_k, quantized, to the engine (pipelined: the worker does).
     if not cfg.pipelined:
-      metrics.update(self.actor.sync(self.policy_params(), step))
-    metrics.update(collect_lib.reward_metrics(rollout))
-    metrics["prompts_filtered_long"] = float(
-      getattr(self.task, "prompts_filtered_long", 0)
-    )
-    if cfg.engine != "jax":
-      metrics["engine_restarts"] = float(self.actor.restarts)
+      metrics.update(self.actor.sync(*self._theta()))
+    metrics.update(collect_lib.reward_metrics(rollout, self.task))
+    metrics.update(self.actor.metrics())
     metrics["time_step"] = time.perf_counter() - t_step
     if cfg.eval_every and step % cfg.eval_every == 0:
       metrics.update(self.heldout.evaluate(self.policy_params()))
     row = self.writer.write(step, metrics)
     if self.checkpointer.should_save(step, last=step == cfg.steps):
+      meta = checkpoint_lib.run_meta(
+        step, cfg, self.uaq_scale, row, self.collector
+      )
+      pending = self.collector.pending_rollouts()
       checkpoint_lib.save_step(
-        self.checkpointer,
-        step,
-        self.state,
-        checkpoint_lib.run_meta(
-          step,
-          dataclasses.asdict(cfg),
-          self.uaq_scale,
-          self.collector.data_state(),
-          row,
-          self.collector.pending,
-        ),
-        self.collector.pending_rollouts(),
+        self.checkpointer, step, self.state, meta, pending
       )
     return row
+
+  def _theta(self) -> tuple:
+    """(θ as the model runs it, the step it is from): what a sync sends."""
+    return self.policy_params(), self.step_num
 
   def run(self) -> list[dict[str, float]]:
     """Trains to `cfg.steps` (from the restored step); returns the rows."""
@@ -284,15 +254,11 @@ class Trainer:
       if self.collector.pending:
         # Restored in-flight rollouts: the engine needs weights for any
         # dynamic-sampling refill before the next scheduled push.
-        self.actor.sync(self.policy_params(), self.step_num)
+        self.actor.sync(*self._theta())
       for k in range(self.collector.pending, cfg.max_staleness):
-        self.collector.schedule(
-          self.step_num + 1 + k,
-          *self.actor.prepare(self.policy_params(), self.step_num),
-          version=self.step_num,
-        )
+        self.collector.schedule(self.step_num + 1 + k, *self._theta())
     else:
-      self.actor.sync(self.policy_params(), self.step_num)
+      self.actor.sync(*self._theta())
     bar = tqdm(
       total=cfg.steps,
       initial=self.step_num,

@@ -82,13 +82,12 @@ def _collect_and_build(trainer, step=1):
   rollout = trainer.collector.collect(step)
   out, _ = build_batch_lib.make_batch(
     trainer.cfg,
-    trainer.model_config,
+    trainer.spec,
     rollout,
-    pad_id=batch_lib.pad_id(trainer.tokenizer),
-    prox_is_current=trainer.spec.prox_is_current,
-    policy_params=trainer.policy_params,
-    ref_params=trainer.ref_params,
-    critic_params=trainer.state.critic_params,
+    trainer.pad_id,
+    trainer.policy_params,
+    trainer.ref_params,
+    trainer.state.critic_params,
   )
   return rollout.batch, rollout.valid, rollout.rewards, out
 
