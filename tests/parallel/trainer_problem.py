@@ -94,7 +94,7 @@ def run(run_dir, mesh_shape, **overrides):
   t = trainer(run_dir, mesh_shape, **overrides)
   rows, params = [], []
   try:
-    t.sync()
+    t.actor.sync(*t._theta())
     for _ in range(STEPS):
       rows.append(t.train_step())
       params.append(host_params(t))
