@@ -169,18 +169,20 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
     state, meta = ckpt.restore(step, None)
   finally:
     ckpt.close()
-  skeleton = models.load_named(cfg.model, cfg.seed)
+  skeleton = models.load_named(cfg.model.name, cfg.run.seed)
   saved_params = state["params"]
   if jax.tree.structure(saved_params) != jax.tree.structure(skeleton.params):
     raise ValueError(
       f"{run_dir}: checkpoint {step} holds params of another structure "
-      f"than model={cfg.model!r} of its config.json"
+      f"than model={cfg.model.name!r} of its config.json"
     )
   params = jax.tree.map(
     lambda x, ref: jnp.asarray(x, ref.dtype), saved_params, skeleton.params
   )
-  quantized = quant.is_quantized(cfg.rollout_quant)
-  scale = float(meta.get("uaq_scale", cfg.uaq_scale if quantized else 1.0))
+  quantized = quant.is_quantized(cfg.rollout.quant)
+  scale = float(
+    meta.get("uaq_scale", cfg.rollout.uaq_scale if quantized else 1.0)
+  )
   if scale != 1.0:
     params = quant.unfold_uaq(skeleton.config, params, scale=scale)
   return models.Model(

@@ -58,7 +58,7 @@ def _seed_for(*parts: int) -> int:
 
 
 def load_policy(cfg: TrainConfig, seed: int) -> models.Model:
-  return models.load_named(cfg.model, seed)
+  return models.load_named(cfg.model.name, seed)
 
 
 # Jitted functions shared by every Trainer of a process (an ablation, the
@@ -193,14 +193,14 @@ class Trainer:
       raise
 
   def _init(self, cfg: TrainConfig, model, task) -> None:
-    model = model or load_policy(cfg, cfg.seed)
+    model = model or load_policy(cfg, cfg.run.seed)
     self.model_config = model.config
     self.tokenizer = model.tokenizer
     self.task = task or build_task(cfg, self.tokenizer)
-    self.quantized = cfg.rollout_quant in ("int8", "int8_wo", "fp8")
+    self.quantized = cfg.rollout.quant in ("int8", "int8_wo", "fp8")
     # UAQ (QuRL §4.3): a one-time, function-preserving reparametrisation;
     # training then runs in the folded parametrisation.
-    self.uaq_scale = cfg.uaq_scale if self.quantized else 1.0
+    self.uaq_scale = cfg.rollout.uaq_scale if self.quantized else 1.0
     params = model.params
     if self.uaq_scale != 1.0:
       params = quant.fold_uaq(self.model_config, params, scale=self.uaq_scale)
@@ -218,32 +218,32 @@ class Trainer:
         self.model_config, params, self.lora
       )
       params = lora_lib.init_adapters(
-        self.model_config, self.lora, jax.random.PRNGKey(cfg.seed + 2)
+        self.model_config, self.lora, jax.random.PRNGKey(cfg.run.seed + 2)
       )
       param_transform = lora_lib.LoraTransform(self.model_config, self.lora)
-    self.loss_cfg = cfg.policy_loss_config()
-    n_updates = cfg.ppo_epochs * cfg.minibatches
+    self.loss_cfg = cfg.loss
+    n_updates = cfg.update.ppo_epochs * cfg.update.minibatches
     critic_optim = None
     critic_params = None
     if cfg.uses_critic:
       critic_optim = cfg.optim_config(critic=True)
       critic_params = models.init_critic(
-        self.model_config, base_params, jax.random.PRNGKey(cfg.seed + 1)
+        self.model_config, base_params, jax.random.PRNGKey(cfg.run.seed + 1)
       )
     self.spec = update_lib.UpdateSpec(
       model_config=self.model_config,
       loss=self.loss_cfg,
-      temperature=cfg.temperature,
-      kl_coef=cfg.kl_coef,
-      kl_estimator=cfg.kl_estimator,
-      entropy_coef=cfg.entropy_coef,
-      micro_batches=cfg.micro_batches,
-      logprob_chunk=cfg.logprob_chunk,
-      remat=cfg.remat,
+      temperature=cfg.rollout.temperature,
+      kl_coef=cfg.kl.coef,
+      kl_estimator=cfg.kl.estimator,
+      entropy_coef=cfg.update.entropy_coef,
+      micro_batches=cfg.update.micro_batches,
+      logprob_chunk=cfg.update.logprob_chunk,
+      remat=cfg.update.remat,
       prox_is_current=(n_updates == 1),
       uses_critic=cfg.uses_critic,
-      value_clip=cfg.value_clip,
-      value_coef=cfg.value_coef,
+      value_clip=cfg.critic.value_clip,
+      value_coef=cfg.critic.value_coef,
       param_transform=param_transform,
     )
     self.optimizer, critic_opt, self.update_step = _compiled_update(
@@ -265,7 +265,9 @@ class Trainer:
     resume_step = None
     if self.run_dir.resume_step is not None:
       resume_step = self._restore(self.run_dir.resume_step)
-    self.writer = MetricsWriter(cfg.run_dir, cfg.tensorboard, resume_step)
+    self.writer = MetricsWriter(
+      cfg.run.run_dir, cfg.run.tensorboard, resume_step
+    )
 
   # -- rollout engine ---------------------------------------------------------
 
@@ -274,16 +276,16 @@ class Trainer:
     # exactly what the engine runs); every engine loads them as given.
     cfg = self.cfg
     return rollout_factory.make_engine(
-      cfg.engine,
+      cfg.rollout.engine,
       self.model_config,
       self.policy_params(),
-      quant=cfg.rollout_quant,
-      max_prompt_len=batch_lib.bucket(cfg.max_prompt_tokens),
-      max_new_tokens=cfg.max_new_tokens,
+      quant=cfg.rollout.quant,
+      max_prompt_len=batch_lib.bucket(cfg.task.max_prompt_tokens),
+      max_new_tokens=cfg.rollout.max_new_tokens,
       pad_id=self._pad_id(),
       tokenizer=self.tokenizer,
-      run_dir=cfg.run_dir,
-      vllm_urls=cfg.vllm_urls,
+      run_dir=cfg.run.run_dir,
+      vllm_urls=cfg.rollout.vllm_urls,
     )
 
   def _logprobs(self, params, tokens, attention_mask):
@@ -292,8 +294,8 @@ class Trainer:
       params,
       tokens,
       attention_mask,
-      self.cfg.temperature,
-      self.cfg.logprob_chunk or None,
+      self.cfg.rollout.temperature,
+      self.cfg.update.logprob_chunk or None,
     )
 
   def _values(self, critic_params, tokens, attention_mask):
@@ -307,8 +309,8 @@ class Trainer:
       self.model_config,
       None,
       quant="none",
-      max_prompt_len=batch_lib.bucket(self.cfg.max_prompt_tokens),
-      max_new_tokens=self.cfg.max_new_tokens,
+      max_prompt_len=batch_lib.bucket(self.cfg.task.max_prompt_tokens),
+      max_new_tokens=self.cfg.rollout.max_new_tokens,
       pad_id=self._pad_id(),
     )
 
@@ -339,7 +341,7 @@ class Trainer:
     params = self.policy_params()
     cfg = self.cfg
     rparams = quant.prepare_rollout_weights(
-      self.model_config, params, cfg.rollout_quant, fake=cfg.fake_quant
+      self.model_config, params, cfg.rollout.quant, fake=cfg.rollout.fake_quant
     )
     diag = self.diagnostics(params, rparams) if self.quantized else {}
     _require_finite(rparams, f"the rollout weights after step {self.step_num}")
@@ -363,12 +365,12 @@ class Trainer:
   def _sampling(self, step: int, round_: int) -> SamplingConfig:
     cfg = self.cfg
     return SamplingConfig(
-      n=cfg.group_size,
-      temperature=cfg.temperature,
-      top_p=cfg.top_p,
-      max_new_tokens=cfg.max_new_tokens,
+      n=cfg.rollout.group_size,
+      temperature=cfg.rollout.temperature,
+      top_p=cfg.rollout.top_p,
+      max_new_tokens=cfg.rollout.max_new_tokens,
       stop_token_ids=self.task.stop_token_ids,
-      seed=_seed_for(cfg.seed, step, round_),
+      seed=_seed_for(cfg.run.seed, step, round_),
     )
 
   def _generate(self, step: int, round_: int, examples: list) -> tuple:
@@ -405,7 +407,9 @@ class Trainer:
     timing = {"time_rollout": 0.0, "time_reward": 0.0}
     rounds = []
     gen_tokens = 0
-    max_rounds = 1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)
+    max_rounds = 1 + (
+      cfg.advantage.max_resample_rounds if cfg.advantage.dynamic_sampling else 0
+    )
     for round_ in range(max_rounds):
       if round_ == 0 and self._pending:
         rb, examples, t_gen, extra = self._pending.pop(0).result()
@@ -413,7 +417,7 @@ class Trainer:
         timing.update(extra)
       else:
         rb, examples, t_gen = self._generate(
-          step, round_, self.task.next_train_batch(cfg.prompts_per_step)
+          step, round_, self.task.next_train_batch(cfg.rollout.prompts_per_step)
         )
       timing["time_rollout"] += t_gen
       gen_tokens += int(rb.response_lengths.sum())
@@ -425,10 +429,12 @@ class Trainer:
           rb, np.asarray(scores), comps, batch_lib.group_keep(cfg, scores)
         )
       )
-      if sum(int(np.sum(r.keep)) for r in rounds) >= cfg.prompts_per_step:
+      if (
+        sum(int(np.sum(r.keep)) for r in rounds) >= cfg.rollout.prompts_per_step
+      ):
         break
     rb, valid, rewards, comps, n_kept, n_dropped = collect_lib.select(
-      rounds, cfg.prompts_per_step
+      rounds, cfg.rollout.prompts_per_step
     )
     timing["rollout_tokens"] = float(gen_tokens)
     timing["rollout_tokens_per_s"] = gen_tokens / max(
@@ -455,10 +461,10 @@ class Trainer:
     packed = rb.pack(
       pad_id=self._pad_id(),
       prompt_len=prompt_len,
-      response_len=cfg.max_new_tokens,
+      response_len=cfg.rollout.max_new_tokens,
     )
     mask = packed["response_mask"] * valid[:, None]
-    if cfg.overlong_filter:
+    if cfg.advantage.overlong_filter:
       mask = np.asarray(
         shaping.overlong_filter_mask(
           jnp.asarray(packed["truncated"]), jnp.asarray(mask) > 0
@@ -475,7 +481,7 @@ class Trainer:
       "behav_logp": jnp.asarray(packed["behav_logp"]),
     }
     t0 = time.perf_counter()
-    need_prox = (not self.spec.prox_is_current) or cfg.kl_in_reward_coef > 0
+    need_prox = (not self.spec.prox_is_current) or cfg.kl.in_reward_coef > 0
     if need_prox:
       out["prox_logp"] = self._logprobs(self.policy_params(), tokens, attn)
     else:
@@ -488,7 +494,7 @@ class Trainer:
     else:
       seq_adv = batch_lib.sequence_advantages(cfg, shaped, valid)
       out["advantages"] = jnp.asarray(seq_adv[:, None] * mask, jnp.float32)
-      if cfg.kl_in_reward_coef > 0:
+      if cfg.kl.in_reward_coef > 0:
         # Outcome estimators: the summed per-token KL penalty joins the reward
         # before the baseline (REINFORCE++, Hu 2025).
         penalized = kl_lib.kl_penalized_rewards(
@@ -496,8 +502,8 @@ class Trainer:
           out["prox_logp"],
           out["ref_logp"],
           jnp.asarray(mask) > 0,
-          cfg.kl_in_reward_coef,
-          cfg.kl_estimator,
+          cfg.kl.in_reward_coef,
+          cfg.kl.estimator,
         )  # −β·k_t on valid tokens
         seq_adv = batch_lib.sequence_advantages(
           cfg, shaped + np.asarray(penalized.sum(axis=1)), valid
@@ -533,22 +539,27 @@ class Trainer:
       has_tokens, shaped, 0.0
     )
     token_rewards = jnp.asarray(token_rewards)
-    if cfg.kl_in_reward_coef > 0:
+    if cfg.kl.in_reward_coef > 0:
       token_rewards = kl_lib.kl_penalized_rewards(
         token_rewards,
         out["prox_logp"],
         out["ref_logp"],
         mask_j > 0,
-        cfg.kl_in_reward_coef,
-        cfg.kl_estimator,
+        cfg.kl.in_reward_coef,
+        cfg.kl.estimator,
       )
-    actor_lam = cfg.gae_lambda
-    if cfg.vapo_alpha > 0:
+    actor_lam = cfg.advantage.gae_lambda
+    if cfg.advantage.vapo_alpha > 0:
       actor_lam = adv_lib.vapo_lambda(
-        jnp.asarray(packed["response_lengths"]), cfg.vapo_alpha
+        jnp.asarray(packed["response_lengths"]), cfg.advantage.vapo_alpha
       )
     adv, returns = adv_lib.vcppo_gae(
-      token_rewards, values, mask_j > 0, cfg.gamma, actor_lam, cfg.critic_lambda
+      token_rewards,
+      values,
+      mask_j > 0,
+      cfg.advantage.gamma,
+      actor_lam,
+      cfg.critic.gae_lambda,
     )
     return {
       "advantages": adv * mask_j,
@@ -560,15 +571,15 @@ class Trainer:
     cfg = self.cfg
     size = batch["tokens"].shape[0]
     order = np.random.default_rng(
-      _seed_for(cfg.seed, step, 1000 + epoch)
+      _seed_for(cfg.run.seed, step, 1000 + epoch)
     ).permutation(size)
-    per = size // cfg.minibatches
-    for m in range(cfg.minibatches):
+    per = size // cfg.update.minibatches
+    for m in range(cfg.update.minibatches):
       idx = jnp.asarray(np.sort(order[m * per : (m + 1) * per]))
       yield {k: v[idx] for k, v in batch.items()}
 
   def _dump_debug(self, step: int, batch: dict, metrics: dict, bad) -> str:
-    path = os.path.join(self.cfg.run_dir, f"debug_step{step}")
+    path = os.path.join(self.cfg.run.run_dir, f"debug_step{step}")
     os.makedirs(path, exist_ok=True)
     np.savez(
       os.path.join(path, "batch.npz"),
@@ -583,14 +594,14 @@ class Trainer:
     step = self.step_num + 1
     t_step = time.perf_counter()
     rb, valid, rewards, metrics = self._collect(step)
-    if cfg.pipelined:
+    if cfg.run.pipelined:
       # Start the rollout of step k+s (with θ_k) while step k trains.
-      self._schedule_rollout(step + cfg.max_staleness)
+      self._schedule_rollout(step + cfg.run.max_staleness)
     batch, bmetrics = self._build_batch(rb, valid, rewards)
     metrics.update(bmetrics)
     t0 = time.perf_counter()
     upd = []
-    for epoch in range(cfg.ppo_epochs):
+    for epoch in range(cfg.update.ppo_epochs):
       for mb in self._minibatches(batch, step, epoch):
         self.state, m = self.update_step(self.state, mb, self.frozen_params)
         upd.append(m)  # device arrays: the next update is dispatched at once
@@ -608,7 +619,7 @@ class Trainer:
           if bad
           else "the updated parameters or optimizer state are not finite"
         )
-        epoch, j = divmod(i, cfg.minibatches)
+        epoch, j = divmod(i, cfg.update.minibatches)
         mb = list(self._minibatches(batch, step, epoch))[j]
         where = self._dump_debug(step, mb, m, bad)
         raise NonFiniteError(
@@ -620,7 +631,7 @@ class Trainer:
       vals = [u[k] for u in upd]
       metrics[k] = max(vals) if k.startswith("max_") else float(np.mean(vals))
     self.step_num = step
-    if not cfg.pipelined:
+    if not cfg.run.pipelined:
       metrics.update(self.sync())
     # reward_mean: the sequences trained on (dynamic sampling may pad the
     # batch with masked-out groups); reward_all_mean: everything sampled.
@@ -632,13 +643,13 @@ class Trainer:
     metrics["prompts_filtered_long"] = float(
       getattr(self.task, "prompts_filtered_long", 0)
     )
-    if cfg.engine != "jax":
+    if cfg.rollout.engine != "jax":
       metrics["engine_restarts"] = float(self.engine_restarts)
     metrics["time_step"] = time.perf_counter() - t_step
-    if cfg.eval_every and step % cfg.eval_every == 0:
+    if cfg.run.eval_every and step % cfg.run.eval_every == 0:
       metrics.update(self.evaluate())
     row = self.writer.write(step, metrics)
-    if self.checkpointer.should_save(step, last=step == cfg.steps):
+    if self.checkpointer.should_save(step, last=step == cfg.run.steps):
       self._save(step, row)
     return row
 
@@ -652,7 +663,7 @@ class Trainer:
     if self._executor is None:
       self._executor = concurrent.futures.ThreadPoolExecutor(1)
     self._pending_data_states.append(self.task.state_dict())
-    examples = self.task.next_train_batch(self.cfg.prompts_per_step)
+    examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
     rparams, diag = self.rollout_params()
     version = self.step_num
 
@@ -679,7 +690,7 @@ class Trainer:
       SamplingConfig(
         n=1,
         greedy=True,
-        max_new_tokens=self.cfg.max_new_tokens,
+        max_new_tokens=self.cfg.rollout.max_new_tokens,
         stop_token_ids=self.task.stop_token_ids,
         seed=0,
       ),
@@ -703,7 +714,7 @@ class Trainer:
     )
     return {
       "step": step,
-      "seed": self.cfg.seed,
+      "seed": self.cfg.run.seed,
       "uaq_scale": self.uaq_scale,
       "data_state": data_state,
       "last_metrics": row,
@@ -732,11 +743,11 @@ class Trainer:
     self.task.load_state_dict(meta["data_state"])
     self.step_num = int(meta["step"])
     n_pending = int(meta.get("pending_rollouts", 0))
-    if n_pending and self.cfg.pipelined:
+    if n_pending and self.cfg.run.pipelined:
       aux = self.checkpointer.read_aux(step)
       for i in range(n_pending):
         self._pending_data_states.append(self.task.state_dict())
-        examples = self.task.next_train_batch(self.cfg.prompts_per_step)
+        examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
         rb, extra = _rollout_from_arrays(aux, prefix=f"pending{i}_")
         fut = concurrent.futures.Future()
         fut.set_result((rb, examples, 0.0, extra))
@@ -746,24 +757,24 @@ class Trainer:
   def run(self) -> list[dict[str, float]]:
     cfg = self.cfg
     rows = []
-    if cfg.pipelined:
+    if cfg.run.pipelined:
       if self._pending:
         # Restored in-flight rollouts: the engine needs weights for any
         # dynamic-sampling refill before the next scheduled push.
         self.sync()
-      for k in range(len(self._pending), cfg.max_staleness):
+      for k in range(len(self._pending), cfg.run.max_staleness):
         self._schedule_rollout(self.step_num + 1 + k)
     else:
       self.sync()
     bar = tqdm(
-      total=cfg.steps,
+      total=cfg.run.steps,
       initial=self.step_num,
       desc="rl",
       disable=not self.show_progress,
       dynamic_ncols=True,
     )
     try:
-      while self.step_num < cfg.steps:
+      while self.step_num < cfg.run.steps:
         row = self.train_step()
         rows.append(row)
         bar.set_postfix(
@@ -796,7 +807,7 @@ class Trainer:
       factors = lora_lib.uaq_kernel_factors(1.0 / self.uaq_scale)
       adapters = lora_lib.fold_adapters(self.lora, adapters, factors)
     return lora_lib.save_peft_adapter(
-      self.model_config, self.lora, adapters, out_dir, self.cfg.model
+      self.model_config, self.lora, adapters, out_dir, self.cfg.model.name
     )
 
   def close(self) -> None:

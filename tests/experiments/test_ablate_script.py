@@ -72,7 +72,7 @@ def test_checked_in_qurl_config_names_only_real_fields():
   ]:
     assert need in combos, need
   cfg = TrainConfig(**shared)  # validates the shared settings
-  assert cfg.eval_size > 0 and seeds
+  assert cfg.task.eval_size > 0 and seeds
 
 
 def test_config_file_errors_name_the_bad_key(tmp_path):
@@ -163,21 +163,31 @@ def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
     flags.FLAGS.unparse_flags()
   by_name = {run["name"]: cfg for run, _, cfg in plan}
   grpo, dapo = by_name["algorithm=grpo"], by_name["algorithm=dapo"]
-  assert (dapo.algorithm, dapo.dynamic_sampling, dapo.eps_high) == (
+  assert (
+    dapo.algorithm,
+    dapo.advantage.dynamic_sampling,
+    dapo.loss.eps_high,
+  ) == (
     "dapo",
     True,
     0.28,
   )
-  assert (grpo.algorithm, grpo.dynamic_sampling, grpo.eps_high) == (
+  assert (
+    grpo.algorithm,
+    grpo.advantage.dynamic_sampling,
+    grpo.loss.eps_high,
+  ) == (
     "grpo",
     False,
     0.2,
   )
   # The typed flag names no algorithm: it holds for every cell; the base's
   # steps too; seed and run_dir are the cell's.
-  assert grpo.kl_coef == dapo.kl_coef == 0.002
-  assert grpo.steps == dapo.steps == 3
-  assert dapo.run_dir == str(tmp_path / "algorithm=dapo_s0") and dapo.resume
+  assert grpo.kl.coef == dapo.kl.coef == 0.002
+  assert grpo.run.steps == dapo.run.steps == 3
+  assert (
+    dapo.run.run_dir == str(tmp_path / "algorithm=dapo_s0") and dapo.run.resume
+  )
 
 
 def _tiny_config(tmp_path, steps, names=("a", "b")):
@@ -306,7 +316,7 @@ def test_seeds_are_an_axis_and_progress_is_read_from_disk(tmp_path):
     )
   (done / "summary.json").write_text("{}")
   (partial / "checkpoints" / "1").mkdir(parents=True)
-  assert [ablate.run_status(cfg.run_dir) for _, _, cfg in plan] == [
+  assert [ablate.run_status(cfg.run.run_dir) for _, _, cfg in plan] == [
     "done",
     "partial",
     "pending",

@@ -113,7 +113,7 @@ def test_allow_train_on_eval_overrides_and_missing_files_are_skipped(
   tmp_path, capsys
 ):
   same = _jsonl(tmp_path / "a.jsonl", ["1+1?"])
-  cfg = apply_preset("grpo", task="math500", data_path=same)
+  cfg = apply_preset("grpo", {"task.name": "math500", "task.data_path": same})
   plan = driver.BenchmarkPlan(
     specs=(
       evaluation.EvalSpec("math500", same, 0, "m"),
@@ -142,12 +142,14 @@ def test_long_prompts_are_dropped_and_counted(tmp_path):
   )
   cfg = apply_preset(
     "grpo",
-    task="math500",
-    data_path=path,
-    eval_size=2,
-    prompts_per_step=2,
-    max_prompt_tokens=64,
-    reward_workers=0,
+    {
+      "task.name": "math500",
+      "task.data_path": path,
+      "task.eval_size": 2,
+      "rollout.prompts_per_step": 2,
+      "task.max_prompt_tokens": 64,
+      "task.reward_workers": 0,
+    },
   )
   task = tasks_lib.build_task(cfg, tok)
   try:
