@@ -146,12 +146,14 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
   """
   from rljax import quant
   from rljax.train.checkpoint import RunCheckpointer
-  from rljax.train.config import TrainConfig, field_names
+  from rljax.train import config as config_lib
 
-  with open(os.path.join(run_dir, "config.json")) as f:
+  path = os.path.join(run_dir, "config.json")
+  with open(path) as f:
     saved = json.load(f)
-  # Fields of another rljax version are ignored: only the model matters here.
-  cfg = TrainConfig(**{k: v for k, v in saved.items() if k in field_names()})
+  # Nested, or flat from an older rljax; fields of another version are
+  # ignored: only the model matters here.
+  cfg = config_lib.from_dict(saved, source=path)
   # A reader, not the owner: it never cleans up a save a live run is making.
   ckpt = RunCheckpointer(
     os.path.join(run_dir, "checkpoints"), 1, 1_000_000, owner=False

@@ -75,7 +75,7 @@ def check_benchmarks(cfg: TrainConfig, plan: BenchmarkPlan) -> tuple:
     clash = [s for s in present if _same_file(cfg.task.data_path, s.path)]
     if clash:
       raise ValueError(
-        f"--data_path={cfg.task.data_path!r} is the evaluated benchmark "
+        f"--task.data_path={cfg.task.data_path!r} is the evaluated benchmark "
         + ", ".join(f"{s.label} (--eval_{s.label}={s.path!r})" for s in clash)
         + ": training on it would make its scores meaningless. Train on "
         "another file, or pass --allow_train_on_eval to do it anyway"
@@ -166,9 +166,9 @@ def run_experiment(
   trainer = Trainer(cfg, show_progress=show_progress)
   print(
     f"[rljax] run_dir={cfg.run.run_dir} algorithm={cfg.algorithm} "
-    f"engine={cfg.rollout.engine} rollout_quant={cfg.rollout.quant} "
-    f"correction={cfg.loss.correction} uaq_scale={trainer.uaq_scale} "
-    f"steps={cfg.run.steps}",
+    f"rollout.engine={cfg.rollout.engine} rollout.quant={cfg.rollout.quant} "
+    f"loss.correction={cfg.loss.correction} uaq_scale={trainer.uaq_scale} "
+    f"run.steps={cfg.run.steps}",
     flush=True,
   )
   try:
