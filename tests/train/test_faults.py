@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rljax.train import checkpoint as ckpt_lib
+from rljax.train import config as config_lib
 from rljax.train import loop as loop_lib
 from rljax.train import testing
 from rljax.train import rundir as rundir_lib
@@ -324,7 +325,8 @@ def test_resume_refuses_a_changed_config_without_touching_config_json(run_copy):
   ):
     field = next(iter(changed))
     with pytest.raises(
-      rundir_lib.ConfigChangeError, match=f"--allow_config_change=.*{field}"
+      rundir_lib.ConfigChangeError,
+      match=f"--run.allow_config_change=.*{config_lib.legacy_name(field)}",
     ):
       rundir_lib.RunDir(config(run_copy, resume=True, **changed))
   with pytest.raises(FileExistsError, match="--resume"):
@@ -356,11 +358,11 @@ def test_resume_refuses_a_changed_config_without_touching_config_json(run_copy):
     log=lines.append,
   ).close()
   with open(path) as f:
-    assert json.load(f)["seed"] == 1
+    assert json.load(f)["run"]["seed"] == 1
   with open(os.path.join(str(run_copy), rundir_lib.CHANGES_FILE)) as f:
     record = json.loads(f.readline())
-  assert record["changes"] == {"seed": {"old": 0, "new": 1}}
-  assert record["resumed_at_step"] == STEPS and "seed" in lines[0]
+  assert record["changes"] == {"run.seed": {"old": 0, "new": 1}}
+  assert record["resumed_at_step"] == STEPS and "run.seed" in lines[0]
 
 
 # -- small units ---------------------------------------------------------------
