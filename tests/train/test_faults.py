@@ -443,13 +443,13 @@ def test_guarded_update_keeps_the_old_state_unless_all_results_are_finite(jit):
 
 
 def test_nan_weights_reach_neither_a_checkpoint_nor_the_engine(tmp_path):
-  """Issue 16.1: `--adam_b2=1.0` makes finite gradients give NaN params.
+  """Issue 16.1: `--optim.b2=1.0` makes finite gradients give NaN params.
 
-  validate() now refuses adam_b2 = 1 up front (16.7); the value is forced
+  validate() now refuses optim.b2 = 1 up front (16.7); the value is forced
   past it here to exercise the second line of defence, the guard on the
   updated parameters and optimizer state."""
   cfg = small_config("grpo", tmp_path, steps=2, group_size=2, max_new_tokens=4)
-  object.__setattr__(cfg, "adam_b2", 1.0)  # frozen dataclass: bypass checks
+  object.__setattr__(cfg.optim, "b2", 1.0)  # frozen dataclass: bypass checks
   trainer = make_trainer(cfg)
   try:
     trainer.sync()
