@@ -1,12 +1,15 @@
 """Runs a grid of training configurations and writes one table.
 
   python experiments/ablate.py \
-      --grid="rollout_quant=none,int8;correction=tis,acr;uaq_scale=1.0,1.5" \
-      --seeds=0,1 --steps=20 --out_dir=runs/ablate
+      --grid="rollout.quant=none,int8;loss.correction=tis,acr" \
+      --seeds=0,1 --run.steps=20 --out_dir=runs/ablate
 
-or with a checked-in config: a JSON list of {"name": ..., field: value} runs,
-or {"base": {field: value}, "seeds": [...], "runs": [...]} where "base" holds the
-settings every run shares and "seeds" is the default for --seeds. Every run
+or with a checked-in config: a JSON list of {"name": ..., section: {field:
+value}} runs, or {"base": {...}, "seeds": [...], "runs": [...]} where "base"
+holds the settings every run shares and "seeds" is the default for --seeds.
+Fields are nested by section ({"loss": {"eps_high": 0.28}}) or dotted
+("loss.eps_high": 0.28), as the flags name them; files written with the
+older flat keys ("eps_high") are still read (`config.LEGACY_KEYS`). Every run
 resolves through `rljax.train.config.resolve`, lowest first: TrainConfig
 defaults, the algorithm's preset, this script's defaults, "base", typed
 flags, the grid cell or run entry. A run that sets `algorithm` gets that
@@ -36,14 +39,13 @@ per step; and per config, the mean ± std over finished seeds.
 `<out_dir>/cpu_log.jsonl` records the process CPU seconds of each run this
 script trained (a run killed mid-way logs nothing for its lost part).
 
-A run whose `model` is `instrument:<dir>` trains the small from-scratch
+A run whose `model.name` is `instrument:<dir>` trains the small from-scratch
 decoder of experiments/long_horizon.py (`rljax.instrument`) instead of a
 pretrained model; everything else is the same.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import os
@@ -53,26 +55,34 @@ import time
 from absl import app, flags
 import numpy as np
 
+from rljax.train import config as config_lib
 from rljax.train import flags as train_flags
 from rljax.train.config import TrainConfig
 from rljax.train.metrics import read_metrics
 
 train_flags.define_train_flags(
-  algorithm="grpo",
-  task="arithmetic",
-  task_difficulty="easy",
-  rollout_quant="int8",
-  steps=20,
-  eval_size=64,
-  checkpoint_every=5,
-  export_hf=False,
-  run_dir="runs/ablate",
+  {
+    "algorithm": "grpo",
+    "task.name": "arithmetic",
+    "task.difficulty": "easy",
+    "rollout.quant": "int8",
+    "run.steps": 20,
+    "task.eval_size": 64,
+    "run.checkpoint_every": 5,
+    "run.export_hf": False,
+    "run.run_dir": "runs/ablate",
+  }
 )
 _GRID = flags.DEFINE_string(
-  "grid", "", "Semicolon-separated FIELD=v1,v2 axes; the cross product runs."
+  "grid",
+  "",
+  "Semicolon-separated FIELD=v1,v2 axes over dotted fields "
+  "(loss.eps_high=0.2,0.28); the cross product runs.",
 )
 _CONFIGS = flags.DEFINE_string(
-  "configs", "", "JSON file: a list of {name, field: value, ...} runs."
+  "configs",
+  "",
+  "JSON file: a list of {name, section: {field: value}, ...} runs.",
 )
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds, each run once per seed.")
 _OUT_DIR = flags.DEFINE_string(
@@ -99,39 +109,45 @@ _STOP_AFTER_S = flags.DEFINE_float(
 )
 
 
-def _parse_value(field: dataclasses.Field, text: str):
-  default = field.default
-  if isinstance(default, bool):
+def _parse_value(name: str, text: str):
+  """A grid value typed like the dotted field `name`."""
+  hint = config_lib.field_type(name)
+  if hint is bool:
     if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
-      raise ValueError(f"--grid {field.name}={text!r}: expected true/false")
+      raise ValueError(f"--grid {name}={text!r}: expected true/false")
     return text.lower() in ("1", "true", "yes")
-  if isinstance(default, int):
+  if hint is int:
     return int(text)
-  if isinstance(default, float) or default is None:
+  if hint is float or hint == (float | None):
     return None if text == "None" else float(text)
   return text
 
 
 def grid_runs(grid: str) -> list[dict]:
-  """'a=1,2;b=x' -> [{'name': 'a=1_b=x', 'a': 1, 'b': 'x'}, ...]."""
+  """'a.x=1,2;b.y=z' -> [{'name': 'a.x=1_b.y=z', 'a.x': 1, 'b.y': 'z'}, ...]
+  (an older flat field name is read as its dotted field)."""
   if not grid:
     return []
-  fields = TrainConfig.__dataclass_fields__
+  fields = set(config_lib.field_names())
   axes = []
   for part in grid.split(";"):
     if "=" not in part:
       raise ValueError(f"--grid axis {part!r} is not FIELD=v1,v2")
-    name, values = part.split("=", 1)
-    name = name.strip()
+    label, values = part.split("=", 1)
+    label = label.strip()
+    name = config_lib.legacy_name(label)
     if name not in fields:
-      raise ValueError(f"--grid field {name!r} is not a TrainConfig field")
+      raise ValueError(
+        f"--grid field {label!r} is not a TrainConfig field; expected a "
+        "dotted field such as loss.eps_high"
+      )
     axes.append(
-      [(name, _parse_value(fields[name], v.strip())) for v in values.split(",")]
+      [(label, name, _parse_value(name, v.strip())) for v in values.split(",")]
     )
   runs = []
   for combo in itertools.product(*axes):
-    run = dict(combo)
-    run["name"] = "_".join(f"{k}={v}" for k, v in combo)
+    run = {name: value for _, name, value in combo}
+    run["name"] = "_".join(f"{label}={v}" for label, _, v in combo)
     runs.append(run)
   return runs
 
@@ -147,15 +163,20 @@ def load_config_file(path: str) -> tuple[dict, list[dict], list | None]:
       f"{path}: expected a list of runs or an object with a "
       f"'runs' list; got {type(data).__name__}"
     )
-  fields = TrainConfig.__dataclass_fields__
+  fields = set(config_lib.field_names())
   shared = data.get("base", {})
   for where, entry in [("base", shared)] + [
     (f"runs[{i}]", r) for i, r in enumerate(data["runs"])
   ]:
-    for key in entry:
-      if key not in fields and not (key == "name" and where != "base"):
+    settings = {k: v for k, v in entry.items() if k != "name"}
+    if "name" in entry and where == "base":
+      settings["name"] = entry["name"]
+    for key in config_lib.flatten(settings, source=f"{path} {where}"):
+      if key not in fields:
         raise ValueError(
-          f"{path}: {where} has {key!r}, which is not a TrainConfig field"
+          f"{path}: {where} has {key!r}, which is not a TrainConfig field; "
+          'expected a section ({"loss": {"eps_high": ...}}) or a '
+          'dotted field ("loss.eps_high")'
         )
   for i, r in enumerate(data["runs"]):
     if not r.get("name"):
@@ -185,7 +206,9 @@ def plan_runs(
     cell = {k: v for k, v in run.items() if k != "name"}
     run_dir = os.path.join(out_dir, f"{run['name']}_s{seed}")
     cfg = train_flags.config_from_flags(
-      shared, cell, {"seed": int(seed), "run_dir": run_dir, "resume": True}
+      shared,
+      cell,
+      {"run.seed": int(seed), "run.run_dir": run_dir, "run.resume": True},
     )
     plan.append((run, seed, cfg))
   return plan
@@ -213,7 +236,7 @@ def collect(plan) -> list[dict]:
   """The table rows of every planned run with metrics on disk."""
   results = []
   for run, seed, cfg in plan:
-    status = run_status(cfg.run_dir)
+    status = run_status(cfg.run.run_dir)
     if status == "pending":
       continue
     results.append(
@@ -221,27 +244,27 @@ def collect(plan) -> list[dict]:
         "name": run["name"],
         "seed": int(seed),
         "status": status,
-        "target_steps": cfg.steps,
-        **summarize(cfg.run_dir),
+        "target_steps": cfg.run.steps,
+        **summarize(cfg.run.run_dir),
       }
     )
   return results
 
 
 def run_one(cfg: TrainConfig) -> dict:
-  """Trains one run to cfg.steps (resuming) and writes its summary.json and
+  """Trains one run to cfg.run.steps (resuming) and writes its summary.json and
   per-problem held-out records (`rljax.study`, for paired statistics)."""
-  if cfg.model.startswith("instrument:"):
+  if cfg.model.name.startswith("instrument:"):
     from rljax import instrument
 
-    return instrument.run_experiment(cfg, cfg.model.split(":", 1)[1])
+    return instrument.run_experiment(cfg, cfg.model.name.split(":", 1)[1])
   from rljax import study
 
   return study.run(cfg)
 
 
 def write_progress(plan, out_dir: str, stopped: str) -> dict:
-  status = [run_status(cfg.run_dir) for _, _, cfg in plan]
+  status = [run_status(cfg.run.run_dir) for _, _, cfg in plan]
   progress = {
     "runs": len(plan),
     "done": status.count("done"),
@@ -399,8 +422,7 @@ def run_study(
         "runs": runs,
         "seeds": seeds,
         "resolved": {
-          f"{run['name']}_s{seed}": dataclasses.asdict(cfg)
-          for run, seed, cfg in plan
+          f"{run['name']}_s{seed}": cfg.to_dict() for run, seed, cfg in plan
         },
       },
       f,
@@ -410,7 +432,7 @@ def run_study(
   for run, seed, cfg in plan:
     if _ONLY.value and run["name"] not in _ONLY.value:
       continue
-    if run_status(cfg.run_dir) == "done":
+    if run_status(cfg.run.run_dir) == "done":
       continue
     if _MAX_RUNS.value and trained >= _MAX_RUNS.value:
       stopped = f"--max_runs={_MAX_RUNS.value}"
@@ -418,7 +440,7 @@ def run_study(
     if _STOP_AFTER_S.value and time.monotonic() - t0 > _STOP_AFTER_S.value:
       stopped = f"--stop_after_s={_STOP_AFTER_S.value:g}"
       break
-    step = latest_checkpoint(cfg.run_dir)
+    step = latest_checkpoint(cfg.run.run_dir)
     if step is not None:
       print(
         f"[ablate] resuming {run['name']} seed={seed} from step {step}",

@@ -4,17 +4,16 @@ Picks a generated task's difficulty with headroom (issue 17: a base model
 that starts at 15-40%), through the trainer's own evaluation path
 (`heldout.HeldOut.evaluate`: greedy, full-precision weights, the task's verifier):
 
-  python experiments/base_rate.py --task=arithmetic \
-      --difficulties=medium,steps=2_digits=2 --eval_size=256 \
-      --max_new_tokens=32 --out=runs/base_rate.json
+  python experiments/base_rate.py --task.name=arithmetic \
+      --difficulties=medium,steps=2_digits=2 --task.eval_size=256 \
+      --rollout.max_new_tokens=32 --out=runs/base_rate.json
 
 Every flag of the trainer applies (the model, the template's token budget);
-each difficulty is evaluated in a scratch run directory under --run_dir.
+each difficulty is evaluated in a scratch run directory under --run.run_dir.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -24,13 +23,15 @@ from absl import app, flags
 from rljax.train import flags as train_flags
 
 train_flags.define_train_flags(
-  task="arithmetic",
-  eval_size=256,
-  steps=1,
-  export_hf=False,
-  tensorboard=False,
-  reward_workers=0,
-  run_dir="runs/base_rate",
+  {
+    "task.name": "arithmetic",
+    "task.eval_size": 256,
+    "run.steps": 1,
+    "run.export_hf": False,
+    "run.tensorboard": False,
+    "task.reward_workers": 0,
+    "run.run_dir": "runs/base_rate",
+  }
 )
 _DIFFS = flags.DEFINE_list(
   "difficulties", ["medium"], "Difficulties (levels or specs) to evaluate."
@@ -45,9 +46,9 @@ def main(argv):
   base = train_flags.config_from_flags()
   results = []
   for diff in _DIFFS.value:
-    run_dir = os.path.join(base.run_dir, diff)
-    cfg = dataclasses.replace(
-      base, task_difficulty=diff, run_dir=run_dir, resume=True
+    run_dir = os.path.join(base.run.run_dir, diff)
+    cfg = base.replace(
+      {"task.difficulty": diff, "run.run_dir": run_dir, "run.resume": True}
     )
     t0 = time.perf_counter()
     trainer = Trainer(cfg, show_progress=False)
@@ -56,11 +57,11 @@ def main(argv):
     finally:
       trainer.close()
     row = {
-      "model": cfg.model,
-      "task": cfg.task,
+      "model": cfg.model.name,
+      "task": cfg.task.name,
       "difficulty": diff,
-      "problems": cfg.eval_size,
-      "max_new_tokens": cfg.max_new_tokens,
+      "problems": cfg.task.eval_size,
+      "max_new_tokens": cfg.rollout.max_new_tokens,
       "accuracy": ev["eval_accuracy"],
       "wall_s": time.perf_counter() - t0,
     }

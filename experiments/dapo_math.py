@@ -9,10 +9,10 @@ overrides keep it small.
 
 Training data: DAPO-Math-17k is not available offline. Download it, write
 it as JSONL rows {"problem", "answer"}, and pass
-  --task=deepscaler --data_path=/path/to/dapo_math_17k.jsonl
+  --task.name=deepscaler --task.data_path=/path/to/dapo_math_17k.jsonl
 Without it the script trains on GSM8K train (../shared/data) as an
 offline stand-in, which is not the paper's setting. Prompts longer than
---max_prompt_tokens are dropped (metric `prompts_filtered_long`); training
+--task.max_prompt_tokens are dropped (metric `prompts_filtered_long`); training
 on an evaluated benchmark file is refused unless --allow_train_on_eval.
 """
 
@@ -22,24 +22,26 @@ from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
 train_flags.define_train_flags(
-  algorithm="dapo",
-  task="gsm8k",
-  data_path="../shared/data/gsm8k/train.jsonl",
-  model="smollm2-135m-instruct",
-  rollout_quant="int8",
-  correction="acr",
-  uaq_scale=1.5,
-  learning_rate=1e-6,
-  eps_low=0.2,
-  eps_high=0.28,
-  group_size=8,
-  prompts_per_step=4,
-  max_new_tokens=256,
-  max_prompt_tokens=384,
-  dynamic_sampling=True,
-  steps=20,
-  eval_size=30,
-  run_dir="runs/dapo_math",
+  {
+    "algorithm": "dapo",
+    "task.name": "gsm8k",
+    "task.data_path": "../shared/data/gsm8k/train.jsonl",
+    "model.name": "smollm2-135m-instruct",
+    "rollout.quant": "int8",
+    "loss.correction": "acr",
+    "rollout.uaq_scale": 1.5,
+    "optim.learning_rate": 1e-6,
+    "loss.eps_low": 0.2,
+    "loss.eps_high": 0.28,
+    "rollout.group_size": 8,
+    "rollout.prompts_per_step": 4,
+    "rollout.max_new_tokens": 256,
+    "task.max_prompt_tokens": 384,
+    "advantage.dynamic_sampling": True,
+    "run.steps": 20,
+    "task.eval_size": 30,
+    "run.run_dir": "runs/dapo_math",
+  }
 )
 train_flags.define_benchmark_flags(
   {"aime24": ("aime24", "../shared/data/aime24/test.jsonl")},

@@ -9,11 +9,11 @@ Paper defaults (DeepScaleR recipe): KL loss 1e-3 (k3), temperature 0.6,
 
 Training data: DeepScaleR-Preview-Dataset (40k) is not available offline.
 Download it as JSONL rows {"problem", "answer"} and pass
-  --task=deepscaler --data_path=/path/to/deepscaler.jsonl
+  --task.name=deepscaler --task.data_path=/path/to/deepscaler.jsonl
 Without it the script trains on GSM8K train (../shared/data) as an
 offline stand-in, which is not the paper's setting. OlympiadBench is not
 in ../shared/data: give --eval_olympiadbench=FILE, else it is skipped with
-a message. Prompts longer than --max_prompt_tokens are dropped (metric
+a message. Prompts longer than --task.max_prompt_tokens are dropped (metric
 `prompts_filtered_long`); training on an evaluated benchmark file is
 refused unless --allow_train_on_eval.
 """
@@ -24,24 +24,26 @@ from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
 train_flags.define_train_flags(
-  algorithm="grpo",
-  task="gsm8k",
-  data_path="../shared/data/gsm8k/train.jsonl",
-  model="smollm2-135m-instruct",
-  rollout_quant="int8",
-  correction="acr",
-  uaq_scale=1.5,
-  kl_coef=1e-3,
-  kl_estimator="k3",
-  temperature=0.6,
-  learning_rate=1e-6,
-  group_size=8,
-  prompts_per_step=4,
-  max_new_tokens=256,
-  max_prompt_tokens=384,
-  steps=20,
-  eval_size=30,
-  run_dir="runs/grpo_deepscaler",
+  {
+    "algorithm": "grpo",
+    "task.name": "gsm8k",
+    "task.data_path": "../shared/data/gsm8k/train.jsonl",
+    "model.name": "smollm2-135m-instruct",
+    "rollout.quant": "int8",
+    "loss.correction": "acr",
+    "rollout.uaq_scale": 1.5,
+    "kl.coef": 1e-3,
+    "kl.estimator": "k3",
+    "rollout.temperature": 0.6,
+    "optim.learning_rate": 1e-6,
+    "rollout.group_size": 8,
+    "rollout.prompts_per_step": 4,
+    "rollout.max_new_tokens": 256,
+    "task.max_prompt_tokens": 384,
+    "run.steps": 20,
+    "task.eval_size": 30,
+    "run.run_dir": "runs/grpo_deepscaler",
+  }
 )
 train_flags.define_benchmark_flags(
   {

@@ -30,6 +30,8 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ablate  # noqa: E402  (defines the trainer and study flags)
 
+from rljax.train import config as config_lib  # noqa: E402
+
 _DIR = flags.DEFINE_string(
   "instrument_dir",
   "runs/instrument",
@@ -90,8 +92,8 @@ def main(argv):
       seeds = [str(s) for s in file_seeds]
   difficulty = (
     _SFT_DIFFICULTY.value
-    or shared.get("task_difficulty")
-    or flags.FLAGS.task_difficulty
+    or config_lib.lookup(shared, "task.difficulty")
+    or flags.FLAGS["task.difficulty"].value
   )
   shape, sft = instrument_configs(difficulty)
   record_path = os.path.join(_DIR.value, instrument.MODEL_FILE)
@@ -103,7 +105,12 @@ def main(argv):
         f"{_DIR.value} holds an instrument of shape {record['shape']}, not "
         f"{dataclasses.asdict(shape)}; pick another --instrument_dir"
       )
-  eval_size = int(shared.get("eval_size", flags.FLAGS.eval_size) or 256)
+  eval_size = int(
+    config_lib.lookup(
+      shared, "task.eval_size", flags.FLAGS["task.eval_size"].value
+    )
+    or 256
+  )
   record = instrument.train_sft(
     _DIR.value, shape, sft, rl_eval_size=eval_size, progress=True
   )

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from rljax import models
 from rljax.models import lora as lora_lib
-from rljax.train import update as update_lib
+from rljax.train import optim as optim_lib
 
 _PRESET = flags.DEFINE_string(
   "preset", "smollm2-135m-instruct", "rljax.models preset name"
@@ -43,7 +43,7 @@ def main(argv):
   del argv
   config = models.preset(_PRESET.value)
   params = models.init_params(config, jax.random.PRNGKey(0), jnp.float32)
-  optimizer = update_lib.make_optimizer(1e-5, steps=100)
+  optimizer = optim_lib.make_optimizer(optim_lib.OptimConfig(1e-5, steps=100))
   full_state = optimizer.init(params)
   full = {
     "trainable_params": _count(params),

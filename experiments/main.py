@@ -7,7 +7,7 @@ after, writes metrics.jsonl, TensorBoard logs, plots.png and an HF export
 under --run_dir.
 
   python experiments/main.py                      # the embedded default
-  python experiments/main.py --rollout_quant=none --run_dir=runs/fp  # reference
+  python experiments/main.py --rollout.quant=none --run.run_dir=runs/fp  # reference
 """
 
 from absl import app
@@ -16,27 +16,29 @@ from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
 train_flags.define_train_flags(
-  algorithm="grpo",
-  model="smollm2-135m-instruct",
-  task="arithmetic",
-  task_difficulty="easy",
-  rollout_quant="int8",
-  correction="acr",
-  uaq_scale=1.5,
-  kl_coef=0.0,
-  aggregation="token-mean",
-  prompts_per_step=8,
-  group_size=6,
-  max_new_tokens=32,
-  temperature=0.7,
-  micro_batches=6,
-  logprob_chunk=32,
-  steps=20,
-  learning_rate=1e-5,
-  eval_size=64,
-  checkpoint_every=10,
-  run_dir="runs/main",
-  resume=True,
+  {
+    "algorithm": "grpo",
+    "model.name": "smollm2-135m-instruct",
+    "task.name": "arithmetic",
+    "task.difficulty": "easy",
+    "rollout.quant": "int8",
+    "loss.correction": "acr",
+    "rollout.uaq_scale": 1.5,
+    "kl.coef": 0.0,
+    "loss.aggregation": "token-mean",
+    "rollout.prompts_per_step": 8,
+    "rollout.group_size": 6,
+    "rollout.max_new_tokens": 32,
+    "rollout.temperature": 0.7,
+    "update.micro_batches": 6,
+    "update.logprob_chunk": 32,
+    "run.steps": 20,
+    "optim.learning_rate": 1e-5,
+    "task.eval_size": 64,
+    "run.checkpoint_every": 10,
+    "run.run_dir": "runs/main",
+    "run.resume": True,
+  }
 )
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from rljax import models
 from rljax.core import objectives
+from rljax.train import optim as optim_lib
 from rljax.train import update as update_lib
 from rljax.train.memory_plan import compiled_bytes, plan, random_batch
 
@@ -234,7 +235,7 @@ def main(argv):
     remat=_REMAT.value,
     logprob_chunk=_CHUNK.value,
   )
-  optimizer = update_lib.make_optimizer(1e-6, 100)
+  optimizer = optim_lib.make_optimizer(optim_lib.OptimConfig(1e-6, 100))
   state = update_lib.init_train_state(params, optimizer)
   batch = random_batch(config, _BATCH.value, _SEQ.value, jax.random.PRNGKey(1))
   step_fn = update_lib.make_update_step(spec, optimizer)

@@ -43,6 +43,8 @@ import sys
 from absl import app, flags
 import numpy as np
 
+from rljax.train import config as config_lib
+
 from rljax.train.metrics import read_metrics
 
 _STUDIES = flags.DEFINE_list(
@@ -244,25 +246,26 @@ def ablation_section(
   ref_last, _ = _mean_std(r["reward_last_q"] for r in ref)
   runs = {r["name"]: r for r in setup.get("runs", [])}
   lines = []
-  base = setup.get("base", {})
+  # Nested, or flat from an older ablation.json (config.LEGACY_KEYS).
+  base = config_lib.flatten(setup.get("base", {}))
   if base:
     keys = [
-      "model",
-      "task",
-      "task_difficulty",
+      "model.name",
+      "task.name",
+      "task.difficulty",
       "algorithm",
-      "prompts_per_step",
-      "group_size",
-      "max_new_tokens",
-      "temperature",
-      "learning_rate",
-      "minibatches",
-      "steps",
-      "eval_size",
-      "eval_every",
-      "eps_low",
-      "eps_high",
-      "tis_cap",
+      "rollout.prompts_per_step",
+      "rollout.group_size",
+      "rollout.max_new_tokens",
+      "rollout.temperature",
+      "optim.learning_rate",
+      "update.minibatches",
+      "run.steps",
+      "task.eval_size",
+      "run.eval_every",
+      "loss.eps_low",
+      "loss.eps_high",
+      "loss.tis_cap",
     ]
     lines.append(
       "Shared settings (from `ablation.json`): "
@@ -304,7 +307,7 @@ def ablation_section(
   summary = {}
   for name in names:
     rs = by_name[name]
-    cfg = runs.get(name, {})
+    cfg = config_lib.flatten(runs.get(name, {}))
     final, final_sd = _mean_std(r["eval_final"] for r in rs)
     last, last_sd = _mean_std(r["reward_last_q"] for r in rs)
 
@@ -326,9 +329,14 @@ def ablation_section(
       + " | ".join(
         [
           f"`{name}`",
-          str(cfg.get("rollout_quant", base.get("rollout_quant", "?"))),
-          str(cfg.get("correction", base.get("correction", "?"))),
-          _fmt(float(cfg.get("uaq_scale", base.get("uaq_scale", 1.0))), 1),
+          str(cfg.get("rollout.quant", base.get("rollout.quant", "?"))),
+          str(cfg.get("loss.correction", base.get("loss.correction", "?"))),
+          _fmt(
+            float(
+              cfg.get("rollout.uaq_scale", base.get("rollout.uaq_scale", 1))
+            ),
+            1,
+          ),
           cell("eval_before"),
           _fmt(final) + (f" ± {_fmt(final_sd)}" if len(rs) > 1 else ""),
           _fmt(d_final) if name != reference else "0",
@@ -841,7 +849,7 @@ def status_section(studies: dict[str, dict]) -> list[str]:
       for e, v in st["status"].items()
       if v == "partial"
     ]
-    model = str(base.get("model", "?"))
+    model = str(config_lib.lookup(base, "model.name", "?"))
     if model.startswith("instrument:"):
       model = "instrument (~1M params, from scratch)"
     scale = (

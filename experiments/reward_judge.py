@@ -1,4 +1,4 @@
-"""Example: GRPO on a rubric / LLM-judge reward (`--reward=judge`).
+"""Example: GRPO on a rubric / LLM-judge reward (`--reward.name=judge`).
 
 A judge model served by an OpenAI-compatible endpoint rates each answer
 against the rubrics of experiments/data/judge_rubrics.txt on 0–10, mapped to
@@ -11,12 +11,11 @@ A 135M judge is a weak grader: the point is the plumbing (requests, score
 parsing, counted failures, timeouts); use a larger judge for real runs:
   vllm serve Qwen/Qwen2.5-7B-Instruct --port 8001 &
   python experiments/reward_judge.py --serve_judge=false \
-      --judge_url=http://127.0.0.1:8001 --judge_api=chat
+      --reward.judge_url=http://127.0.0.1:8001 --reward.judge_api=chat
 
 Held-out accuracy keeps the arithmetic verifier.
 """
 
-import dataclasses
 import os
 
 from absl import app, flags
@@ -30,25 +29,27 @@ RUBRICS = os.path.join(
 )
 
 train_flags.define_train_flags(
-  algorithm="grpo",
-  model="smollm2-135m-instruct",
-  task="arithmetic",
-  task_difficulty="easy",
-  reward="judge",
-  judge_rubrics=RUBRICS,
-  judge_api="chat",
-  judge_timeout_s=120.0,
-  rollout_quant="none",
-  kl_coef=0.0,
-  prompts_per_step=4,
-  group_size=4,
-  max_new_tokens=32,
-  temperature=0.7,
-  learning_rate=1e-5,
-  steps=5,
-  eval_size=16,
-  export_hf=False,
-  run_dir="runs/reward_judge",
+  {
+    "algorithm": "grpo",
+    "model.name": "smollm2-135m-instruct",
+    "task.name": "arithmetic",
+    "task.difficulty": "easy",
+    "reward.name": "judge",
+    "reward.judge_rubrics": RUBRICS,
+    "reward.judge_api": "chat",
+    "reward.judge_timeout_s": 120.0,
+    "rollout.quant": "none",
+    "kl.coef": 0.0,
+    "rollout.prompts_per_step": 4,
+    "rollout.group_size": 4,
+    "rollout.max_new_tokens": 32,
+    "rollout.temperature": 0.7,
+    "optim.learning_rate": 1e-5,
+    "run.steps": 5,
+    "task.eval_size": 16,
+    "run.export_hf": False,
+    "run.run_dir": "runs/reward_judge",
+  }
 )
 
 _SERVE = flags.DEFINE_bool(
@@ -100,7 +101,7 @@ def main(argv):
   sidecar_cfg = VLLMSidecarConfig(
     max_model_len=1024,
     served_model_name="judge",
-    log_dir=os.path.join(cfg.run_dir, "judge_log"),
+    log_dir=os.path.join(cfg.run.run_dir, "judge_log"),
   )
   with VLLMSidecar(judge_checkpoint_dir(), sidecar_cfg) as engine:
     print(
@@ -112,7 +113,9 @@ def main(argv):
     # reads it from the environment (never from a flag: flags are logged).
     os.environ[tasks.JUDGE_API_KEY_ENV] = engine.api_key
     run_experiment(
-      dataclasses.replace(cfg, judge_url=engine.url, judge_model="judge")
+      cfg.replace(
+        {"reward.judge_url": engine.url, "reward.judge_model": "judge"}
+      )
     )
 
 

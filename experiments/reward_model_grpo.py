@@ -1,4 +1,4 @@
-"""Example: GRPO on a learned Bradley–Terry reward model (`--reward=reward_model`).
+"""Example: GRPO on a learned Bradley–Terry reward model (`--reward.name=reward_model`).
 
 The policy (SmolLM2-135M-Instruct) answers generated arithmetic; each answer
 is scored by a reward model trained with experiments/train_reward_model.py,
@@ -6,7 +6,7 @@ in the trainer's process, batched, on its default device. Held-out accuracy
 still uses the arithmetic verifier, so this run compares with verifier runs.
 
   python experiments/train_reward_model.py --out_dir=runs/reward_model
-  python experiments/reward_model_grpo.py --reward_model_path=runs/reward_model
+  python experiments/reward_model_grpo.py --reward.model_path=runs/reward_model
 
 Writes metrics.jsonl (`reward_mean` = the RM score; `reward_reward_model` its
 raw value) and plots.png under --run_dir; or plot several runs together:
@@ -19,23 +19,25 @@ from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
 train_flags.define_train_flags(
-  algorithm="grpo",
-  model="smollm2-135m-instruct",
-  task="arithmetic",
-  task_difficulty="easy",
-  reward="reward_model",
-  reward_model_path="runs/reward_model",
-  rollout_quant="none",
-  kl_coef=0.0,
-  prompts_per_step=4,
-  group_size=4,
-  max_new_tokens=32,
-  temperature=0.7,
-  learning_rate=1e-5,
-  steps=5,
-  eval_size=16,
-  export_hf=False,
-  run_dir="runs/reward_model_grpo",
+  {
+    "algorithm": "grpo",
+    "model.name": "smollm2-135m-instruct",
+    "task.name": "arithmetic",
+    "task.difficulty": "easy",
+    "reward.name": "reward_model",
+    "reward.model_path": "runs/reward_model",
+    "rollout.quant": "none",
+    "kl.coef": 0.0,
+    "rollout.prompts_per_step": 4,
+    "rollout.group_size": 4,
+    "rollout.max_new_tokens": 32,
+    "rollout.temperature": 0.7,
+    "optim.learning_rate": 1e-5,
+    "run.steps": 5,
+    "task.eval_size": 16,
+    "run.export_hf": False,
+    "run.run_dir": "runs/reward_model_grpo",
+  }
 )
 
 

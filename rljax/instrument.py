@@ -449,25 +449,25 @@ def build_task(cfg, tokenizer: CharTokenizer):
   """The generated-arithmetic `Task` of `cfg` in the instrument's format.
 
   The same problem streams as `rljax.train.tasks.build_task` (train: seed
-  cfg.seed, held-out: 10_000 + cfg.seed), rendered bare ('12+5-9=') and
+  cfg.run.seed, held-out: 10_000 + cfg.run.seed), rendered bare ('12+5-9=') and
   scored by the same verifier (the completion is a plain number).
   """
   from rljax import data as data_lib
   from rljax.train import tasks as tasks_lib
 
-  if cfg.task != "arithmetic":
+  if cfg.task.name != "arithmetic":
     raise ValueError(
-      f"task={cfg.task!r}: the instrument trains on "
+      f"task={cfg.task.name!r}: the instrument trains on "
       "'arithmetic' only (its vocabulary is digits and +-*/()=)"
     )
   held_out = data_lib.generate_arithmetic(
-    cfg.eval_size, cfg.task_difficulty, seed=10_000 + cfg.seed
+    cfg.task.eval_size, cfg.task.difficulty, seed=10_000 + cfg.run.seed
   )
   held_q = {e.question for e in held_out}
   train = [
     e
     for e in data_lib.generate_arithmetic(
-      tasks_lib.GENERATED_POOL, cfg.task_difficulty, seed=cfg.seed
+      tasks_lib.GENERATED_POOL, cfg.task.difficulty, seed=cfg.run.seed
     )
     if e.question not in held_q
   ]
@@ -476,10 +476,10 @@ def build_task(cfg, tokenizer: CharTokenizer):
     held_out,
     tokenizer,
     render_prompt,
-    cfg.prompts_per_step,
-    cfg.seed,
-    cfg.max_prompt_tokens,
-    cfg.reward_workers,
+    cfg.rollout.prompts_per_step,
+    cfg.run.seed,
+    cfg.task.max_prompt_tokens,
+    cfg.task.reward_workers,
     last_number_fallback=True,
   )
 

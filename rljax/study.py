@@ -33,7 +33,7 @@ def eval_records(trainer) -> tuple[dict, list[dict]]:
     trainer.model_config,
     None,
     quant="none",
-    max_prompt_len=batch_lib.bucket(trainer.cfg.max_prompt_tokens),
+    max_prompt_len=batch_lib.bucket(trainer.cfg.task.max_prompt_tokens),
     pad_id=int(getattr(tok, "pad_token_id", None) or 0),
   )
   try:
@@ -45,7 +45,7 @@ def eval_records(trainer) -> tuple[dict, list[dict]]:
       SamplingConfig(
         n=1,
         greedy=True,
-        max_new_tokens=trainer.cfg.max_new_tokens,
+        max_new_tokens=trainer.cfg.rollout.max_new_tokens,
         stop_token_ids=trainer.task.stop_token_ids,
         seed=0,
       ),
@@ -91,7 +91,7 @@ def read_eval_records(run_dir: str) -> dict[int, list[dict]]:
 def run(
   cfg, model=None, task=None, show_progress: bool = True, plot: bool = True
 ) -> dict:
-  """Trains `cfg` to cfg.steps (resuming), with per-problem held-out
+  """Trains `cfg` to cfg.run.steps (resuming), with per-problem held-out
   records before and after; writes summary.json and returns it."""
   from absl import logging
   from rljax.train.loop import Trainer
@@ -101,19 +101,19 @@ def run(
   trainer = Trainer(cfg, model=model, task=task, show_progress=show_progress)
   try:
     before = {}
-    if cfg.eval_size and trainer.step_num == 0:
+    if cfg.task.eval_size and trainer.step_num == 0:
       before, records = eval_records(trainer)
-      _write_records(cfg.run_dir, 0, records)
+      _write_records(cfg.run.run_dir, 0, records)
       trainer.writer.write(0, before)
     rows = trainer.run()
     after = {}
-    if cfg.eval_size:
+    if cfg.task.eval_size:
       after, records = eval_records(trainer)
-      _write_records(cfg.run_dir, trainer.step_num, records)
+      _write_records(cfg.run.run_dir, trainer.step_num, records)
       if not (rows and "eval_accuracy" in rows[-1]):
         trainer.writer.write(trainer.step_num, after)
     summary = {
-      "run_dir": cfg.run_dir,
+      "run_dir": cfg.run.run_dir,
       "wall_s": time.perf_counter() - t0,
       "steps": trainer.step_num,
       "eval_accuracy_before": before.get("eval_accuracy"),
@@ -124,8 +124,8 @@ def run(
   if plot:
     from rljax.train.plots import plot_runs
 
-    plot_runs([cfg.run_dir], os.path.join(cfg.run_dir, "plots.png"))
-  with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
+    plot_runs([cfg.run.run_dir], os.path.join(cfg.run.run_dir, "plots.png"))
+  with open(os.path.join(cfg.run.run_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   print("[rljax] summary: " + json.dumps(summary), flush=True)
   return summary

@@ -31,24 +31,24 @@ class Actor:
     params: Any,
     mesh: Any = None,
   ):
-    """Builds the engine `cfg.engine` (a vLLM engine starts from `params`;
+    """Builds the engine `cfg.rollout.engine` (a vLLM engine starts from `params`;
     the JAX sampler runs sharded on `mesh` when one is given)."""
     self.cfg = cfg
     self.model_config = model_config
-    self.quantized = cfg.rollout_quant in ("int8", "int8_wo", "fp8")
+    self.quantized = cfg.rollout.quant in ("int8", "int8_wo", "fp8")
     self.diagnostics = quant.SyncDiagnostics() if self.quantized else None
     self.restarts = 0
     self.engine = rollout_factory.make_engine(
-      cfg.engine,
+      cfg.rollout.engine,
       model_config,
       params,
-      quant=cfg.rollout_quant,
-      max_prompt_len=batch_lib.bucket(cfg.max_prompt_tokens),
-      max_new_tokens=cfg.max_new_tokens,
+      quant=cfg.rollout.quant,
+      max_prompt_len=batch_lib.bucket(cfg.task.max_prompt_tokens),
+      max_new_tokens=cfg.rollout.max_new_tokens,
       pad_id=batch_lib.pad_id(tokenizer),
       tokenizer=tokenizer,
-      run_dir=cfg.run_dir,
-      vllm_urls=cfg.vllm_urls,
+      run_dir=cfg.run.run_dir,
+      vllm_urls=cfg.rollout.vllm_urls,
       mesh=mesh,
     )
 
@@ -62,7 +62,7 @@ class Actor:
     t0 = time.perf_counter()
     cfg = self.cfg
     rparams = quant.prepare_rollout_weights(
-      self.model_config, params, cfg.rollout_quant, fake=cfg.fake_quant
+      self.model_config, params, cfg.rollout.quant, fake=cfg.rollout.fake_quant
     )
     diag = self.diagnostics(params, rparams) if self.quantized else {}
     guard.require_finite(rparams, f"the rollout weights after step {step}")
@@ -109,7 +109,7 @@ class Actor:
 
   def metrics(self) -> dict[str, float]:
     """engine_restarts, for the engines that can be restarted (vLLM)."""
-    if self.cfg.engine == "jax":
+    if self.cfg.rollout.engine == "jax":
       return {}
     return {"engine_restarts": float(self.restarts)}
 

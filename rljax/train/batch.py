@@ -46,21 +46,23 @@ def sequence_advantages(
   with masked-out groups); the returned advantage is 0 elsewhere.
   """
   r = jnp.asarray(rewards, jnp.float32)
-  g = cfg.group_size
-  if cfg.advantage == "grpo":
+  g = cfg.rollout.group_size
+  if cfg.advantage.estimator == "grpo":
     a = adv_lib.grpo(r, g)
-  elif cfg.advantage == "drgrpo":
+  elif cfg.advantage.estimator == "drgrpo":
     a = adv_lib.drgrpo(r, g)
-  elif cfg.advantage == "rloo":
+  elif cfg.advantage.estimator == "rloo":
     a = adv_lib.rloo(r, g)
-  elif cfg.advantage == "reinforce_pp":
+  elif cfg.advantage.estimator == "reinforce_pp":
     a = adv_lib.reinforce_pp(r, jnp.asarray(valid))
-  elif cfg.advantage == "reinforce_pp_baseline":
+  elif cfg.advantage.estimator == "reinforce_pp_baseline":
     a = adv_lib.reinforce_pp_baseline(r, g, valid=jnp.asarray(valid, bool))
-  elif cfg.advantage == "reinforce":
+  elif cfg.advantage.estimator == "reinforce":
     a = r
   else:
-    raise ValueError(f"advantage={cfg.advantage!r} is not an outcome estimator")
+    raise ValueError(
+      f"advantage={cfg.advantage.estimator!r} is not an outcome estimator"
+    )
   return np.where(valid, np.asarray(a), 0.0).astype(np.float32)
 
 
@@ -83,9 +85,9 @@ def shaped_rewards(
 
 def group_keep(cfg: TrainConfig, rewards: np.ndarray) -> np.ndarray:
   """bool [n_groups]: groups with reward variance (DAPO dynamic sampling)."""
-  if not cfg.dynamic_sampling:
-    return np.ones(len(rewards) // cfg.group_size, bool)
+  if not cfg.advantage.dynamic_sampling:
+    return np.ones(len(rewards) // cfg.rollout.group_size, bool)
   zero_var = shaping.zero_variance_groups(
-    jnp.asarray(rewards, jnp.float32), cfg.group_size
+    jnp.asarray(rewards, jnp.float32), cfg.rollout.group_size
   )
   return ~np.asarray(zero_var)

@@ -69,7 +69,7 @@ def loss_mask(cfg: TrainConfig, packed: dict, valid: np.ndarray) -> np.ndarray:
   """float [B, T-1]: response tokens of valid sequences; without truncated
   responses under DAPO's overlong filter."""
   mask = packed["response_mask"] * valid[:, None]
-  if cfg.overlong_filter:
+  if cfg.advantage.overlong_filter:
     mask = np.asarray(
       shaping.overlong_filter_mask(
         jnp.asarray(packed["truncated"]), jnp.asarray(mask) > 0
@@ -82,7 +82,7 @@ def loss_mask(cfg: TrainConfig, packed: dict, valid: np.ndarray) -> np.ndarray:
 def needs_prox(cfg: TrainConfig, prox_is_current: bool) -> bool:
   """Whether the batch needs log π_θold: the loss reads it (several updates
   per step), or the KL reward penalty does."""
-  return (not prox_is_current) or cfg.kl_in_reward_coef > 0
+  return (not prox_is_current) or cfg.kl.in_reward_coef > 0
 
 
 def outcome_advantages(
@@ -98,14 +98,14 @@ def outcome_advantages(
   With a KL reward penalty (REINFORCE++, Hu 2025) the summed per-token
   −β·k_t joins the outcome reward before the baseline.
   """
-  if cfg.kl_in_reward_coef > 0:
+  if cfg.kl.in_reward_coef > 0:
     penalized = kl_lib.kl_penalized_rewards(
       jnp.zeros(np.shape(mask), jnp.float32),
       prox_logp,
       ref_logp,
       jnp.asarray(mask) > 0,
-      cfg.kl_in_reward_coef,
-      cfg.kl_estimator,
+      cfg.kl.in_reward_coef,
+      cfg.kl.estimator,
     )  # −β·k_t on valid tokens
     shaped = shaped + np.asarray(penalized.sum(axis=1))
   seq_adv = batch_lib.sequence_advantages(cfg, shaped, valid)
@@ -134,22 +134,27 @@ def gae_advantages(
   token_rewards = np.zeros(valid.shape, np.float32)
   token_rewards[np.arange(len(ends)), ends] = np.where(has_tokens, shaped, 0.0)
   token_rewards = jnp.asarray(token_rewards)
-  if cfg.kl_in_reward_coef > 0:
+  if cfg.kl.in_reward_coef > 0:
     token_rewards = kl_lib.kl_penalized_rewards(
       token_rewards,
       prox_logp,
       ref_logp,
       mask_j > 0,
-      cfg.kl_in_reward_coef,
-      cfg.kl_estimator,
+      cfg.kl.in_reward_coef,
+      cfg.kl.estimator,
     )
-  actor_lam = cfg.gae_lambda
-  if cfg.vapo_alpha > 0:
+  actor_lam = cfg.advantage.gae_lambda
+  if cfg.advantage.vapo_alpha > 0:
     actor_lam = adv_lib.vapo_lambda(
-      jnp.asarray(response_lengths), cfg.vapo_alpha
+      jnp.asarray(response_lengths), cfg.advantage.vapo_alpha
     )
   adv, returns = adv_lib.vcppo_gae(
-    token_rewards, values, mask_j > 0, cfg.gamma, actor_lam, cfg.critic_lambda
+    token_rewards,
+    values,
+    mask_j > 0,
+    cfg.advantage.gamma,
+    actor_lam,
+    cfg.critic.gae_lambda,
   )
   return {"advantages": adv * mask_j, "old_values": values, "returns": returns}
 
@@ -257,10 +262,10 @@ def make_batch(
     (batch, metrics); the metrics include `time_logprobs`.
   """
   model_config = spec.model_config
-  packed = pack(rollout.batch, pad_id, cfg.max_new_tokens)
+  packed = pack(rollout.batch, pad_id, cfg.rollout.max_new_tokens)
   tokens = jnp.asarray(packed["tokens"])
   attn = jnp.asarray(packed["attention_mask"])
-  chunk = cfg.logprob_chunk or None
+  chunk = cfg.update.logprob_chunk or None
   put, gather = (
     (placement.put_batch, placement.gather) if placement else (_same, _same)
   )
@@ -270,13 +275,18 @@ def make_batch(
   if needs_prox(cfg, spec.prox_is_current):
     prox = gather(
       sequence_logprobs(
-        model_config, policy_params(), tokens, attn, cfg.temperature, chunk
+        model_config,
+        policy_params(),
+        tokens,
+        attn,
+        cfg.rollout.temperature,
+        chunk,
       )
     )
   if cfg.uses_reference:
     ref = gather(
       sequence_logprobs(
-        model_config, ref_params, tokens, attn, cfg.temperature, chunk
+        model_config, ref_params, tokens, attn, cfg.rollout.temperature, chunk
       )
     )
   if cfg.uses_critic:

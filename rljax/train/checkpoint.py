@@ -330,7 +330,7 @@ def run_meta(
   how many rollouts are in flight, the UAQ scale θ is folded with)."""
   return {
     "step": step,
-    "seed": cfg.seed,
+    "seed": cfg.run.seed,
     "uaq_scale": uaq_scale,
     "data_state": collector.data_state(),
     "last_metrics": row,
@@ -376,7 +376,7 @@ def resume(
   state, meta = restore_step(checkpointer, step, state, uaq_scale)
   collector.task.load_state_dict(meta["data_state"])
   step = int(meta["step"])
-  if collector.cfg.pipelined:
+  if collector.cfg.run.pipelined:
     collector.restore_pending(pending_rollouts(checkpointer, step, meta))
   return state, step
 

@@ -103,12 +103,12 @@ class Collector:
   def _sampling(self, step: int, round_: int) -> SamplingConfig:
     cfg = self.cfg
     return SamplingConfig(
-      n=cfg.group_size,
-      temperature=cfg.temperature,
-      top_p=cfg.top_p,
-      max_new_tokens=cfg.max_new_tokens,
+      n=cfg.rollout.group_size,
+      temperature=cfg.rollout.temperature,
+      top_p=cfg.rollout.top_p,
+      max_new_tokens=cfg.rollout.max_new_tokens,
       stop_token_ids=self.task.stop_token_ids,
-      seed=batch_lib.seed_for(cfg.seed, step, round_),
+      seed=batch_lib.seed_for(cfg.run.seed, step, round_),
     )
 
   def _generate(self, step: int, round_: int, examples: list) -> tuple:
@@ -129,7 +129,9 @@ class Collector:
     timing = {"time_rollout": 0.0, "time_reward": 0.0}
     rounds = []
     gen_tokens = 0
-    max_rounds = 1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)
+    max_rounds = 1 + (
+      cfg.advantage.max_resample_rounds if cfg.advantage.dynamic_sampling else 0
+    )
     for round_ in range(max_rounds):
       if round_ == 0 and self._pending:
         rb, examples, t_gen, extra = self._pending.pop(0).result()
@@ -137,7 +139,7 @@ class Collector:
         timing.update(extra)
       else:
         rb, examples, t_gen = self._generate(
-          step, round_, self.task.next_train_batch(cfg.prompts_per_step)
+          step, round_, self.task.next_train_batch(cfg.rollout.prompts_per_step)
         )
       timing["time_rollout"] += t_gen
       gen_tokens += int(rb.response_lengths.sum())
@@ -147,9 +149,11 @@ class Collector:
       rounds.append(
         Round(rb, np.asarray(scores), comps, batch_lib.group_keep(cfg, scores))
       )
-      if sum(int(np.sum(r.keep)) for r in rounds) >= cfg.prompts_per_step:
+      if (
+        sum(int(np.sum(r.keep)) for r in rounds) >= cfg.rollout.prompts_per_step
+      ):
         break
-    out = select(rounds, cfg.prompts_per_step)
+    out = select(rounds, cfg.rollout.prompts_per_step)
     timing["rollout_tokens"] = float(gen_tokens)
     timing["rollout_tokens_per_s"] = gen_tokens / max(
       timing["time_rollout"], 1e-9
@@ -173,7 +177,7 @@ class Collector:
     if self._executor is None:
       self._executor = concurrent.futures.ThreadPoolExecutor(1)
     self._pending_data_states.append(self.task.state_dict())
-    examples = self.task.next_train_batch(self.cfg.prompts_per_step)
+    examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
     rparams, diag = self.actor.prepare(params, version)
 
     def job():
@@ -210,7 +214,7 @@ class Collector:
     for (the task was restored to the position before them)."""
     for rb, extra in rollouts:
       self._pending_data_states.append(self.task.state_dict())
-      examples = self.task.next_train_batch(self.cfg.prompts_per_step)
+      examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
       fut = concurrent.futures.Future()
       fut.set_result((rb, examples, 0.0, extra))
       self._pending.append(fut)

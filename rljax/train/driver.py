@@ -71,11 +71,11 @@ def check_benchmarks(cfg: TrainConfig, plan: BenchmarkPlan) -> tuple:
         f"--eval_{spec.label}={spec.path!r}",
         flush=True,
       )
-  if cfg.data_path and not plan.allow_train_on_eval:
-    clash = [s for s in present if _same_file(cfg.data_path, s.path)]
+  if cfg.task.data_path and not plan.allow_train_on_eval:
+    clash = [s for s in present if _same_file(cfg.task.data_path, s.path)]
     if clash:
       raise ValueError(
-        f"--data_path={cfg.data_path!r} is the evaluated benchmark "
+        f"--task.data_path={cfg.task.data_path!r} is the evaluated benchmark "
         + ", ".join(f"{s.label} (--eval_{s.label}={s.path!r})" for s in clash)
         + ": training on it would make its scores meaningless. Train on "
         "another file, or pass --allow_train_on_eval to do it anyway"
@@ -107,11 +107,11 @@ def run_benchmarks(trainer, specs, plan: BenchmarkPlan) -> dict:
     greedy=greedy,
     temperature=0.0 if greedy else plan.temperature,
     top_p=1.0 if greedy else plan.top_p,
-    max_new_tokens=cfg.max_new_tokens,
+    max_new_tokens=cfg.rollout.max_new_tokens,
     stop_token_ids=(int(tok.eos_token_id),),
-    seed=cfg.seed,
+    seed=cfg.run.seed,
   )
-  out_dir = os.path.join(cfg.run_dir, "benchmarks")
+  out_dir = os.path.join(cfg.run.run_dir, "benchmarks")
   os.makedirs(out_dir, exist_ok=True)
   results = {}
   for spec in specs:
@@ -154,7 +154,7 @@ def run_experiment(
   show_progress: bool = True,
   benchmarks: BenchmarkPlan | None = None,
 ) -> dict:
-  """Trains `cfg.steps` steps (resuming if asked), then evaluates
+  """Trains `cfg.run.steps` steps (resuming if asked), then evaluates
   `benchmarks`; returns the summary."""
   from absl import logging
 
@@ -165,15 +165,15 @@ def run_experiment(
   t0 = time.perf_counter()
   trainer = Trainer(cfg, show_progress=show_progress)
   print(
-    f"[rljax] run_dir={cfg.run_dir} algorithm={cfg.algorithm} "
-    f"engine={cfg.engine} rollout_quant={cfg.rollout_quant} "
-    f"correction={cfg.correction} uaq_scale={trainer.uaq_scale} "
-    f"steps={cfg.steps}",
+    f"[rljax] run_dir={cfg.run.run_dir} algorithm={cfg.algorithm} "
+    f"rollout.engine={cfg.rollout.engine} rollout.quant={cfg.rollout.quant} "
+    f"loss.correction={cfg.loss.correction} uaq_scale={trainer.uaq_scale} "
+    f"run.steps={cfg.run.steps}",
     flush=True,
   )
   try:
     before = {}
-    if cfg.eval_size and trainer.step_num == 0:
+    if cfg.task.eval_size and trainer.step_num == 0:
       before = trainer.heldout.evaluate(trainer.policy_params())
       trainer.writer.write(0, before)
       print(
@@ -186,7 +186,7 @@ def run_experiment(
     if rows and "eval_accuracy" in rows[-1]:
       # --eval_every already evaluated the last step: do not pay for it twice.
       after = {k: v for k, v in rows[-1].items() if k.startswith("eval_")}
-    elif cfg.eval_size:
+    elif cfg.task.eval_size:
       after = trainer.heldout.evaluate(trainer.policy_params())
       trainer.writer.write(trainer.step_num, after)
     if after:
@@ -196,7 +196,7 @@ def run_experiment(
         flush=True,
       )
     summary = {
-      "run_dir": cfg.run_dir,
+      "run_dir": cfg.run.run_dir,
       "wall_s": time.perf_counter() - t0,
       "steps": trainer.step_num,
       "first_reward": rows[0]["reward_mean"] if rows else None,
@@ -216,20 +216,20 @@ def run_experiment(
           for label, r in summary["benchmarks"].items()
         },
       )
-    if cfg.export_hf:
+    if cfg.run.export_hf:
       from rljax.train import export as export_lib
 
       # From the last checkpoint (restore_policy): UAQ unfolded, LoRA merged.
       summary["hf_export"] = export_lib.export_run(
-        cfg.run_dir, os.path.join(cfg.run_dir, "hf")
+        cfg.run.run_dir, os.path.join(cfg.run.run_dir, "hf")
       )
       if trainer.lora is not None:  # the adapters alone, PEFT layout
         summary["lora_adapter"] = export_lib.export_adapter(
           trainer.model_config,
           trainer.lora,
           trainer.state.params,
-          os.path.join(cfg.run_dir, "lora_adapter"),
-          cfg.model,
+          os.path.join(cfg.run.run_dir, "lora_adapter"),
+          cfg.model.name,
           trainer.uaq_scale,
         )
   finally:
@@ -237,9 +237,9 @@ def run_experiment(
   if plot:
     from rljax.train.plots import plot_runs
 
-    summary["plot"] = os.path.join(cfg.run_dir, "plots.png")
-    plot_runs([cfg.run_dir], summary["plot"])
-  with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
+    summary["plot"] = os.path.join(cfg.run.run_dir, "plots.png")
+    plot_runs([cfg.run.run_dir], summary["plot"])
+  with open(os.path.join(cfg.run.run_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   print("[rljax] summary: " + json.dumps(summary), flush=True)
   return summary

@@ -1,79 +1,89 @@
 """absl flags that map one to one onto `TrainConfig` fields.
 
-Every experiment script calls `define_train_flags(**script_defaults)` and
-`config_from_flags()`, which resolves through `config.resolve`: TrainConfig's
-defaults, the algorithm preset, the script's defaults (a script is one paper
-setup), [a JSON base], the flags the user typed, [grid cells]. When the user
-picks another algorithm than the script's, the script's defaults no longer
-override that preset's fields. Every problem of the result is reported at
-once (`config.validate`), before any model loads.
+A field's flag is its dotted path: `--loss.eps_high=0.28`,
+`--rollout.quant=none`, `--run.run_dir=runs/x` (absl takes dots in flag
+names). Every experiment script calls `define_train_flags({...})` with its
+defaults (dotted or nested keys) and `config_from_flags()`, which resolves
+through `config.resolve`: TrainConfig's defaults, the algorithm preset, the
+script's defaults (a script is one paper setup), [a JSON base], the flags
+the user typed, [grid cells]. When the user picks another algorithm than
+the script's, the script's defaults no longer override that preset's
+fields. Every problem of the result is reported at once
+(`config.validate`), before any model loads.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from typing import Any, Mapping
 
 from absl import flags
 
-from rljax.train.config import ALGORITHMS, TrainConfig, field_names, resolve
+from rljax.train import config as config_lib
+from rljax.train.config import ALGORITHMS, TrainConfig
 
 FLAGS = flags.FLAGS
 # Script defaults per FlagValues (a test may define the flags on its own).
 _SCRIPT_DEFAULTS: dict[int, dict[str, Any]] = {}
 
 
-def _field_type(field: dataclasses.Field) -> Any:
-  hints = typing.get_type_hints(TrainConfig)
-  return hints[field.name]
-
-
 def define_train_flags(
-  flag_values: flags.FlagValues = FLAGS, **script_defaults
+  *layers: Mapping[str, Any],
+  flag_values: flags.FlagValues = FLAGS,
+  **script_defaults,
 ) -> None:
-  """Defines one flag per TrainConfig field (name, type and help)."""
-  unknown = set(script_defaults) - set(field_names())
+  """Defines one flag per TrainConfig field (dotted name, type and help).
+
+  `layers` and keyword sections are the script's defaults, e.g.
+  `define_train_flags({"algorithm": "dapo", "loss.eps_high": 0.28})`.
+  """
+  defaults: dict[str, Any] = {}
+  for layer in (*layers, script_defaults):
+    defaults.update(config_lib.flatten(layer))
+  known = set(config_lib.field_names())
+  unknown = sorted(set(defaults) - known)
   if unknown:
     raise ValueError(
-      f"unknown TrainConfig fields in script defaults: {sorted(unknown)}"
+      f"script defaults name {unknown}, which are not TrainConfig fields; "
+      "expected dotted fields such as 'loss.eps_high'"
     )
-  _SCRIPT_DEFAULTS[id(flag_values)] = dict(script_defaults)
+  _SCRIPT_DEFAULTS[id(flag_values)] = defaults
   fv = dict(flag_values=flag_values)
-  for field in dataclasses.fields(TrainConfig):
-    default = script_defaults.get(field.name, field.default)
-    ftype = _field_type(field)
-    help_ = f"TrainConfig.{field.name}"
-    if field.name == "algorithm":
+  for name in config_lib.field_names():
+    default = defaults.get(name, config_lib.field_default(name))
+    ftype = config_lib.field_type(name)
+    section = name.partition(".")[0]
+    owner = config_lib.SECTIONS.get(section, TrainConfig).__name__
+    help_ = f"{owner}.{name.partition('.')[2] or name}"
+    if name == "algorithm":
       flags.DEFINE_enum(
-        field.name,
+        name,
         default,
         ALGORITHMS,
         "Algorithm preset (sets several fields; explicit flags override it).",
         **fv,
       )
     elif ftype is bool:
-      flags.DEFINE_bool(field.name, default, help_, **fv)
+      flags.DEFINE_bool(name, default, help_, **fv)
     elif ftype is int:
-      flags.DEFINE_integer(field.name, default, help_, **fv)
+      flags.DEFINE_integer(name, default, help_, **fv)
     elif ftype is float:
-      flags.DEFINE_float(field.name, default, help_, **fv)
+      flags.DEFINE_float(name, default, help_, **fv)
     elif ftype == (float | None):
-      flags.DEFINE_float(field.name, default, help_ + " (unset = None)", **fv)
+      flags.DEFINE_float(name, default, help_ + " (unset = None)", **fv)
     else:
-      flags.DEFINE_string(field.name, default, help_, **fv)
+      flags.DEFINE_string(name, default, help_, **fv)
 
 
 def script_defaults(flag_values: flags.FlagValues = FLAGS) -> dict[str, Any]:
-  """The defaults the script passed to `define_train_flags`."""
+  """The defaults the script passed to `define_train_flags` (dotted)."""
   return dict(_SCRIPT_DEFAULTS.get(id(flag_values), {}))
 
 
 def typed_flags(flag_values: flags.FlagValues = FLAGS) -> dict[str, Any]:
-  """The TrainConfig flags the user typed on the command line."""
+  """The TrainConfig flags the user typed on the command line (dotted)."""
   return {
     name: flag_values[name].value
-    for name in field_names()
+    for name in config_lib.field_names()
     if name in flag_values and flag_values[name].present
   }
 
@@ -86,7 +96,7 @@ def config_from_flags(
   """resolve(preset ← script defaults ← `base` ← typed flags ← `cells`)."""
   defaults = script_defaults(flag_values)
   preset = defaults.get("algorithm", flag_values["algorithm"].value)
-  return resolve(
+  return config_lib.resolve(
     preset, defaults, dict(base or {}), typed_flags(flag_values), *cells
   )
 
@@ -139,7 +149,7 @@ def define_benchmark_flags(
   flags.DEFINE_bool(
     "allow_train_on_eval",
     False,
-    "Train even when --data_path is one of the evaluated benchmark files "
+    "Train even when --task.data_path is one of the evaluated benchmark files "
     "(refused by default: the scores would be on training data).",
     **fv,
   )

@@ -34,8 +34,8 @@ class HeldOut:
         self.model_config,
         None,
         quant="none",
-        max_prompt_len=batch_lib.bucket(self.cfg.max_prompt_tokens),
-        max_new_tokens=self.cfg.max_new_tokens,
+        max_prompt_len=batch_lib.bucket(self.cfg.task.max_prompt_tokens),
+        max_new_tokens=self.cfg.rollout.max_new_tokens,
         pad_id=batch_lib.pad_id(self.tokenizer),
       )
     self._engine.update_weights(params, "none")
@@ -46,7 +46,7 @@ class HeldOut:
       SamplingConfig(
         n=1,
         greedy=True,
-        max_new_tokens=self.cfg.max_new_tokens,
+        max_new_tokens=self.cfg.rollout.max_new_tokens,
         stop_token_ids=self.task.stop_token_ids,
         seed=0,
       ),

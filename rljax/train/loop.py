@@ -54,7 +54,7 @@ from rljax.train.tasks import Task, build_task
 
 
 def load_policy(cfg: TrainConfig, seed: int) -> models.Model:
-  return models.load_named(cfg.model, seed)
+  return models.load_named(cfg.model.name, seed)
 
 
 # Jitted functions shared by every Trainer of a process (an ablation, the
@@ -104,14 +104,14 @@ class Trainer:
       raise
 
   def _init(self, cfg: TrainConfig, model, task) -> None:
-    model = model or load_policy(cfg, cfg.seed)
+    model = model or load_policy(cfg, cfg.run.seed)
     self.model_config = model.config
     self.tokenizer = model.tokenizer
     self.task = task or build_task(cfg, self.tokenizer)
-    quantized = cfg.rollout_quant in ("int8", "int8_wo", "fp8")
+    quantized = cfg.rollout.quant in ("int8", "int8_wo", "fp8")
     # UAQ (QuRL §4.3): a one-time, function-preserving reparametrisation;
     # training then runs in the folded parametrisation.
-    self.uaq_scale = cfg.uaq_scale if quantized else 1.0
+    self.uaq_scale = cfg.rollout.uaq_scale if quantized else 1.0
     params = model.params
     if self.uaq_scale != 1.0:
       params = quant.fold_uaq(self.model_config, params, scale=self.uaq_scale)
@@ -129,32 +129,32 @@ class Trainer:
         self.model_config, params, self.lora
       )
       params = lora_lib.init_adapters(
-        self.model_config, self.lora, jax.random.PRNGKey(cfg.seed + 2)
+        self.model_config, self.lora, jax.random.PRNGKey(cfg.run.seed + 2)
       )
       param_transform = lora_lib.LoraTransform(self.model_config, self.lora)
-    self.loss_cfg = cfg.policy_loss_config()
-    n_updates = cfg.ppo_epochs * cfg.minibatches
+    self.loss_cfg = cfg.loss
+    n_updates = cfg.update.ppo_epochs * cfg.update.minibatches
     critic_optim = None
     critic_params = None
     if cfg.uses_critic:
       critic_optim = cfg.optim_config(critic=True)
       critic_params = models.init_critic(
-        self.model_config, base_params, jax.random.PRNGKey(cfg.seed + 1)
+        self.model_config, base_params, jax.random.PRNGKey(cfg.run.seed + 1)
       )
     self.spec = update_lib.UpdateSpec(
       model_config=self.model_config,
       loss=self.loss_cfg,
-      temperature=cfg.temperature,
-      kl_coef=cfg.kl_coef,
-      kl_estimator=cfg.kl_estimator,
-      entropy_coef=cfg.entropy_coef,
-      micro_batches=cfg.micro_batches,
-      logprob_chunk=cfg.logprob_chunk,
-      remat=cfg.remat,
+      temperature=cfg.rollout.temperature,
+      kl_coef=cfg.kl.coef,
+      kl_estimator=cfg.kl.estimator,
+      entropy_coef=cfg.update.entropy_coef,
+      micro_batches=cfg.update.micro_batches,
+      logprob_chunk=cfg.update.logprob_chunk,
+      remat=cfg.update.remat,
       prox_is_current=(n_updates == 1),
       uses_critic=cfg.uses_critic,
-      value_clip=cfg.value_clip,
-      value_coef=cfg.value_coef,
+      value_clip=cfg.critic.value_clip,
+      value_coef=cfg.critic.value_coef,
       param_transform=param_transform,
     )
     self.optimizer, critic_opt, self.update_step = _compiled_update(
@@ -163,7 +163,7 @@ class Trainer:
     self.state = update_lib.init_train_state(
       params, self.optimizer, critic_params, critic_opt
     )
-    # cfg.mesh_shape: state, reference and LoRA base on NamedShardings and
+    # cfg.mesh: state, reference and LoRA base on NamedShardings and
     # the update step jitted over the mesh; "1,1,1" changes nothing.
     place = self.placement = placement_lib.Placement.from_config(cfg)
     self.state = place.put_params(self.model_config, self.state)
@@ -203,7 +203,9 @@ class Trainer:
         self.collector,
       )
       resume_step = self.step_num
-    self.writer = MetricsWriter(cfg.run_dir, cfg.tensorboard, resume_step)
+    self.writer = MetricsWriter(
+      cfg.run.run_dir, cfg.run.tensorboard, resume_step
+    )
 
   def policy_params(self):
     """θ as the model runs it: the trained params, or with LoRA the adapters
@@ -219,8 +221,8 @@ class Trainer:
     cfg, step, t_step = self.cfg, self.step_num + 1, time.perf_counter()
     # 1. Rollout + rewards, with dynamic-sampling refills.
     rollout = self.collector.collect(step)
-    if cfg.pipelined:  # step k+s's rollout starts now, with θ_k
-      self.collector.schedule(step + cfg.max_staleness, *self._theta())
+    if cfg.run.pipelined:  # step k+s's rollout starts now, with θ_k
+      self.collector.schedule(step + cfg.run.max_staleness, *self._theta())
     # 2. Batch: advantages, returns, proximal and reference log-probs.
     batch, batch_metrics = build_batch_lib.make_batch(
       cfg, self.spec, rollout, self.pad_id, self.policy_params,
@@ -228,31 +230,31 @@ class Trainer:
     )  # fmt: skip
     t_update = time.perf_counter()
     # 3. Update epochs: every update dispatched before any metric is read.
-    seeds = batch_lib.minibatch_seeds(cfg.seed, step, cfg.ppo_epochs)
+    seeds = batch_lib.minibatch_seeds(cfg.run.seed, step, cfg.update.ppo_epochs)
     self.state, updates = update_lib.run_epochs(
       self.update_step, self.state, batch, self.frozen_params, seeds,
-      cfg.minibatches,
+      cfg.update.minibatches,
     )  # fmt: skip
     # 4. Metrics fetch: one device→host transfer per step.
     updates = update_lib.fetch_metrics(updates)
     # 5. Non-finite guard: an update that was not applied stops the run.
     guard.check_updates(
-      updates, batch, seeds, cfg.minibatches, step, cfg.run_dir
+      updates, batch, seeds, cfg.update.minibatches, step, cfg.run.run_dir
     )
     metrics = {**rollout.metrics, **batch_metrics}
     metrics["time_update"] = time.perf_counter() - t_update
     metrics.update(update_lib.reduce_metrics(updates))
     self.step_num = step
     # 6. Sync: θ_k, quantized, to the engine (pipelined: the worker does).
-    if not cfg.pipelined:
+    if not cfg.run.pipelined:
       metrics.update(self.actor.sync(*self._theta()))
     metrics.update(collect_lib.reward_metrics(rollout, self.task))
     metrics.update(self.actor.metrics())
     metrics["time_step"] = time.perf_counter() - t_step
-    if cfg.eval_every and step % cfg.eval_every == 0:
+    if cfg.run.eval_every and step % cfg.run.eval_every == 0:
       metrics.update(self.heldout.evaluate(self._theta()[0]))
     row = self.writer.write(step, metrics)
-    if self.checkpointer.should_save(step, last=step == cfg.steps):
+    if self.checkpointer.should_save(step, last=step == cfg.run.steps):
       meta = checkpoint_lib.run_meta(
         step, cfg, self.uaq_scale, row, self.collector
       )
@@ -268,27 +270,27 @@ class Trainer:
     return self.placement.local(self.policy_params()), self.step_num
 
   def run(self) -> list[dict[str, float]]:
-    """Trains to `cfg.steps` (from the restored step); returns the rows."""
+    """Trains to `cfg.run.steps` (from the restored step); returns the rows."""
     cfg = self.cfg
     rows = []
-    if cfg.pipelined:
+    if cfg.run.pipelined:
       if self.collector.pending:
         # Restored in-flight rollouts: the engine needs weights for any
         # dynamic-sampling refill before the next scheduled push.
         self.actor.sync(*self._theta())
-      for k in range(self.collector.pending, cfg.max_staleness):
+      for k in range(self.collector.pending, cfg.run.max_staleness):
         self.collector.schedule(self.step_num + 1 + k, *self._theta())
     else:
       self.actor.sync(*self._theta())
     bar = tqdm(
-      total=cfg.steps,
+      total=cfg.run.steps,
       initial=self.step_num,
       desc="rl",
       disable=not (self.show_progress and distributed.is_main_process()),
       dynamic_ncols=True,
     )
     try:
-      while self.step_num < cfg.steps:
+      while self.step_num < cfg.run.steps:
         row = self.train_step()
         rows.append(row)
         bar.set_postfix(

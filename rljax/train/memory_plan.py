@@ -19,6 +19,7 @@ from rljax import models
 from rljax.core import objectives
 from rljax.models import sharding as sharding_lib
 from rljax.train import sharded
+from rljax.train import optim as optim_lib
 from rljax.train import update as update_lib
 
 
@@ -98,7 +99,7 @@ def plan(
       else None
     ),
   )
-  optimizer = update_lib.make_optimizer(1e-6, 100)
+  optimizer = optim_lib.make_optimizer(optim_lib.OptimConfig(1e-6, 100))
   params = jax.eval_shape(
     lambda: models.init_params(config, jax.random.PRNGKey(0), dtype=param_dtype)
   )

@@ -18,12 +18,15 @@ import optax
 class OptimConfig:
   """AdamW with global-norm clipping and a warmup + constant/cosine schedule.
 
-  The field order is the order of the former positional arguments of
-  `make_optimizer`, so `OptimConfig(1e-3, 10)` still reads naturally.
+  Also the `optim` section of `TrainConfig`, where `steps` stays 0 and the
+  trainer fills it in (`TrainConfig.optim_config`). `OptimConfig(1e-3, 10)`
+  reads as (learning rate, updates).
   """
 
-  learning_rate: float
-  steps: int  # optimizer updates in the run (cosine length)
+  learning_rate: float = 1e-5
+  # Optimizer updates in the run (the cosine length); 0 in a TrainConfig:
+  # run.steps × update.ppo_epochs × update.minibatches.
+  steps: int = 0
   warmup_steps: int = 0
   schedule: str = "constant"  # constant | cosine
   weight_decay: float = 0.0

@@ -1,9 +1,10 @@
 """Where the Trainer's arrays live: one device, or a ("data", "fsdp",
 "tensor") Mesh.
 
-`TrainConfig.mesh_shape` picks it. "1,1,1" (the default) is the
-single-device trainer, unchanged: every method here is then the identity and
-the plain `update.make_update_step` runs. Any other shape builds a Mesh over
+The `mesh` section (`--mesh.data/fsdp/tensor`) picks it. One device (the
+default on CPU; see `Placement.from_config`) is the single-device trainer,
+unchanged: every method here is then the identity and the plain
+`update.make_update_step` runs. Any other shape builds a Mesh over
 the first data*fsdp*tensor devices (under multi-host, `rljax.distributed`,
 over every process's devices; the product must then be the global device
 count) and:
@@ -61,6 +62,28 @@ def parse_mesh_shape(text: str) -> tuple[int, int, int]:
   return sizes
 
 
+def resolve_mesh_sizes(mesh) -> tuple[int, int, int]:
+  """(data, fsdp, tensor) of a `MeshConfig`, its -1 size resolved: the
+  devices left over, or 1 on the CPU backend (see `Placement.from_config`).
+  """
+  sizes = (mesh.data, mesh.fsdp, mesh.tensor)
+  if -1 not in sizes:
+    return sizes
+  known = max(1, -int(np.prod(sizes)))  # the product of the other sizes
+  if jax.default_backend() == "cpu" and jax.process_count() == 1:
+    left = 1 if known == 1 else None
+  else:
+    left = None
+  if left is None:
+    n = jax.device_count()
+    if n % known:
+      raise ValueError(
+        f"mesh={sizes}: {n} devices do not split into a multiple of {known}"
+      )
+    left = n // known
+  return tuple(left if s == -1 else s for s in sizes)
+
+
 def build_mesh(data: int, fsdp: int, tensor: int) -> Mesh | None:
   """The Mesh of (data, fsdp, tensor), or None for (1, 1, 1) on one process.
 
@@ -94,15 +117,26 @@ class Placement:
 
   @classmethod
   def from_config(cls, cfg) -> "Placement":
-    """From `cfg.mesh_shape`; checks that a minibatch splits over the mesh
-    (its leading dim must be divisible by data*fsdp)."""
-    data, fsdp, tensor = parse_mesh_shape(cfg.mesh_shape)
-    rows = cfg.prompts_per_step * cfg.group_size // max(cfg.minibatches, 1)
+    """From the `mesh` section; checks that a minibatch splits over the mesh
+    (its leading dim must be divisible by data*fsdp).
+
+    A size of -1 takes the devices left over. On the CPU backend the
+    default (-1, 1, 1) means one device: XLA's CPU "devices" (the tests'
+    `--xla_force_host_platform_device_count`) share the same cores, so
+    sharding over them costs compile time and gains nothing. Sizes given
+    explicitly are always honoured.
+    """
+    data, fsdp, tensor = resolve_mesh_sizes(cfg.mesh)
+    rows = (
+      cfg.rollout.prompts_per_step
+      * cfg.rollout.group_size
+      // max(cfg.update.minibatches, 1)
+    )
     if rows % (data * fsdp):
       raise ValueError(
-        f"mesh_shape={cfg.mesh_shape!r}: a minibatch of {rows} sequences "
-        f"(prompts_per_step*group_size/minibatches) must be divisible by "
-        f"data*fsdp={data * fsdp}"
+        f"mesh={data},{fsdp},{tensor}: a minibatch of {rows} sequences "
+        f"(rollout.prompts_per_step*rollout.group_size/update.minibatches) "
+        f"must be divisible by data*fsdp={data * fsdp}"
       )
     return cls(build_mesh(data, fsdp, tensor))
 

@@ -67,12 +67,14 @@ def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
   """
   cfg = read_config(run_dir)
   step, state, meta = read_checkpoint(run_dir, step)
-  skeleton = models.load_named(cfg.model, cfg.seed)
-  quantized = quant.is_quantized(cfg.rollout_quant)
-  scale = float(meta.get("uaq_scale", cfg.uaq_scale if quantized else 1.0))
+  skeleton = models.load_named(cfg.model.name, cfg.run.seed)
+  quantized = quant.is_quantized(cfg.rollout.quant)
+  scale = float(
+    meta.get("uaq_scale", cfg.rollout.uaq_scale if quantized else 1.0)
+  )
   mismatch = (
     f"{run_dir}: checkpoint {step} holds params of another structure than "
-    f"model={cfg.model!r} of its config.json"
+    f"model={cfg.model.name!r} of its config.json"
   )
   lora = cfg.lora_config()
   if lora is None:

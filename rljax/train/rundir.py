@@ -1,6 +1,6 @@
 """A run directory is one experiment: locked, checked, then written.
 
-`RunDir(cfg)` opens `cfg.run_dir` for a trainer, in this order, and writes
+`RunDir(cfg)` opens `cfg.run.run_dir` for a trainer, in this order, and writes
 nothing until every check has passed:
 
   1. lock: one live process per directory (`RunDirLock`, an `fcntl.flock` on
@@ -13,9 +13,12 @@ nothing until every check has passed:
   3. config: a resume refuses a configuration that differs from the one the
      checkpoint was trained with in anything but run-control fields
      (`RUN_CONTROL_FIELDS`: how long, how often to log / evaluate / save),
-     unless `allow_config_change` names the fields. Allowed changes are
-     appended to `config_changes.jsonl`.
-  4. only then `config.json` is (atomically) written.
+     unless `run.allow_config_change` names the fields (dotted, or a whole
+     section). Allowed changes are appended to `config_changes.jsonl`.
+     Configs saved by an older rljax (flat keys) are read through
+     `config.LEGACY_KEYS`.
+  4. only then `config.json` is (atomically) written: the resolved config,
+     nested by section (`config.from_dict` reads it back).
 
 Multi-host (`rljax.distributed`): every process opens the directory and
 runs the checks (they only read), but only process 0 takes the lock, sets
@@ -25,7 +28,6 @@ written and restored by every process (`RunCheckpointer`).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import fcntl
 import json
@@ -34,6 +36,7 @@ import socket
 from typing import Any, Callable, Mapping
 
 from rljax import distributed
+from rljax.train import config as config_lib
 from rljax.train.checkpoint import RunCheckpointer
 from rljax.train.config import TrainConfig
 
@@ -41,24 +44,28 @@ LOCK_FILE = "rljax.lock"
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
 
-# Fields that say how long a run goes and what it records, never what it
-# trains: a resume may change them freely. Every other field (including ones
-# added later) changes the trajectory and must be named in
-# --allow_config_change to differ on resume. `eval_size` is not here: the
-# held-out examples are removed from the training pool.
+# Fields that say how long a run goes, what it records and how it is laid
+# out on devices, never what it trains: a resume may change them freely.
+# Every other field (including ones added later) changes the trajectory and
+# must be named in --run.allow_config_change to differ on resume.
+# `task.eval_size` is not here: the held-out examples are removed from the
+# training pool.
 RUN_CONTROL_FIELDS = frozenset(
   {
-    "steps",
-    "resume",
-    "run_dir",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "eval_every",
-    "export_hf",
-    "tensorboard",
-    "reward_workers",
-    "vllm_urls",
-    "allow_config_change",
+    "run.steps",
+    "run.resume",
+    "run.run_dir",
+    "run.checkpoint_every",
+    "run.keep_checkpoints",
+    "run.eval_every",
+    "run.export_hf",
+    "run.tensorboard",
+    "run.allow_config_change",
+    "task.reward_workers",
+    "rollout.vllm_urls",
+    "mesh.data",
+    "mesh.fsdp",
+    "mesh.tensor",
   }
 )
 
@@ -135,43 +142,61 @@ class RunDirLock:
 
 
 def allowed_changes(cfg: TrainConfig) -> frozenset[str]:
-  """The field names of `cfg.allow_config_change` (comma-separated)."""
-  names = frozenset(
-    n.strip() for n in cfg.allow_config_change.split(",") if n.strip()
-  )
-  known = {f.name for f in dataclasses.fields(TrainConfig)}
-  unknown = sorted(names - known)
+  """The dotted fields of `cfg.run.allow_config_change` (comma-separated;
+  a section name allows each of its fields, an old flat name its field)."""
+  names = [
+    config_lib.legacy_name(n.strip())
+    for n in cfg.run.allow_config_change.split(",")
+    if n.strip()
+  ]
+  fields = config_lib.field_names()
+  out, unknown = set(), []
+  for name in names:
+    matched = [f for f in fields if f == name or f.startswith(name + ".")]
+    out.update(matched)
+    if not matched:
+      unknown.append(name)
   if unknown:
     raise ValueError(
-      f"allow_config_change names {unknown}, which are not TrainConfig "
-      "fields; expected a comma-separated list of field names"
+      f"run.allow_config_change names {sorted(unknown)}, which are not "
+      "TrainConfig fields; expected a comma-separated list of dotted fields "
+      "(e.g. loss.eps_high) or sections (e.g. loss)"
     )
-  return names
+  return frozenset(out)
 
 
 def _jsonable(value: Any) -> Any:
   return json.loads(json.dumps(value))  # tuples become lists, as on disk
 
 
+def saved_fields(saved: Mapping[str, Any]) -> dict[str, Any]:
+  """{dotted field: value} of a saved config (nested, or flat from an older
+  rljax), fields it lacks at their defaults: what that run used."""
+  try:
+    flat = config_lib.to_flat(config_lib.from_dict(saved))
+  except ValueError:  # no longer valid: compare what it says as it is
+    flat = {n: config_lib.field_default(n) for n in config_lib.field_names()}
+    flat.update(config_lib.flatten(saved))
+  return {k: _jsonable(v) for k, v in flat.items()}
+
+
 def config_changes(
   saved: Mapping[str, Any], cfg: TrainConfig
 ) -> dict[str, tuple[Any, Any]]:
-  """{field: (saved, new)} for every trajectory-changing field that differs.
-
-  A field missing from `saved` (a checkpoint written before the field
-  existed) is compared as its default, which is what that run used.
-  """
+  """{dotted field: (saved, new)} for every trajectory-changing field that
+  differs."""
   run_control = set(RUN_CONTROL_FIELDS)
-  if cfg.lr_schedule == "cosine":
-    run_control.discard("steps")  # the cosine decay length is steps * updates
+  if cfg.optim.schedule == "cosine" and not cfg.optim.steps:
+    run_control.discard("run.steps")  # the cosine length is steps * updates
+  old_values = saved_fields(saved)
   out = {}
-  for f in dataclasses.fields(TrainConfig):
-    if f.name in run_control:
+  for name, value in config_lib.to_flat(cfg).items():
+    if name in run_control:
       continue
-    new = _jsonable(getattr(cfg, f.name))
-    old = saved.get(f.name, _jsonable(f.default))
+    new = _jsonable(value)
+    old = old_values.get(name, _jsonable(config_lib.field_default(name)))
     if old != new:
-      out[f.name] = (old, new)
+      out[name] = (old, new)
   return out
 
 
@@ -185,10 +210,10 @@ def check_resume_config(
   if refused:
     listed = "; ".join(f"{k}: {o!r} -> {n!r}" for k, (o, n) in refused.items())
     raise ConfigChangeError(
-      f"run_dir={cfg.run_dir!r} was trained up to step {step} with another "
+      f"run_dir={cfg.run.run_dir!r} was trained up to step {step} with another "
       f"configuration ({listed}). Resume with the values it was trained "
       "with, or name the fields you mean to change: "
-      f"--allow_config_change={','.join(sorted(refused))}"
+      f"--run.allow_config_change={','.join(sorted(refused))}"
     )
   return changes
 
@@ -203,7 +228,7 @@ def _write_json_atomic(path: str, obj: Any) -> None:
 
 
 class RunDir:
-  """`cfg.run_dir`, opened for training by this process (see module doc).
+  """`cfg.run.run_dir`, opened for training by this process (see module doc).
 
   Attributes:
     checkpointer: the run's `RunCheckpointer`.
@@ -214,16 +239,16 @@ class RunDir:
   def __init__(self, cfg: TrainConfig, log: Callable[[str], Any] = print):
     allowed_changes(cfg)  # a bad field name fails before anything is touched
     self.cfg = cfg
-    os.makedirs(cfg.run_dir, exist_ok=True)
+    os.makedirs(cfg.run.run_dir, exist_ok=True)
     main = distributed.is_main_process()
     # The other processes of a multi-host run share process 0's lock.
-    self.lock = RunDirLock(cfg.run_dir, log) if main else None
+    self.lock = RunDirLock(cfg.run.run_dir, log) if main else None
     self.checkpointer = None
     try:
       self.checkpointer = RunCheckpointer(
-        os.path.join(cfg.run_dir, "checkpoints"),
-        cfg.checkpoint_every,
-        cfg.keep_checkpoints,
+        os.path.join(cfg.run.run_dir, "checkpoints"),
+        cfg.run.checkpoint_every,
+        cfg.run.keep_checkpoints,
         owner=True,
       )
       self.resume_step, self.changes = self._check(log)
@@ -232,11 +257,11 @@ class RunDir:
         self.checkpointer.reload()  # process 0 may have set steps aside
         return
       _write_json_atomic(
-        os.path.join(cfg.run_dir, CONFIG_FILE), dataclasses.asdict(cfg)
+        os.path.join(cfg.run.run_dir, CONFIG_FILE), cfg.to_dict()
       )
       if self.changes:
         with open(
-          os.path.join(cfg.run_dir, CHANGES_FILE), "a", encoding="utf-8"
+          os.path.join(cfg.run.run_dir, CHANGES_FILE), "a", encoding="utf-8"
         ) as f:
           f.write(
             json.dumps(
@@ -263,9 +288,9 @@ class RunDir:
     latest = ckpt.latest_step()
     if latest is None:
       return None, {}
-    if not cfg.resume:
+    if not cfg.run.resume:
       raise FileExistsError(
-        f"run_dir={cfg.run_dir!r} already holds checkpoints up to step "
+        f"run_dir={cfg.run.run_dir!r} already holds checkpoints up to step "
         f"{latest}; pass --resume to continue that run, or choose another "
         "--run_dir"
       )

@@ -11,7 +11,6 @@ are compared on the same accuracy.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Callable, Sequence
 
@@ -143,30 +142,30 @@ class Task:
 
 
 def build_task(cfg: TrainConfig, tokenizer) -> Task:
-  """The task named by `cfg.task`: a generated one, or a dataset file."""
-  generated = cfg.task in GENERATED_TASKS
+  """The task named by `cfg.task.name`: a generated one, or a dataset file."""
+  generated = cfg.task.name in GENERATED_TASKS
   if generated:
     generate = (
       data_lib.generate_arithmetic
-      if cfg.task == "arithmetic"
+      if cfg.task.name == "arithmetic"
       else data_lib.generate_countdown
     )
     # Held-out examples come from a different seed stream than training.
     held_out = generate(
-      cfg.eval_size, cfg.task_difficulty, seed=10_000 + cfg.seed
+      cfg.task.eval_size, cfg.task.difficulty, seed=10_000 + cfg.run.seed
     )
-    train = generate(GENERATED_POOL, cfg.task_difficulty, seed=cfg.seed)
+    train = generate(GENERATED_POOL, cfg.task.difficulty, seed=cfg.run.seed)
     held_q = {e.question for e in held_out}
     train = [e for e in train if e.question not in held_q]
   else:
-    if not cfg.data_path:
+    if not cfg.task.data_path:
       raise ValueError(
-        f"task={cfg.task!r} is not a generated task {GENERATED_TASKS}; "
+        f"task={cfg.task.name!r} is not a generated task {GENERATED_TASKS}; "
         f"give its file with --data_path (datasets: "
         f"{sorted(data_lib.DATASET_SPECS)})"
       )
-    rows = list(data_lib.load_dataset(cfg.task, cfg.data_path))
-    rows = data_lib.shuffled(rows, cfg.seed)
+    rows = list(data_lib.load_dataset(cfg.task.name, cfg.task.data_path))
+    rows = data_lib.shuffled(rows, cfg.run.seed)
   if generated:
     # Short answers within a small token budget. A 135M model rarely writes an
     # answer format at all, so generated tasks grade the last number when
@@ -178,29 +177,29 @@ def build_task(cfg: TrainConfig, tokenizer) -> Task:
       ),
     )
     held_out, n_held = drop_long_prompts(
-      held_out, render, tokenizer, cfg.max_prompt_tokens
+      held_out, render, tokenizer, cfg.task.max_prompt_tokens
     )
     train, n_train = drop_long_prompts(
-      train, render, tokenizer, cfg.max_prompt_tokens
+      train, render, tokenizer, cfg.task.max_prompt_tokens
     )
   else:
     render = data_lib.ChatTemplate(tokenizer)
     # Filtered before the split, so the held-out set keeps eval_size rows.
     rows, n_train = drop_long_prompts(
-      rows, render, tokenizer, cfg.max_prompt_tokens
+      rows, render, tokenizer, cfg.task.max_prompt_tokens
     )
     n_held = 0
-    held_out, train = rows[: cfg.eval_size], rows[cfg.eval_size :]
+    held_out, train = rows[: cfg.task.eval_size], rows[cfg.task.eval_size :]
   if n_train + n_held:
     print(
       f"[rljax] dropped {n_train + n_held} prompts longer than "
-      f"max_prompt_tokens={cfg.max_prompt_tokens}",
+      f"max_prompt_tokens={cfg.task.max_prompt_tokens}",
       flush=True,
     )
   if not train:
     raise ValueError(
-      f"task={cfg.task!r}: no training prompt left ({n_train} dropped as "
-      f"longer than max_prompt_tokens={cfg.max_prompt_tokens}, "
+      f"task={cfg.task.name!r}: no training prompt left ({n_train} dropped as "
+      f"longer than max_prompt_tokens={cfg.task.max_prompt_tokens}, "
       f"{len(held_out)} held out by eval_size)"
     )
   return Task(
@@ -208,10 +207,10 @@ def build_task(cfg: TrainConfig, tokenizer) -> Task:
     held_out,
     tokenizer,
     render,
-    cfg.prompts_per_step,
-    cfg.seed,
-    cfg.max_prompt_tokens,
-    cfg.reward_workers,
+    cfg.rollout.prompts_per_step,
+    cfg.run.seed,
+    cfg.task.max_prompt_tokens,
+    cfg.task.reward_workers,
     last_number_fallback=generated,
     reward=build_reward(cfg, tokenizer),
     prompts_filtered_long=n_train + n_held,
@@ -237,7 +236,7 @@ def drop_long_prompts(
 
 
 def build_reward(cfg: TrainConfig, tokenizer):
-  """The batched training reward named by `cfg.reward`; None = verifier.
+  """The batched training reward named by `cfg.reward.name`; None = verifier.
 
   reward_model: a Bradley–Terry reward model dir (`reward_model_path`);
   vrcli: VR-CLI with a frozen reference (`vrcli_reference`, default the
@@ -245,28 +244,28 @@ def build_reward(cfg: TrainConfig, tokenizer):
   OpenAI-compatible judge at `judge_url` with the rubrics of
   `judge_rubrics`.
   """
-  if cfg.reward == "verifier":
+  if cfg.reward.name == "verifier":
     return None
-  if cfg.reward == "reward_model":
+  if cfg.reward.name == "reward_model":
     from rljax.rewards import reward_model as rm_lib  # jax: only when used
 
-    model = rm_lib.load_reward_model(cfg.reward_model_path)
+    model = rm_lib.load_reward_model(cfg.reward.model_path)
     return rm_lib.RewardModelReward(
       model, tokenizer=model.tokenizer or tokenizer
     )
-  if cfg.reward == "vrcli":
+  if cfg.reward.name == "vrcli":
     from rljax.rewards import likelihood  # pylint: disable=g-import-not-at-top
     from rljax.train.loop import load_policy  # loop imports this module
 
     ref_cfg = (
-      dataclasses.replace(cfg, model=cfg.vrcli_reference)
-      if cfg.vrcli_reference
+      cfg.replace({"model.name": cfg.reward.vrcli_reference})
+      if cfg.reward.vrcli_reference
       else cfg
     )
-    reference = load_policy(ref_cfg, cfg.seed)
+    reference = load_policy(ref_cfg, cfg.run.seed)
     if len(tokenizer) > reference.config.vocab_size:
       raise ValueError(
-        f"vrcli_reference={ref_cfg.model!r} has vocab_size="
+        f"vrcli_reference={ref_cfg.model.name!r} has vocab_size="
         f"{reference.config.vocab_size}, fewer than the policy tokenizer's "
         f"{len(tokenizer)} tokens; the reference must share the tokenizer"
       )
@@ -274,31 +273,31 @@ def build_reward(cfg: TrainConfig, tokenizer):
       reference.config,
       reference.params,
       tokenizer,
-      separator=cfg.vrcli_separator,
-      max_reasoning_tokens=cfg.max_new_tokens,
+      separator=cfg.reward.vrcli_separator,
+      max_reasoning_tokens=cfg.rollout.max_new_tokens,
     )
-  if cfg.reward == "judge":
+  if cfg.reward.name == "judge":
     from rljax.rewards import judge  # pylint: disable=g-import-not-at-top
 
     rubrics = (
-      judge.load_rubrics(cfg.judge_rubrics)
-      if cfg.judge_rubrics
+      judge.load_rubrics(cfg.reward.judge_rubrics)
+      if cfg.reward.judge_rubrics
       else judge.JudgeConfig.rubrics
     )
     return judge.JudgeReward(
       judge.JudgeConfig(
-        url=cfg.judge_url,
-        model=cfg.judge_model,
+        url=cfg.reward.judge_url,
+        model=cfg.reward.judge_model,
         rubrics=rubrics,
-        api=cfg.judge_api,
-        timeout_s=cfg.judge_timeout_s,
-        allow_remote=cfg.judge_allow_remote,
+        api=cfg.reward.judge_api,
+        timeout_s=cfg.reward.judge_timeout_s,
+        allow_remote=cfg.reward.judge_allow_remote,
         # A secret: from the environment, never a flag (flags are recorded
         # in config.json).
         api_key=os.environ.get(JUDGE_API_KEY_ENV) or None,
       )
     )
   raise ValueError(
-    f"reward={cfg.reward!r}; expected one of "
+    f"reward={cfg.reward.name!r}; expected one of "
     "('verifier', 'reward_model', 'vrcli', 'judge')"
   )

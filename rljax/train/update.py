@@ -76,18 +76,6 @@ class UpdateSpec:
   param_transform: Callable[..., Any] | None = None
 
 
-def make_optimizer(
-  cfg: optim_lib.OptimConfig | float, *args, **kwargs
-) -> optax.GradientTransformation:
-  """`optim.make_optimizer`; also takes OptimConfig's fields directly
-  (`make_optimizer(1e-3, steps=10)`), as the scripts and tests do."""
-  if not isinstance(cfg, optim_lib.OptimConfig):
-    cfg = optim_lib.OptimConfig(cfg, *args, **kwargs)
-  elif args or kwargs:
-    raise TypeError("make_optimizer(OptimConfig) takes no other arguments")
-  return optim_lib.make_optimizer(cfg)
-
-
 def current_learning_rate(opt_state) -> jax.Array:
   """The learning rate the last `update` used (inject_hyperparams state)."""
   return optim_lib.learning_rate(opt_state)

@@ -56,6 +56,14 @@ def test_bad_specs_name_the_part(spec, match):
 
 
 def test_train_config_accepts_specs_and_names_a_bad_one():
-  check(TrainConfig(task="arithmetic", task_difficulty="steps=2_digits=2"))
-  with pytest.raises(ValueError, match="task_difficulty"):
-    check(TrainConfig(task="arithmetic", task_difficulty="steps=two"))
+  check(
+    TrainConfig().replace(
+      {"task.name": "arithmetic", "task.difficulty": "steps=2_digits=2"}
+    )
+  )
+  with pytest.raises(ValueError, match="--task.difficulty="):
+    check(
+      TrainConfig().replace(
+        {"task.name": "arithmetic", "task.difficulty": "steps=two"}
+      )
+    )

@@ -35,20 +35,22 @@ def trained_run(tmp_path_factory):
   run_dir = str(tmp_path_factory.mktemp("run"))
   cfg = apply_preset(
     "grpo",
-    model="tiny",
-    steps=1,
-    prompts_per_step=2,
-    group_size=2,
-    max_new_tokens=4,
-    eval_size=2,
-    reward_workers=0,
-    run_dir=run_dir,
-    checkpoint_every=1,
-    tensorboard=False,
-    export_hf=False,
-    learning_rate=1e-3,
-    rollout_quant="int8",
-    uaq_scale=1.5,
+    {
+      "model.name": "tiny",
+      "run.steps": 1,
+      "rollout.prompts_per_step": 2,
+      "rollout.group_size": 2,
+      "rollout.max_new_tokens": 4,
+      "task.eval_size": 2,
+      "task.reward_workers": 0,
+      "run.run_dir": run_dir,
+      "run.checkpoint_every": 1,
+      "run.tensorboard": False,
+      "run.export_hf": False,
+      "optim.learning_rate": 1e-3,
+      "rollout.quant": "int8",
+      "rollout.uaq_scale": 1.5,
+    },
   )
   trainer = loop_lib.Trainer(cfg, show_progress=False)
   try:
@@ -170,13 +172,13 @@ def test_restore_policy_of_a_lora_run_merges_and_unfolds(tmp_path):
     assert float(np.abs(np.asarray(lora_b)).max()) > 0  # adapters trained
   finally:
     trainer.close()
-  model = evaluation.restore_policy(cfg.run_dir)
+  model = evaluation.restore_policy(cfg.run.run_dir)
   assert jax.tree.structure(model.params) == jax.tree.structure(expected)
   for got, want in zip(
     jax.tree.leaves(model.params), jax.tree.leaves(expected)
   ):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
-  out = export_lib.export_run(cfg.run_dir, str(tmp_path / "hf"), "float32")
+  out = export_lib.export_run(cfg.run.run_dir, str(tmp_path / "hf"), "float32")
   _, exported = models.load_hf(out)
   for got, want in zip(jax.tree.leaves(exported), jax.tree.leaves(expected)):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rljax.train.config import TrainConfig
+from rljax.train import config as config_lib
 
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +58,15 @@ def test_checked_in_qurl_config_names_only_real_fields():
   assert len(set(names)) == len(names)
   # The study the QuRL issue asks for: reference, INT8 × every correction,
   # UAQ s ∈ {1, 1.5, 2} with ACR, FP8 with TIS and ACR.
-  combos = {(r["rollout_quant"], r["correction"], r["uaq_scale"]) for r in runs}
+  lookup = config_lib.lookup
+  combos = {
+    (
+      lookup(r, "rollout.quant"),
+      lookup(r, "loss.correction"),
+      lookup(r, "rollout.uaq_scale"),
+    )
+    for r in runs
+  }
   for need in [
     ("none", "naive", 1.0),
     ("int8", "naive", 1.0),
@@ -71,8 +79,8 @@ def test_checked_in_qurl_config_names_only_real_fields():
     ("fp8", "acr", 1.0),
   ]:
     assert need in combos, need
-  cfg = TrainConfig(**shared)  # validates the shared settings
-  assert cfg.eval_size > 0 and seeds
+  cfg = config_lib.from_dict(shared)  # validates the shared settings
+  assert cfg.task.eval_size > 0 and seeds
 
 
 def test_config_file_errors_name_the_bad_key(tmp_path):
@@ -81,41 +89,71 @@ def test_config_file_errors_name_the_bad_key(tmp_path):
   bad.write_text(json.dumps({"base": {"stepz": 3}, "runs": [{"name": "a"}]}))
   with pytest.raises(ValueError, match="base has 'stepz'"):
     ablate.load_config_file(str(bad))
-  bad.write_text(json.dumps({"runs": [{"rollout_quant": "int8"}]}))
+  bad.write_text(json.dumps({"runs": [{"name": "a", "loss": {"eps": 1}}]}))
+  with pytest.raises(ValueError, match=r"runs\[0\] has 'loss.eps'"):
+    ablate.load_config_file(str(bad))
+  bad.write_text(json.dumps({"runs": [{"rollout": {"quant": "int8"}}]}))
   with pytest.raises(ValueError, match=r"runs\[0\] has no 'name'"):
     ablate.load_config_file(str(bad))
+  with pytest.raises(ValueError, match="'loss.eps' is not a TrainConfig"):
+    ablate.grid_runs("loss.eps=0.2,0.3")
+  assert ablate.grid_runs("rollout.quant=none,int8;loss.eps_high=0.2,0.3")[
+    3
+  ] == {
+    "rollout.quant": "int8",
+    "loss.eps_high": 0.3,
+    "name": "rollout.quant=int8_loss.eps_high=0.3",
+  }
+  # An older flat axis keeps its run name (and so its run directories).
   assert ablate.grid_runs("rollout_quant=none,int8;uaq_scale=1.0,1.5")[3] == {
-    "rollout_quant": "int8",
-    "uaq_scale": 1.5,
+    "rollout.quant": "int8",
+    "rollout.uaq_scale": 1.5,
     "name": "rollout_quant=int8_uaq_scale=1.5",
   }
+
+
+def test_a_config_file_with_older_flat_keys_plans_the_same_runs(tmp_path):
+  ablate = _load_ablate()
+  flat = {
+    "base": {"algorithm": "dapo", "steps": 3, "eps_high": 0.3},
+    "runs": [{"name": "a", "rollout_quant": "none", "correction": "tis"}],
+  }
+  nested = {
+    "base": {"algorithm": "dapo", "run": {"steps": 3}, "loss.eps_high": 0.3},
+    "runs": [
+      {"name": "a", "rollout": {"quant": "none"}, "loss": {"correction": "tis"}}
+    ],
+  }
+  plans = []
+  for name, data in (("flat", flat), ("nested", nested)):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data))
+    shared, runs, _ = ablate.load_config_file(str(path))
+    plans.append(ablate.plan_runs(runs, shared, ["0"], str(tmp_path)))
+  assert plans[0][0][2] == plans[1][0][2]
+  assert plans[0][0][2].loss.correction == "tis"
 
 
 def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
   config = {
     "base": {
-      "model": "tiny",
-      "steps": 3,
-      "prompts_per_step": 2,
-      "group_size": 4,
-      "max_new_tokens": 6,
-      "eval_size": 4,
-      "eval_every": 2,
-      "reward_workers": 0,
-      "tensorboard": False,
-      "learning_rate": 1e-3,
+      "model": {"name": "tiny"},
+      "run": {"steps": 3, "eval_every": 2, "tensorboard": False},
+      "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6},
+      "task": {"eval_size": 4, "reward_workers": 0},
+      "optim": {"learning_rate": 1e-3},
     },
     "seeds": [0],
     "runs": [
-      {"name": "fp", "rollout_quant": "none", "correction": "naive"},
-      {"name": "q", "rollout_quant": "int8", "correction": "acr"},
+      {"name": "fp", "rollout.quant": "none", "loss.correction": "naive"},
+      {"name": "q", "rollout.quant": "int8", "loss.correction": "acr"},
     ],
   }
   path = tmp_path / "grid.json"
   path.write_text(json.dumps(config))
   out = tmp_path / "out"
   # --steps typed on the command line beats the file's 3.
-  _run("ablate.py", f"--configs={path}", f"--out_dir={out}", "--steps=2")
+  _run("ablate.py", f"--configs={path}", f"--out_dir={out}", "--run.steps=2")
   table = json.loads((out / "table.json").read_text())
   assert [(r["name"], r["seed"], r["steps"]) for r in table] == [
     ("fp", 0, 2),
@@ -126,16 +164,16 @@ def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
     assert row["eval_best"] >= row["eval_final"]
   run_cfg = json.loads((out / "q_s0" / "config.json").read_text())
   assert (
-    run_cfg["rollout_quant"],
-    run_cfg["correction"],
-    run_cfg["group_size"],
-    run_cfg["steps"],
+    run_cfg["rollout"]["quant"],
+    run_cfg["loss"]["correction"],
+    run_cfg["rollout"]["group_size"],
+    run_cfg["run"]["steps"],
   ) == ("int8", "acr", 4, 2)
   assert "| fp | 0 | done | 2 |" in (out / "table.md").read_text()
   assert (out / "plots.png").stat().st_size > 10_000
   # A second call finds every run finished and only rebuilds the table.
   again = _run(
-    "ablate.py", f"--configs={path}", f"--out_dir={out}", "--steps=2"
+    "ablate.py", f"--configs={path}", f"--out_dir={out}", "--run.steps=2"
   )
   assert "[ablate] fp" not in again.stdout
   png = tmp_path / "both.png"
@@ -155,32 +193,44 @@ def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
 
   ablate = _load_ablate()
   flags.FLAGS.unparse_flags()
-  flags.FLAGS(["ablate.py", "--kl_coef=0.002"])
+  flags.FLAGS(["ablate.py", "--kl.coef=0.002"])
   try:
     runs = ablate.grid_runs("algorithm=grpo,dapo")
-    plan = ablate.plan_runs(runs, {"steps": 3}, ["0"], str(tmp_path))
+    plan = ablate.plan_runs(runs, {"run.steps": 3}, ["0"], str(tmp_path))
   finally:
     flags.FLAGS.unparse_flags()
   by_name = {run["name"]: cfg for run, _, cfg in plan}
   grpo, dapo = by_name["algorithm=grpo"], by_name["algorithm=dapo"]
-  assert (dapo.algorithm, dapo.dynamic_sampling, dapo.eps_high) == (
+  assert (
+    dapo.algorithm,
+    dapo.advantage.dynamic_sampling,
+    dapo.loss.eps_high,
+  ) == (
     "dapo",
     True,
     0.28,
   )
-  assert (grpo.algorithm, grpo.dynamic_sampling, grpo.eps_high) == (
+  assert (
+    grpo.algorithm,
+    grpo.advantage.dynamic_sampling,
+    grpo.loss.eps_high,
+  ) == (
     "grpo",
     False,
     0.2,
   )
   # The typed flag names no algorithm: it holds for every cell; the base's
   # steps too; seed and run_dir are the cell's.
-  assert grpo.kl_coef == dapo.kl_coef == 0.002
-  assert grpo.steps == dapo.steps == 3
-  assert dapo.run_dir == str(tmp_path / "algorithm=dapo_s0") and dapo.resume
+  assert grpo.kl.coef == dapo.kl.coef == 0.002
+  assert grpo.run.steps == dapo.run.steps == 3
+  assert (
+    dapo.run.run_dir == str(tmp_path / "algorithm=dapo_s0") and dapo.run.resume
+  )
 
 
 def _tiny_config(tmp_path, steps, names=("a", "b")):
+  # The flat keys of an older rljax, on purpose: such files still run
+  # (config.LEGACY_KEYS).
   config = {
     "base": {
       "model": "tiny",
@@ -273,7 +323,7 @@ def test_seeds_are_an_axis_and_progress_is_read_from_disk(tmp_path):
   ablate = _load_ablate()
   plan = ablate.plan_runs(
     [{"name": "a"}, {"name": "b"}],
-    {"steps": 1},
+    {"run.steps": 1},
     ["0", "1"],
     str(tmp_path),
     order="seed",
@@ -286,7 +336,7 @@ def test_seeds_are_an_axis_and_progress_is_read_from_disk(tmp_path):
   ]
   run_major = ablate.plan_runs(
     [{"name": "a"}, {"name": "b"}],
-    {"steps": 1},
+    {"run.steps": 1},
     ["0", "1"],
     str(tmp_path),
     order="run",
@@ -306,7 +356,7 @@ def test_seeds_are_an_axis_and_progress_is_read_from_disk(tmp_path):
     )
   (done / "summary.json").write_text("{}")
   (partial / "checkpoints" / "1").mkdir(parents=True)
-  assert [ablate.run_status(cfg.run_dir) for _, _, cfg in plan] == [
+  assert [ablate.run_status(cfg.run.run_dir) for _, _, cfg in plan] == [
     "done",
     "partial",
     "pending",

@@ -58,7 +58,12 @@ def tiny_run_dir(tmp_path_factory):
   """A run directory of the tiny model: config.json + one checkpoint."""
   run_dir = tmp_path_factory.mktemp("run")
   cfg = apply_preset(
-    "grpo", model="tiny", rollout_quant="none", run_dir=str(run_dir)
+    "grpo",
+    {
+      "model.name": "tiny",
+      "rollout.quant": "none",
+      "run.run_dir": str(run_dir),
+    },
   )
   with open(run_dir / "config.json", "w") as f:
     json.dump(dataclasses.asdict(cfg), f)

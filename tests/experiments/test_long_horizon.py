@@ -114,7 +114,7 @@ def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
   assert [r["step"] for r in train] == [1, 2, 3]
   assert all("acr_active_fraction" in r and "behav_prox_kl" in r for r in train)
   cfg = json.loads((run / "config.json").read_text())
-  assert cfg["model"] == f"instrument:{inst}"
+  assert cfg["model"]["name"] == f"instrument:{inst}"
   # Per-problem records before and after, agreeing with the logged accuracy.
   for step in (0, 3):
     recs = [json.loads(l) for l in open(run / f"eval_step{step}.jsonl")]

@@ -11,22 +11,22 @@ ROOT = os.path.dirname(
 )
 
 BAD = {  # flag -> the field the error must name
-  "--adam_b1=2": "adam_b1",
-  "--adam_b2=1": "adam_b2",
-  "--weight_decay=-1": "weight_decay",
-  "--entropy_coef=-5": "entropy_coef",
-  "--value_clip=-1": "value_clip",
-  "--warmup_steps=-5": "warmup_steps",
-  "--max_resample_rounds=-1": "max_resample_rounds",
-  "--reward_workers=-1": "reward_workers",
-  "--kl_coef=-1": "kl_coef",
-  "--max_grad_norm=-1": "max_grad_norm",
-  "--mesh_shape=foo": "mesh_shape",
-  "--checkpoint_every=0": "checkpoint_every",
-  "--logprob_chunk=-1": "logprob_chunk",
-  "--max_prompt_tokens=1": "max_prompt_tokens",
-  "--task=foo": "task",
-  "--eval_every=1": "eval_size",  # with --eval_size=0 below
+  "--optim.b1=2": "optim.b1",
+  "--optim.b2=1": "optim.b2",
+  "--optim.weight_decay=-1": "optim.weight_decay",
+  "--update.entropy_coef=-5": "update.entropy_coef",
+  "--critic.value_clip=-1": "critic.value_clip",
+  "--optim.warmup_steps=-5": "optim.warmup_steps",
+  "--advantage.max_resample_rounds=-1": "advantage.max_resample_rounds",
+  "--task.reward_workers=-1": "task.reward_workers",
+  "--kl.coef=-1": "kl.coef",
+  "--optim.max_grad_norm=-1": "optim.max_grad_norm",
+  "--mesh.fsdp=0": "mesh.fsdp",
+  "--run.checkpoint_every=0": "run.checkpoint_every",
+  "--update.logprob_chunk=-1": "update.logprob_chunk",
+  "--task.max_prompt_tokens=1": "task.max_prompt_tokens",
+  "--task.name=foo": "task.name",
+  "--run.eval_every=1": "task.eval_size",  # with --task.eval_size=0 below
 }
 
 
@@ -42,9 +42,9 @@ def test_every_bad_flag_is_named_in_one_error_before_any_model_loads(tmp_path):
       sys.executable,
       os.path.join(ROOT, "experiments", "main.py"),
       *BAD,
-      "--eval_size=0",
-      "--model=/no/such/model.gguf",
-      f"--run_dir={run_dir}",
+      "--task.eval_size=0",
+      "--model.name=/no/such/model.gguf",
+      f"--run.run_dir={run_dir}",
     ],
     capture_output=True,
     text=True,

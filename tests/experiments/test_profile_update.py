@@ -9,6 +9,7 @@ import pytest
 from rljax import models
 from rljax.core import objectives
 from rljax.models import decoder
+from rljax.train import optim as optim_lib
 from rljax.train import update as update_lib
 
 
@@ -31,7 +32,7 @@ def test_remat_flag_reaches_the_decoder(remat, monkeypatch):
       surrogate="ppo", correction="acr", aggregation="token-mean"
     ),
   )
-  optimizer = update_lib.make_optimizer(1e-6, 10)
+  optimizer = optim_lib.make_optimizer(optim_lib.OptimConfig(1e-6, 10))
   state = update_lib.init_train_state(params, optimizer)
   b, t = 2, 8
   rng = np.random.default_rng(0)

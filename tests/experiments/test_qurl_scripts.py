@@ -28,15 +28,15 @@ needs_data = pytest.mark.skipif(
 # Size only: the model, steps, batch, token and evaluation sizes (and no
 # side processes: in-process verifier, no TensorBoard, no HF export).
 SIZE = [
-  "--model=tiny",
-  "--steps=1",
-  "--prompts_per_step=2",
-  "--max_new_tokens=4",
-  "--eval_size=2",
+  "--model.name=tiny",
+  "--run.steps=1",
+  "--rollout.prompts_per_step=2",
+  "--rollout.max_new_tokens=4",
+  "--task.eval_size=2",
   "--bench_limit=2",
-  "--reward_workers=0",
-  "--tensorboard=false",
-  "--export_hf=false",
+  "--task.reward_workers=0",
+  "--run.tensorboard=false",
+  "--run.export_hf=false",
 ]
 
 
@@ -62,17 +62,21 @@ def _run(script, *args):
   "script,sizes,benchmarks",
   [
     ("ppo_gsm8k.py", [], {"gsm8k"}),
-    ("dapo_math.py", ["--group_size=2", "--bench_samples=2"], {"aime24"}),
+    (
+      "dapo_math.py",
+      ["--rollout.group_size=2", "--bench_samples=2"],
+      {"aime24"},
+    ),
     (
       "grpo_deepscaler.py",
-      ["--group_size=2", "--bench_samples=2"],
+      ["--rollout.group_size=2", "--bench_samples=2"],
       {"aime24", "math500", "amc23", "minerva"},
     ),
   ],
 )
 def test_script_runs_one_step_as_shipped(script, sizes, benchmarks, tmp_path):
   run_dir = tmp_path / "run"
-  proc = _run(script, *SIZE, *sizes, f"--run_dir={run_dir}")
+  proc = _run(script, *SIZE, *sizes, f"--run.run_dir={run_dir}")
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   rows = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
   step1 = [r for r in rows if r["step"] == 1 and "loss" in r]
@@ -94,7 +98,10 @@ def test_training_on_the_evaluated_file_is_refused_before_loading(tmp_path):
   for data_path in (test_file, str(copy)):
     run_dir = tmp_path / "run"
     proc = _run(
-      "ppo_gsm8k.py", *SIZE, f"--data_path={data_path}", f"--run_dir={run_dir}"
+      "ppo_gsm8k.py",
+      *SIZE,
+      f"--task.data_path={data_path}",
+      f"--run.run_dir={run_dir}",
     )
     assert proc.returncode != 0
     assert "is the evaluated benchmark gsm8k" in proc.stderr
@@ -113,7 +120,7 @@ def test_allow_train_on_eval_overrides_and_missing_files_are_skipped(
   tmp_path, capsys
 ):
   same = _jsonl(tmp_path / "a.jsonl", ["1+1?"])
-  cfg = apply_preset("grpo", task="math500", data_path=same)
+  cfg = apply_preset("grpo", {"task.name": "math500", "task.data_path": same})
   plan = driver.BenchmarkPlan(
     specs=(
       evaluation.EvalSpec("math500", same, 0, "m"),
@@ -142,12 +149,14 @@ def test_long_prompts_are_dropped_and_counted(tmp_path):
   )
   cfg = apply_preset(
     "grpo",
-    task="math500",
-    data_path=path,
-    eval_size=2,
-    prompts_per_step=2,
-    max_prompt_tokens=64,
-    reward_workers=0,
+    {
+      "task.name": "math500",
+      "task.data_path": path,
+      "task.eval_size": 2,
+      "rollout.prompts_per_step": 2,
+      "task.max_prompt_tokens": 64,
+      "task.reward_workers": 0,
+    },
   )
   task = tasks_lib.build_task(cfg, tok)
   try:

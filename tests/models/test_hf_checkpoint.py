@@ -231,7 +231,9 @@ def test_training_from_a_dir_without_tokenizer_names_the_files(
   from rljax.train.config import apply_preset  # pylint: disable=g-import-not-at-top
 
   models.save_hf(QWEN2, random_params(QWEN2), tmp_path, dtype="float32")
-  cfg = apply_preset("grpo", model=str(tmp_path), run_dir=str(tmp_path / "r"))
+  cfg = apply_preset(
+    "grpo", {"model.name": str(tmp_path), "run.run_dir": str(tmp_path / "r")}
+  )
   with pytest.raises(FileNotFoundError) as info:
     loop.load_policy(cfg, seed=0)
   message = str(info.value)

@@ -12,6 +12,7 @@ import pytest
 from rljax import models, quant
 from rljax.core import objectives
 from rljax.models import lora as lora_lib
+from rljax.train import optim as optim_lib
 from rljax.train import update as update_lib
 
 CONFIG = models.tiny_config()
@@ -178,7 +179,7 @@ def test_update_step_trains_adapters_only(base_dtype, random_params):
   frozen = lora_lib.freeze_base(CONFIG, params, lora)
   frozen_before = jax.tree.map(np.asarray, frozen)
   adapters = lora_lib.init_adapters(CONFIG, lora, jax.random.PRNGKey(0))
-  opt = update_lib.make_optimizer(1e-2, steps=3)
+  opt = optim_lib.make_optimizer(optim_lib.OptimConfig(1e-2, steps=3))
   state = update_lib.init_train_state(adapters, opt)
   adapter_shapes = {x.shape for x in jax.tree.leaves(adapters)}
   for leaf in jax.tree.leaves(state.opt_state):

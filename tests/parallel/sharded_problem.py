@@ -23,7 +23,7 @@ B, T, PROMPT = 16, 12, 4
 
 
 def adamw():
-  """`update.make_optimizer`'s layout (clip, then AdamW with injected
+  """`optim.make_optimizer`'s layout (clip, then AdamW with injected
   hyperparameters) with a large eps: Adam's first step is ≈ lr·sign(g), which
   would turn float32 rounding in a near-zero gradient into an lr-sized param
   difference; with eps = 1e-4 the update is smooth in g."""

@@ -37,15 +37,15 @@ def letter_task(cfg):
       return scores, {"e_share": scores}
 
   tokenizer = testing.tiny_tokenizer()
-  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
+  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
   return LetterTask(
     examples[8:],
     examples[:8],
     tokenizer,
     data_lib.ChatTemplate(tokenizer),
-    cfg.prompts_per_step,
-    cfg.seed,
-    cfg.max_prompt_tokens,
+    cfg.rollout.prompts_per_step,
+    cfg.run.seed,
+    cfg.task.max_prompt_tokens,
     reward_workers=0,
   )
 

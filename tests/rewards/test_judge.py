@@ -89,16 +89,24 @@ class TestCheckAddress:
 
   def test_trainer_config_refuses_a_remote_judge(self):
     with pytest.raises(ValueError, match="non-loopback"):
-      TrainConfig(reward="judge", judge_url="http://10.1.2.3:8000")
-    TrainConfig(
-      reward="judge", judge_url="http://10.1.2.3:8000", judge_allow_remote=True
+      TrainConfig().replace(
+        {"reward.name": "judge", "reward.judge_url": "http://10.1.2.3:8000"}
+      )
+    TrainConfig().replace(
+      {
+        "reward.name": "judge",
+        "reward.judge_url": "http://10.1.2.3:8000",
+        "reward.judge_allow_remote": True,
+      }
     )
-    with pytest.raises(ValueError, match="--reward='bogus': expected one of"):
-      TrainConfig(reward="bogus")
     with pytest.raises(
-      ValueError, match="--reward_model_path='': expected the directory"
+      ValueError, match="--reward.name='bogus': expected one of"
     ):
-      TrainConfig(reward="reward_model")
+      TrainConfig().replace({"reward.name": "bogus"})
+    with pytest.raises(
+      ValueError, match="--reward.model_path='': expected the directory"
+    ):
+      TrainConfig().replace({"reward.name": "reward_model"})
 
 
 class TestLoadRubrics:

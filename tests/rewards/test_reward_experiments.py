@@ -99,8 +99,12 @@ class TestTrainRewardModelScript:
 
   def test_saved_model_loads_as_the_trainer_reward(self, rm_dir):
     out, _ = rm_dir
-    cfg = TrainConfig(
-      model="tiny", reward="reward_model", reward_model_path=out
+    cfg = TrainConfig().replace(
+      {
+        "model.name": "tiny",
+        "reward.name": "reward_model",
+        "reward.model_path": out,
+      }
     )
     reward = tasks.build_reward(cfg, tokenizer=None)
     assert isinstance(reward, rm.RewardModelReward)

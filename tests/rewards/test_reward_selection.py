@@ -88,7 +88,7 @@ def test_one_rl_step_on_the_selected_reward(
     evaluation = trainer.heldout.evaluate(trainer.policy_params())
   finally:
     trainer.close()
-  logged = read_metrics(cfg.run_dir)[-1]
+  logged = read_metrics(cfg.run.run_dir)[-1]
   assert f"reward_{component}" in logged and "reward_correct" not in logged
   # The trained-on reward is the batched reward's score, not 0/1 accuracy.
   assert np.isfinite(row["reward_mean"]) and np.isfinite(row["loss"])

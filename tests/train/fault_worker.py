@@ -89,15 +89,15 @@ def main(argv) -> None:
     pretrained._TINY_TOKENIZER = AutoTokenizer.from_pretrained(tok_dir)  # pylint: disable=protected-access
   cfg = apply_preset(overrides.pop("algorithm", "grpo"), **overrides)
   tokenizer = testing.tiny_tokenizer()
-  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
+  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
   task = LetterTask(
     examples[8:],
     examples[:8],
     tokenizer,
     data_lib.ChatTemplate(tokenizer),
-    cfg.prompts_per_step,
-    cfg.seed,
-    cfg.max_prompt_tokens,
+    cfg.rollout.prompts_per_step,
+    cfg.run.seed,
+    cfg.task.max_prompt_tokens,
     reward_workers=0,
   )
   trainer = loop_lib.Trainer(cfg, task=task, show_progress=False)
@@ -108,11 +108,11 @@ def main(argv) -> None:
   while go and not os.path.exists(go):  # holding the run directory's lock
     time.sleep(0.05)
   try:
-    if cfg.pipelined:
+    if cfg.run.pipelined:
       trainer.run()  # (its steps are not printed one by one)
     else:
       trainer.actor.sync(trainer.policy_params(), trainer.step_num)
-      while trainer.step_num < cfg.steps:
+      while trainer.step_num < cfg.run.steps:
         trainer.train_step()
         print(f"[worker] step {trainer.step_num}", flush=True)
   finally:

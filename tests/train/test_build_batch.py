@@ -38,7 +38,10 @@ class TestBuildBatchOutcome:
     self.packed = build_batch_lib.pack(self.rb, pad_id=0, response_len=4)
 
   def test_grpo_advantages_by_hand(self):
-    cfg = apply_preset("grpo", group_size=2, max_new_tokens=4, kl_coef=0.0)
+    cfg = apply_preset(
+      "grpo",
+      {"rollout.group_size": 2, "rollout.max_new_tokens": 4, "kl.coef": 0.0},
+    )
     rewards = np.array([1.0, 0.0, 0.5, 0.5], np.float32)
     valid = np.ones(4, bool)
     batch, metrics = build_batch_lib.build_batch(
@@ -63,7 +66,12 @@ class TestBuildBatchOutcome:
 
   def test_dynamic_sampling_filler_is_masked_out(self):
     cfg = apply_preset(
-      "dapo", group_size=2, max_new_tokens=4, overlong_shaping=False
+      "dapo",
+      {
+        "rollout.group_size": 2,
+        "rollout.max_new_tokens": 4,
+        "advantage.overlong_shaping": False,
+      },
     )
     rewards = np.array([1.0, 0.0, 1.0, 1.0], np.float32)
     valid = np.array([True, True, False, False])
@@ -80,7 +88,10 @@ class TestBuildBatchOutcome:
     assert metrics["valid_fraction"] == 0.5
 
   def test_given_prox_and_reference_are_passed_through(self):
-    cfg = apply_preset("grpo", group_size=2, max_new_tokens=4, kl_coef=0.1)
+    cfg = apply_preset(
+      "grpo",
+      {"rollout.group_size": 2, "rollout.max_new_tokens": 4, "kl.coef": 0.1},
+    )
     shape = self.packed["response_mask"].shape
     prox = jnp.full(shape, -2.0)
     ref = jnp.full(shape, -3.0)
@@ -101,12 +112,14 @@ class TestBuildBatchGae:
     # A_t = R − V_t, returns_t = R.
     cfg = apply_preset(
       "ppo",
-      group_size=1,
-      max_new_tokens=3,
-      gamma=1.0,
-      gae_lambda=1.0,
-      critic_lambda=1.0,
-      kl_in_reward_coef=0.0,
+      {
+        "rollout.group_size": 1,
+        "rollout.max_new_tokens": 3,
+        "advantage.gamma": 1.0,
+        "advantage.gae_lambda": 1.0,
+        "critic.gae_lambda": 1.0,
+        "kl.in_reward_coef": 0.0,
+      },
     )
     rb = _rollout([[5, 6]], [[1, 2, 3]], n=1)
     packed = build_batch_lib.pack(rb, pad_id=0, response_len=3)
@@ -171,7 +184,9 @@ def test_train_step_trains_on_build_batch_of_its_rollout(tmp_path, monkeypatch):
   )
   for k, v in seen["built"].items():
     np.testing.assert_array_equal(np.asarray(again[k]), np.asarray(v), k)
-  r = np.asarray(seen["rewards"], np.float64).reshape(-1, cfg.group_size)
+  r = np.asarray(seen["rewards"], np.float64).reshape(
+    -1, cfg.rollout.group_size
+  )
   z = (r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-6)
   np.testing.assert_allclose(
     seen["built"]["advantages"],

@@ -13,27 +13,27 @@ class TestPresets:
   def test_every_preset_builds_a_valid_loss(self, algorithm):
     cfg = config_lib.apply_preset(algorithm)
     assert cfg.algorithm == algorithm
-    loss = cfg.policy_loss_config()
+    loss = cfg.loss
     assert isinstance(loss, objectives.PolicyLossConfig)
-    assert loss.surrogate == cfg.surrogate
+    assert loss.surrogate == cfg.loss.surrogate
 
   def test_dapo_is_clip_higher_token_mean_dynamic_no_kl(self):
     cfg = config_lib.apply_preset("dapo")
-    assert (cfg.eps_low, cfg.eps_high) == (0.2, 0.28)
-    assert cfg.aggregation == "token-mean"
-    assert cfg.dynamic_sampling and cfg.kl_coef == 0.0
+    assert (cfg.loss.eps_low, cfg.loss.eps_high) == (0.2, 0.28)
+    assert cfg.loss.aggregation == "token-mean"
+    assert cfg.advantage.dynamic_sampling and cfg.kl.coef == 0.0
 
   def test_ppo_uses_a_critic_and_kl_in_reward(self):
     cfg = config_lib.apply_preset("ppo")
-    assert cfg.uses_critic and cfg.kl_in_reward_coef > 0 and cfg.uses_reference
+    assert cfg.uses_critic and cfg.kl.in_reward_coef > 0 and cfg.uses_reference
 
   def test_drgrpo_normalises_by_the_generation_budget(self):
-    cfg = config_lib.apply_preset("drgrpo", max_new_tokens=77)
-    assert cfg.policy_loss_config().norm_const == 77.0
+    cfg = config_lib.apply_preset("drgrpo", {"rollout.max_new_tokens": 77})
+    assert cfg.loss.norm_const == 77.0
 
   def test_explicit_override_beats_preset(self):
-    cfg = config_lib.apply_preset("dapo", eps_high=0.3)
-    assert cfg.eps_high == 0.3
+    cfg = config_lib.apply_preset("dapo", {"loss.eps_high": 0.3})
+    assert cfg.loss.eps_high == 0.3
 
   def test_unknown_override_field_is_named(self):
     with pytest.raises(ValueError, match="nonexistent"):
@@ -44,43 +44,75 @@ class TestValidation:
   @pytest.mark.parametrize(
     "field,value,match",
     [
-      ("algorithm", "trpo", "algorithm='trpo'"),
-      ("rollout_quant", "int4", "rollout_quant='int4'"),
-      ("engine", "sglang", "engine='sglang'"),
-      ("temperature", 0.0, "temperature=0.0"),
-      ("top_p", 1.5, "top_p=1.5"),
-      ("group_size", 0, "group_size=0"),
-      ("uaq_scale", -1.0, "uaq_scale=-1.0"),
+      ("algorithm", "trpo", "--algorithm='trpo'"),
+      ("rollout.quant", "int4", "--rollout.quant='int4'"),
+      ("rollout.engine", "sglang", "--rollout.engine='sglang'"),
+      ("rollout.temperature", 0.0, "--rollout.temperature=0.0"),
+      ("rollout.top_p", 1.5, "--rollout.top_p=1.5"),
+      ("rollout.group_size", 0, "--rollout.group_size=0"),
+      ("rollout.uaq_scale", -1.0, "--rollout.uaq_scale=-1.0"),
     ],
   )
   def test_bad_values_name_the_field(self, field, value, match):
-    with pytest.raises(ValueError, match=match):
-      config_lib.TrainConfig(**{field: value})
+    with pytest.raises(config_lib.ConfigError, match=match):
+      config_lib.resolve("grpo", {field: value})
+
+  def test_a_section_built_by_hand_is_validated_by_dotted_name(self):
+    with pytest.raises(config_lib.ConfigError, match="--rollout.top_p=1.5"):
+      config_lib.TrainConfig(rollout=config_lib.RolloutConfig(top_p=1.5))
+
+  def test_a_section_of_the_wrong_type_is_named(self):
+    with pytest.raises(config_lib.ConfigError, match="--loss=.*PolicyLoss"):
+      config_lib.TrainConfig(loss={"eps_high": 0.3})
+
+  def test_cores_own_check_is_reported_by_dotted_field(self):
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.resolve(
+        "grpo", {"loss.surrogate": "cispo", "loss.dual_clip": 3.0}
+      )
+    assert [p.field for p in e.value.problems] == ["loss.dual_clip"]
 
   def test_group_methods_need_groups(self):
     with pytest.raises(ValueError, match="group_size >= 2"):
-      config_lib.apply_preset("grpo", group_size=1)
+      config_lib.apply_preset("grpo", {"rollout.group_size": 1})
 
   def test_minibatches_must_divide_the_batch(self):
-    with pytest.raises(ValueError, match="minibatches=3"):
-      config_lib.TrainConfig(prompts_per_step=4, group_size=2, minibatches=3)
+    with pytest.raises(ValueError, match="--update.minibatches=3"):
+      config_lib.resolve(
+        "grpo",
+        {
+          "rollout.prompts_per_step": 4,
+          "rollout.group_size": 2,
+          "update.minibatches": 3,
+        },
+      )
 
   def test_micro_batches_must_divide_the_minibatch(self):
-    with pytest.raises(ValueError, match="micro_batches=3"):
-      config_lib.TrainConfig(prompts_per_step=4, group_size=2, micro_batches=3)
+    with pytest.raises(ValueError, match="--update.micro_batches=3"):
+      config_lib.resolve(
+        "grpo",
+        {
+          "rollout.prompts_per_step": 4,
+          "rollout.group_size": 2,
+          "update.micro_batches": 3,
+        },
+      )
 
   def test_gspo_with_naive_correction_is_rejected(self):
     with pytest.raises(ValueError, match="gspo"):
-      config_lib.apply_preset("gspo", correction="naive")
+      config_lib.apply_preset("gspo", {"loss.correction": "naive"})
 
   def test_overlong_cache_must_fit(self):
-    with pytest.raises(ValueError, match="overlong_cache_len"):
-      config_lib.TrainConfig(overlong_max_len=10, overlong_cache_len=10)
+    with pytest.raises(ValueError, match="--advantage.overlong_cache_len"):
+      config_lib.resolve(
+        "grpo",
+        {"advantage": {"overlong_max_len": 10, "overlong_cache_len": 10}},
+      )
 
   def test_replace_revalidates(self):
     cfg = config_lib.TrainConfig()
     with pytest.raises(ValueError, match="correction"):
-      dataclasses.replace(cfg, correction="bogus")
+      cfg.replace({"loss.correction": "bogus"})
 
 
 class TestResolve:
@@ -88,96 +120,284 @@ class TestResolve:
 
   def test_grid_cell_algorithm_gets_that_preset(self):
     # A GRPO script and a GRPO JSON base; the cell asks for DAPO.
-    script = {"algorithm": "grpo", "steps": 5, "kl_coef": 1e-3}
+    script = {"algorithm": "grpo", "run.steps": 5, "kl.coef": 1e-3}
     base = {
       "algorithm": "grpo",
-      "kl_coef": 0.01,
-      "eps_high": 0.2,
-      "prompts_per_step": 3,
+      "kl": {"coef": 0.01},
+      "loss": {"eps_high": 0.2},
+      "rollout": {"prompts_per_step": 3},
     }
     cfg = config_lib.resolve("grpo", script, base, {}, {"algorithm": "dapo"})
     assert cfg.algorithm == "dapo"
-    assert cfg.dynamic_sampling and cfg.eps_high == 0.28
-    assert cfg.kl_coef == 0.0
+    assert cfg.advantage.dynamic_sampling and cfg.loss.eps_high == 0.28
+    assert cfg.kl.coef == 0.0
     # Fields the DAPO preset does not set still come from the base.
-    assert (cfg.prompts_per_step, cfg.steps) == (3, 5)
+    assert (cfg.rollout.prompts_per_step, cfg.run.steps) == (3, 5)
 
-  def test_layers_apply_in_the_documented_order(self):
-    script = {"algorithm": "dapo", "eps_high": 0.3, "steps": 5}
-    base = {"eps_high": 0.31, "steps": 6}
-    typed = {"steps": 7}
-    cfg = config_lib.resolve("dapo", script, base, typed, {})
+  def test_preset_json_flags_grid_apply_in_the_documented_order(self):
+    script = {"algorithm": "dapo", "loss.eps_high": 0.3, "run.steps": 5}
+    json_base = {"loss": {"eps_high": 0.31}, "run": {"steps": 6}}
+    typed = {"run.steps": 7, "rollout.top_p": 0.9}
+    cfg = config_lib.resolve("dapo", script, json_base, typed, {})
     # preset 0.28 < script 0.3 < base 0.31; script 5 < base 6 < typed 7.
-    assert (cfg.eps_high, cfg.steps) == (0.31, 7)
-    cfg = config_lib.resolve("dapo", script, base, typed, {"steps": 8})
-    assert cfg.steps == 8  # the grid cell is last
+    assert (cfg.loss.eps_high, cfg.run.steps) == (0.31, 7)
+    grid = {"run.steps": 8, "loss": {"eps_high": 0.4}}
+    cfg = config_lib.resolve("dapo", script, json_base, typed, grid)
+    # The grid cell is last; what it does not name stays from below it.
+    assert (cfg.run.steps, cfg.loss.eps_high, cfg.rollout.top_p) == (
+      8,
+      0.4,
+      0.9,
+    )
+    assert cfg.loss.eps_low == 0.2  # untouched: the preset's value
 
   def test_unnamed_layer_beats_preset_even_after_algorithm_change(self):
     # Typed flags that name no algorithm are meant for every cell.
     cfg = config_lib.resolve(
-      "grpo", {"algorithm": "grpo"}, {}, {"kl_coef": 0.5}, {"algorithm": "dapo"}
+      "grpo", {"algorithm": "grpo"}, {}, {"kl.coef": 0.5}, {"algorithm": "dapo"}
     )
-    assert cfg.kl_coef == 0.5 and cfg.dynamic_sampling
+    assert cfg.kl.coef == 0.5 and cfg.advantage.dynamic_sampling
 
   def test_unknown_fields_of_every_layer_are_reported(self):
     with pytest.raises(config_lib.ConfigError) as e:
       config_lib.resolve("grpo", {"stepz": 1}, {"lr": 2})
     assert "--stepz=1" in str(e.value) and "--lr=2" in str(e.value)
 
+  @pytest.mark.parametrize(
+    "layer,name",
+    [
+      ({"loss.eps_hi": 0.3}, "loss.eps_hi"),
+      ({"loss": {"eps_hi": 0.3}}, "loss.eps_hi"),
+      ({"losses.eps_high": 0.3}, "losses.eps_high"),
+    ],
+  )
+  def test_an_unknown_dotted_field_is_named(self, layer, name):
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.resolve("grpo", layer)
+    assert [p.field for p in e.value.problems] == [name]
+    assert f"--{name}=0.3" in str(e.value) and "loss.eps_high" in str(e.value)
 
-def _flag_config(argv, **script_defaults):
+  def test_nested_dotted_and_section_objects_are_one_config(self):
+    dotted = config_lib.resolve(
+      "grpo", {"loss.eps_high": 0.3, "rollout.quant": "none"}
+    )
+    nested = config_lib.resolve(
+      "grpo", {"loss": {"eps_high": 0.3}, "rollout": {"quant": "none"}}
+    )
+    assert dotted == nested
+    assert dotted.loss == dataclasses.replace(
+      config_lib.resolve("grpo").loss, eps_high=0.3
+    )
+
+  def test_a_legacy_flat_key_resolves_to_the_same_config(self):
+    legacy = {
+      "eps_high": 0.28,
+      "rollout_quant": "fp8",
+      "model": "tiny",
+      "critic_lambda": 0.9,
+      "lr_schedule": "cosine",
+      "adam_b1": 0.8,
+      "mesh_shape": "1,2,1",
+      "allow_config_change": "seed,eps_high",
+    }
+    new = {
+      "loss.eps_high": 0.28,
+      "rollout.quant": "fp8",
+      "model.name": "tiny",
+      "critic.gae_lambda": 0.9,
+      "optim.schedule": "cosine",
+      "optim.b1": 0.8,
+      "mesh": {"data": 1, "fsdp": 2, "tensor": 1},
+      "run.allow_config_change": "run.seed,loss.eps_high",
+    }
+    assert config_lib.resolve("grpo", legacy) == config_lib.resolve("grpo", new)
+
+  def test_every_legacy_key_names_a_field(self):
+    fields = set(config_lib.field_names())
+    for old, new in config_lib.LEGACY_KEYS.items():
+      assert new in fields or new in config_lib.SECTIONS, old
+
+  def test_a_flat_config_json_of_an_older_rljax_loads(self, capsys):
+    import json
+    import os
+
+    path = os.path.join(
+      os.path.dirname(__file__),
+      "../../docs/qurl/runs/q1_instrument/fp32_s0/config.json",
+    )
+    with open(path) as f:
+      saved = json.load(f)
+    cfg = config_lib.from_dict(saved, source="config.json")
+    assert cfg.rollout.quant == saved["rollout_quant"]
+    assert cfg.loss.correction == saved["correction"]
+    assert cfg.model.name == saved["model"]
+    assert "eps_high -> loss.eps_high" in capsys.readouterr().out
+
+
+class TestRunDirectory:
+  def test_the_resolved_config_round_trips_through_the_run_dir(self, tmp_path):
+    import json
+
+    from rljax.train import rundir as rundir_lib
+
+    cfg = config_lib.resolve(
+      "drgrpo",
+      {
+        "model.name": "tiny",
+        "loss.eps_high": 0.3,
+        "run.run_dir": str(tmp_path),
+        "run.tensorboard": False,
+      },
+    )
+    rundir_lib.RunDir(cfg).close()
+    with open(tmp_path / rundir_lib.CONFIG_FILE) as f:
+      saved = json.load(f)
+    assert saved["loss"]["eps_high"] == 0.3  # nested by section
+    assert saved["loss"]["norm_const"] == 32.0  # as resolved, not None
+    assert config_lib.from_dict(saved) == cfg
+    assert rundir_lib.config_changes(saved, cfg) == {}
+
+  def test_resume_compares_dotted_fields_of_legacy_and_nested_configs(self):
+    from rljax.train import rundir as rundir_lib
+
+    legacy = {
+      "algorithm": "drgrpo",
+      "advantage": "drgrpo",  # the flat field, now advantage.estimator
+      "eps_high": 0.2,
+      "aggregation": "seq-mean-token-sum-norm",
+    }
+    cfg = config_lib.resolve(
+      "drgrpo", {"loss.eps_high": 0.3, "run.allow_config_change": "loss"}
+    )
+    # norm_const: None in the flat file, filled in by both resolutions.
+    assert rundir_lib.config_changes(legacy, cfg) == {
+      "loss.eps_high": (0.2, 0.3)
+    }
+    assert rundir_lib.allowed_changes(cfg) >= {"loss.eps_high", "loss.tis_cap"}
+    rundir_lib.check_resume_config(legacy, cfg, step=3)
+    strict = cfg.replace({"run.allow_config_change": "eps_high"})  # old name
+    rundir_lib.check_resume_config(legacy, strict, step=3)
+    with pytest.raises(
+      rundir_lib.ConfigChangeError,
+      match="--run.allow_config_change=loss.eps_high",
+    ):
+      rundir_lib.check_resume_config(
+        legacy, cfg.replace({"run.allow_config_change": ""}), step=3
+      )
+    with pytest.raises(ValueError, match="loss.eps_hi"):
+      rundir_lib.allowed_changes(
+        cfg.replace({"run.allow_config_change": "loss.eps_hi"})
+      )
+
+
+def _flag_config(argv, *script_defaults):
   from absl import flags
+
   from rljax.train import flags as train_flags
 
   fv = flags.FlagValues()
-  train_flags.define_train_flags(fv, **script_defaults)
+  train_flags.define_train_flags(*script_defaults, flag_values=fv)
   fv(["prog", *argv])
   return train_flags.config_from_flags(flag_values=fv)
 
 
 class TestFlags:
+  def test_a_dotted_flag_reaches_its_section(self):
+    cfg = _flag_config(
+      [
+        "--loss.eps_high=0.28",
+        "--rollout.quant=none",
+        "--optim.b2=0.95",
+        "--mesh.fsdp=2",
+        "--noadvantage.dynamic_sampling",
+        "--loss.dual_clip=3",
+      ]
+    )
+    assert cfg.loss.eps_high == 0.28 and cfg.loss.dual_clip == 3.0
+    assert cfg.rollout.quant == "none"
+    assert cfg.optim.b2 == 0.95 and cfg.optim_config(critic=True).b2 == 0.95
+    assert cfg.mesh.fsdp == 2
+    assert not cfg.advantage.dynamic_sampling
+
+  def test_every_field_has_its_flag(self):
+    from absl import flags
+
+    from rljax.train import flags as train_flags
+
+    fv = flags.FlagValues()
+    train_flags.define_train_flags(flag_values=fv)
+    assert set(config_lib.field_names()) <= set(fv)
+    assert "eps_high" not in fv  # one flag per field: no flat aliases
+
   def test_typed_flag_beats_preset_and_script_default(self):
-    cfg = _flag_config(["--eps_high=0.5"], algorithm="dapo", eps_high=0.3)
-    assert cfg.eps_high == 0.5 and cfg.dynamic_sampling
+    cfg = _flag_config(
+      ["--loss.eps_high=0.5"], {"algorithm": "dapo", "loss.eps_high": 0.3}
+    )
+    assert cfg.loss.eps_high == 0.5 and cfg.advantage.dynamic_sampling
+
+  def test_script_defaults_become_the_flag_defaults(self):
+    from absl import flags
+
+    from rljax.train import flags as train_flags
+
+    fv = flags.FlagValues()
+    train_flags.define_train_flags(
+      {"loss": {"eps_high": 0.3}}, flag_values=fv, algorithm="dapo"
+    )
+    assert fv["loss.eps_high"].default == 0.3
+    assert fv["algorithm"].default == "dapo"
+
+  def test_unknown_script_default_is_named(self):
+    from absl import flags
+
+    from rljax.train import flags as train_flags
+
+    with pytest.raises(ValueError, match="loss.eps_hi"):
+      train_flags.define_train_flags(
+        {"loss.eps_hi": 0.3}, flag_values=flags.FlagValues()
+      )
 
   def test_other_algorithm_than_the_scripts_gets_its_preset(self):
     cfg = _flag_config(
       ["--algorithm=grpo"],
-      algorithm="dapo",
-      eps_high=0.28,
-      dynamic_sampling=True,
-      steps=9,
+      {
+        "algorithm": "dapo",
+        "loss.eps_high": 0.28,
+        "advantage.dynamic_sampling": True,
+        "run.steps": 9,
+      },
     )
-    assert (cfg.eps_high, cfg.dynamic_sampling, cfg.kl_coef) == (
+    assert (cfg.loss.eps_high, cfg.advantage.dynamic_sampling, cfg.kl.coef) == (
       0.2,
       False,
       1e-3,
     )
-    assert cfg.steps == 9
+    assert cfg.run.steps == 9
 
   # Each bad flag of issue 16 item 7, named in the error.
   @pytest.mark.parametrize(
     "argv,field",
     [
-      (["--adam_b1=2"], "adam_b1"),
-      (["--adam_b2=1"], "adam_b2"),
-      (["--weight_decay=-1"], "weight_decay"),
-      (["--entropy_coef=-5"], "entropy_coef"),
-      (["--value_clip=-1"], "value_clip"),
-      (["--warmup_steps=-5"], "warmup_steps"),
-      (["--max_resample_rounds=-1"], "max_resample_rounds"),
-      (["--reward_workers=-1"], "reward_workers"),
-      (["--kl_coef=-1"], "kl_coef"),
-      (["--max_grad_norm=-1"], "max_grad_norm"),
-      (["--mesh_shape=foo"], "mesh_shape"),
-      (["--checkpoint_every=0"], "checkpoint_every"),
-      (["--logprob_chunk=-1"], "logprob_chunk"),
-      (["--max_prompt_tokens=1"], "max_prompt_tokens"),
-      (["--task=foo"], "task"),
-      (["--keep_checkpoints=0"], "keep_checkpoints"),
-      (["--eval_every=1", "--eval_size=0"], "eval_size"),
-      (["--task=gsm8k"], "data_path"),
-      (["--task_difficulty=impossible"], "task_difficulty"),
+      (["--optim.b1=2"], "optim.b1"),
+      (["--optim.b2=1"], "optim.b2"),
+      (["--optim.weight_decay=-1"], "optim.weight_decay"),
+      (["--update.entropy_coef=-5"], "update.entropy_coef"),
+      (["--critic.value_clip=-1"], "critic.value_clip"),
+      (["--optim.warmup_steps=-5"], "optim.warmup_steps"),
+      (["--advantage.max_resample_rounds=-1"], "advantage.max_resample_rounds"),
+      (["--task.reward_workers=-1"], "task.reward_workers"),
+      (["--kl.coef=-1"], "kl.coef"),
+      (["--optim.max_grad_norm=-1"], "optim.max_grad_norm"),
+      (["--mesh.fsdp=0"], "mesh.fsdp"),
+      (["--run.checkpoint_every=0"], "run.checkpoint_every"),
+      (["--update.logprob_chunk=-1"], "update.logprob_chunk"),
+      (["--task.max_prompt_tokens=1"], "task.max_prompt_tokens"),
+      (["--task.name=foo"], "task.name"),
+      (["--run.keep_checkpoints=0"], "run.keep_checkpoints"),
+      (["--run.eval_every=1", "--task.eval_size=0"], "task.eval_size"),
+      (["--task.name=gsm8k"], "task.data_path"),
+      (["--task.difficulty=impossible"], "task.difficulty"),
+      (["--loss.tis_cap=0.5"], "loss.tis_cap"),
     ],
   )
   def test_bad_flag_is_named_with_value_and_range(self, argv, field):
@@ -190,20 +410,20 @@ class TestFlags:
     with pytest.raises(config_lib.ConfigError) as e:
       _flag_config(
         [
-          "--adam_b1=2",
-          "--kl_coef=-1",
-          "--mesh_shape=foo",
-          "--logprob_chunk=-1",
-          "--eval_every=1",
-          "--eval_size=0",
+          "--optim.b1=2",
+          "--kl.coef=-1",
+          "--mesh.data=0",
+          "--update.logprob_chunk=-1",
+          "--run.eval_every=1",
+          "--task.eval_size=0",
         ]
       )
     assert {p.field for p in e.value.problems} == {
-      "adam_b1",
-      "kl_coef",
-      "mesh_shape",
-      "logprob_chunk",
-      "eval_size",
+      "optim.b1",
+      "kl.coef",
+      "mesh.data",
+      "update.logprob_chunk",
+      "task.eval_size",
     }
     assert "5 problems" in str(e.value)
     assert "chunk_size" not in str(e.value)
@@ -211,18 +431,23 @@ class TestFlags:
 
 def test_every_numeric_field_has_a_rule():
   """A new numeric field must say its range in FIELD_RULES."""
-  import typing
-
-  hints = typing.get_type_hints(config_lib.TrainConfig)
   numeric = [
     n
     for n in config_lib.field_names()
-    if hints[n] in (int, float, float | None)
+    if config_lib.field_type(n) in (int, float, float | None)
   ]
   missing = [n for n in numeric if n not in config_lib.FIELD_RULES]
   assert not missing, f"add a rule to config.FIELD_RULES for {missing}"
 
 
 def test_wrong_type_is_a_problem_not_a_crash():
-  with pytest.raises(config_lib.ConfigError, match="--steps='3'"):
-    config_lib.TrainConfig(steps="3")
+  with pytest.raises(config_lib.ConfigError, match="--run.steps='3'"):
+    config_lib.resolve("grpo", {"run.steps": "3"})
+  with pytest.raises(config_lib.ConfigError, match="--run.steps='3'"):
+    config_lib.TrainConfig(run=config_lib.RunConfig(steps="3"))
+
+
+def test_the_trainer_gets_cores_loss_config_itself():
+  cfg = config_lib.resolve("dapo")
+  assert type(cfg.loss) is objectives.PolicyLossConfig
+  assert config_lib.SECTIONS["loss"] is objectives.PolicyLossConfig

@@ -324,7 +324,8 @@ def test_resume_refuses_a_changed_config_without_touching_config_json(run_copy):
   ):
     field = next(iter(changed))
     with pytest.raises(
-      rundir_lib.ConfigChangeError, match=f"--allow_config_change=.*{field}"
+      rundir_lib.ConfigChangeError,
+      match=f"--run.allow_config_change=.*{config_lib.legacy_name(field)}",
     ):
       rundir_lib.RunDir(config(run_copy, resume=True, **changed))
   with pytest.raises(FileExistsError, match="--resume"):
@@ -356,11 +357,11 @@ def test_resume_refuses_a_changed_config_without_touching_config_json(run_copy):
     log=lines.append,
   ).close()
   with open(path) as f:
-    assert json.load(f)["seed"] == 1
+    assert json.load(f)["run"]["seed"] == 1
   with open(os.path.join(str(run_copy), rundir_lib.CHANGES_FILE)) as f:
     record = json.loads(f.readline())
-  assert record["changes"] == {"seed": {"old": 0, "new": 1}}
-  assert record["resumed_at_step"] == STEPS and "seed" in lines[0]
+  assert record["changes"] == {"run.seed": {"old": 0, "new": 1}}
+  assert record["resumed_at_step"] == STEPS and "run.seed" in lines[0]
 
 
 # -- small units ---------------------------------------------------------------
@@ -441,13 +442,13 @@ def test_guarded_update_keeps_the_old_state_unless_all_results_are_finite(jit):
 
 
 def test_nan_weights_reach_neither_a_checkpoint_nor_the_engine(tmp_path):
-  """Issue 16.1: `--adam_b2=1.0` makes finite gradients give NaN params.
+  """Issue 16.1: `--optim.b2=1.0` makes finite gradients give NaN params.
 
-  validate() now refuses adam_b2 = 1 up front (16.7); the value is forced
+  validate() now refuses optim.b2 = 1 up front (16.7); the value is forced
   past it here to exercise the second line of defence, the guard on the
   updated parameters and optimizer state."""
   cfg = small_config("grpo", tmp_path, steps=2, group_size=2, max_new_tokens=4)
-  object.__setattr__(cfg, "adam_b2", 1.0)  # frozen dataclass: bypass checks
+  object.__setattr__(cfg.optim, "b2", 1.0)  # frozen dataclass: bypass checks
   trainer = make_trainer(cfg)
   try:
     trainer.actor.sync(trainer.policy_params(), trainer.step_num)

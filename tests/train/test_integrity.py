@@ -94,15 +94,15 @@ def _collect_and_build(trainer, step=1):
 
 def _trainer(cfg, plan=()):
   tokenizer = testing.tiny_tokenizer()
-  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
+  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
   task = ScriptedTask(
     examples[8:],
     examples[:8],
     tokenizer,
     data_lib.ChatTemplate(tokenizer),
-    cfg.prompts_per_step,
-    cfg.seed,
-    cfg.max_prompt_tokens,
+    cfg.rollout.prompts_per_step,
+    cfg.run.seed,
+    cfg.task.max_prompt_tokens,
     reward_workers=0,
     plan=plan,
   )
@@ -128,8 +128,8 @@ def _per_sequence(advantages, mask):
 
 def test_dapo_preset_has_soft_overlong_punishment():
   # Issue 12, defect 7: DAPO's four parts include overlong reward shaping.
-  cfg = apply_preset("dapo", max_new_tokens=10)
-  assert cfg.overlong_shaping
+  cfg = apply_preset("dapo", {"rollout.max_new_tokens": 10})
+  assert cfg.advantage.overlong_shaping
   assert cfg.overlong_lengths() == (10, 2)  # L_max = budget, L_cache = 1/5
   # Punishment starts after L_max − L_cache = 8: (8 − |y|) / 2, −1 past 10.
   shaped = batch_lib.shaped_rewards(
@@ -138,13 +138,18 @@ def test_dapo_preset_has_soft_overlong_punishment():
   np.testing.assert_allclose(shaped, [1.0, 1.0, 0.5, 0.0, 0.0])
   # Explicit sizes; other presets stay unshaped.
   cfg = apply_preset(
-    "dapo", max_new_tokens=10, overlong_max_len=12, overlong_cache_len=4
+    "dapo",
+    {
+      "rollout.max_new_tokens": 10,
+      "advantage.overlong_max_len": 12,
+      "advantage.overlong_cache_len": 4,
+    },
   )
   np.testing.assert_allclose(
     batch_lib.shaped_rewards(cfg, np.zeros(2, np.float32), np.array([9, 10])),
     [-0.25, -0.5],
   )
-  grpo = apply_preset("grpo", max_new_tokens=10)
+  grpo = apply_preset("grpo", {"rollout.max_new_tokens": 10})
   assert grpo.overlong_lengths() is None
   np.testing.assert_array_equal(
     batch_lib.shaped_rewards(grpo, np.ones(2, np.float32), np.array([9, 10])),
@@ -156,13 +161,16 @@ def test_a_size_alone_turns_shaping_on():
   # Never silently unused: configs and run directories written before the
   # switch existed set the sizes only.
   assert apply_preset(
-    "grpo", overlong_max_len=100, overlong_cache_len=20
+    "grpo",
+    {"advantage.overlong_max_len": 100, "advantage.overlong_cache_len": 20},
   ).overlong_lengths() == (100, 20)
   assert apply_preset(
-    "grpo", max_new_tokens=50, overlong_cache_len=5
+    "grpo", {"rollout.max_new_tokens": 50, "advantage.overlong_cache_len": 5}
   ).overlong_lengths() == (50, 5)
   with pytest.raises(ValueError, match="overlong_cache_len=64"):
-    apply_preset("dapo", max_new_tokens=32, overlong_cache_len=64)
+    apply_preset(
+      "dapo", {"rollout.max_new_tokens": 32, "advantage.overlong_cache_len": 64}
+    )
 
 
 def test_dapo_trainer_penalizes_a_too_long_response(tmp_path):
@@ -281,7 +289,7 @@ def _logp(trainer, params, batch):
       params,
       batch["tokens"],
       attention_mask=batch["attention_mask"],
-      temperature=trainer.cfg.temperature,
+      temperature=trainer.cfg.rollout.temperature,
     )[0],
     np.float64,
   )
@@ -379,10 +387,12 @@ def test_reinforce_pp_baseline_whitens_over_valid_groups_only():
   # std would be √.125 and the advantages ±1.414.
   cfg = apply_preset(
     "reinforce_pp",
-    advantage="reinforce_pp_baseline",
-    group_size=2,
-    prompts_per_step=2,
-    kl_in_reward_coef=0.0,
+    {
+      "advantage.estimator": "reinforce_pp_baseline",
+      "rollout.group_size": 2,
+      "rollout.prompts_per_step": 2,
+      "kl.in_reward_coef": 0.0,
+    },
   )
   adv = batch_lib.sequence_advantages(
     cfg,
@@ -414,7 +424,9 @@ def test_uaq_fold_train_export_reload_gives_the_trained_function(tmp_path):
     assert row["applied"] == 1.0
     trained = jax.tree.map(np.asarray, trainer.policy_params())
     # From the run directory: the step's checkpoint, UAQ unfolded.
-    export_lib.export_run(cfg.run_dir, str(tmp_path / "hf"), dtype="float32")
+    export_lib.export_run(
+      cfg.run.run_dir, str(tmp_path / "hf"), dtype="float32"
+    )
     config = trainer.model_config
   finally:
     trainer.close()

@@ -70,13 +70,13 @@ def test_lora_grpo_run(tmp_path):
 
     # The merged policy from the run directory (restore_policy: adapters
     # merged into the folded base, then UAQ unfolded).
-    export_lib.export_run(trainer.cfg.run_dir, str(tmp_path / "hf"))
+    export_lib.export_run(trainer.cfg.run.run_dir, str(tmp_path / "hf"))
     export_lib.export_adapter(
       trainer.model_config,
       trainer.lora,
       trainer.state.params,
       str(tmp_path / "adapter"),
-      trainer.cfg.model,
+      trainer.cfg.model.name,
       trainer.uaq_scale,
     )
     merged = jax.tree.map(np.asarray, trainer.policy_params())

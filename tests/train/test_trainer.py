@@ -53,15 +53,15 @@ def small_config(algorithm, run_dir, **kw):
 
 def make_trainer(cfg):
   tokenizer = testing.tiny_tokenizer()
-  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
+  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
   task = LetterTask(
     examples[8:],
     examples[:8],
     tokenizer,
     data_lib.ChatTemplate(tokenizer),
-    cfg.prompts_per_step,
-    cfg.seed,
-    cfg.max_prompt_tokens,
+    cfg.rollout.prompts_per_step,
+    cfg.run.seed,
+    cfg.task.max_prompt_tokens,
     reward_workers=0,
   )
   return loop_lib.Trainer(cfg, task=task, show_progress=False)
@@ -83,7 +83,7 @@ def test_every_preset_takes_two_finite_steps(tmp_path, algorithm):
   assert [r["step"] for r in logged] == [1, 2]
   if trainer.cfg.uses_critic:
     assert "value_loss" in rows[-1]
-  if trainer.cfg.kl_coef > 0:
+  if trainer.cfg.kl.coef > 0:
     assert "kl_to_ref" in rows[-1]
 
 

@@ -11,6 +11,7 @@ from rljax.core import aggregation as agg_lib
 from rljax.core import kl as kl_lib
 from rljax.core import objectives
 from rljax.core.aggregation import AGGREGATION_MODES
+from rljax.train import optim as optim_lib
 from rljax.train import update as update_lib
 
 B, T, PROMPT = 8, 20, 6
@@ -333,7 +334,7 @@ class TestNonFinite:
     batch["advantages"] = batch["advantages"].at[0, PROMPT].set(jnp.nan)
     loss_cfg = objectives.PolicyLossConfig(surrogate="ppo", correction="acr")
     spec = update_lib.UpdateSpec(model_config=config, loss=loss_cfg)
-    opt = update_lib.make_optimizer(1e-3, 10)
+    opt = optim_lib.make_optimizer(optim_lib.OptimConfig(1e-3, 10))
     state = update_lib.init_train_state(params, opt)
     new_state, metrics = update_lib.make_update_step(spec, opt, donate=False)(
       state, batch
@@ -358,8 +359,8 @@ class TestCritic:
     spec = update_lib.UpdateSpec(
       model_config=config, loss=loss_cfg, uses_critic=True, value_clip=10.0
     )
-    opt = update_lib.make_optimizer(1e-4, 10)
-    copt = update_lib.make_optimizer(3e-3, 10)
+    opt = optim_lib.make_optimizer(optim_lib.OptimConfig(1e-4, 10))
+    copt = optim_lib.make_optimizer(optim_lib.OptimConfig(3e-3, 10))
     state = update_lib.init_train_state(params, opt, critic, copt)
     fn = update_lib.make_update_step(spec, opt, copt, donate=False)
     losses = []
@@ -371,8 +372,8 @@ class TestCritic:
 
 class TestOptimizer:
   def test_warmup_then_cosine(self):
-    opt = update_lib.make_optimizer(
-      1e-3, steps=10, warmup_steps=2, schedule="cosine"
+    opt = optim_lib.make_optimizer(
+      optim_lib.OptimConfig(1e-3, steps=10, warmup_steps=2, schedule="cosine")
     )
     params = {"w": jnp.ones(3)}
     state = opt.init(params)
