@@ -2,7 +2,7 @@
 
 Picks a generated task's difficulty with headroom (issue 17: a base model
 that starts at 15-40%), through the trainer's own evaluation path
-(`Trainer.evaluate`: greedy, full-precision weights, the task's verifier):
+(`heldout.HeldOut.evaluate`: greedy, full-precision weights, the task's verifier):
 
   python experiments/base_rate.py --task=arithmetic \
       --difficulties=medium,steps=2_digits=2 --eval_size=256 \
@@ -52,7 +52,7 @@ def main(argv):
     t0 = time.perf_counter()
     trainer = Trainer(cfg, show_progress=False)
     try:
-      ev = trainer.evaluate()
+      ev = trainer.heldout.evaluate(trainer.policy_params())
     finally:
       trainer.close()
     row = {

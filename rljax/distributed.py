@@ -132,6 +132,15 @@ def is_main_process() -> bool:
   return jax.process_index() == 0
 
 
+def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier `name` (a no-op on a
+  single-process run)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    multihost_utils.sync_global_devices(name)
+
+
 def shutdown() -> None:
   """Disconnects cleanly (a no-op on a single-process run)."""
   global _initialized

@@ -13,14 +13,23 @@ import os
 import time
 from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rljax import data as data_lib
 from rljax import models
 from rljax import rewards as rewards_lib
 from rljax.rollout.base import SamplingConfig
+from rljax.train.restore import restore_policy
+
+__all__ = [
+  "EvalSpec",
+  "evaluate_dataset",
+  "is_run_dir",
+  "load_examples",
+  "load_policy",
+  "parse_datasets",
+  "restore_policy",
+]
 
 
 _LABEL_CHARS = frozenset(
@@ -132,60 +141,6 @@ def load_policy(path: str) -> models.Model:
   if os.path.isdir(path) and is_run_dir(path):
     return restore_policy(path)
   return models.load_pretrained(path)
-
-
-def restore_policy(run_dir: str, step: int | None = None) -> models.Model:
-  """The policy of a training run at its latest (or `step`) checkpoint.
-
-  Reads `config.json` and the checkpoint, and nothing else: no Trainer is
-  built, so nothing in the run directory is written (no config.json
-  rewrite, no metrics row, no lock) and no rollout engine starts. The
-  params are returned in the model's own parametrisation: a run trained
-  with update-aware quantization (QuRL §4.3) stores θ folded with its scale
-  s, which is unfolded here with the scale the checkpoint records.
-  """
-  from rljax import quant
-  from rljax.train.checkpoint import RunCheckpointer
-  from rljax.train.config import TrainConfig, field_names
-
-  with open(os.path.join(run_dir, "config.json")) as f:
-    saved = json.load(f)
-  # Fields of another rljax version are ignored: only the model matters here.
-  cfg = TrainConfig(**{k: v for k, v in saved.items() if k in field_names()})
-  # A reader, not the owner: it never cleans up a save a live run is making.
-  ckpt = RunCheckpointer(
-    os.path.join(run_dir, "checkpoints"), 1, 1_000_000, owner=False
-  )
-  try:
-    if step is None:
-      # The newest checkpoint whose files match their manifest.
-      step, damaged = ckpt.latest_verified_step()
-      for bad_step, reason in damaged:
-        print(f"[rljax] {run_dir}: skipping checkpoint {bad_step} ({reason})")
-    if step is None:
-      raise FileNotFoundError(f"run directory {run_dir!r} has no checkpoint")
-    # No target: the saved tree comes back as saved, so this does not depend
-    # on the optimizer the run used.
-    state, meta = ckpt.restore(step, None)
-  finally:
-    ckpt.close()
-  skeleton = models.load_named(cfg.model, cfg.seed)
-  saved_params = state["params"]
-  if jax.tree.structure(saved_params) != jax.tree.structure(skeleton.params):
-    raise ValueError(
-      f"{run_dir}: checkpoint {step} holds params of another structure "
-      f"than model={cfg.model!r} of its config.json"
-    )
-  params = jax.tree.map(
-    lambda x, ref: jnp.asarray(x, ref.dtype), saved_params, skeleton.params
-  )
-  quantized = quant.is_quantized(cfg.rollout_quant)
-  scale = float(meta.get("uaq_scale", cfg.uaq_scale if quantized else 1.0))
-  if scale != 1.0:
-    params = quant.unfold_uaq(skeleton.config, params, scale=scale)
-  return models.Model(
-    config=skeleton.config, params=params, tokenizer=skeleton.tokenizer
-  )
 
 
 def evaluate_dataset(

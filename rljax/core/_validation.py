@@ -1,16 +1,23 @@
-"""Input checks shared by the rljax.core kernels.
+"""The one set of input checks of rljax: kernel arguments and config fields.
 
-The kernels run under `jax.jit`, so these checks look only at static facts
-(ranks, shapes, dtypes, Python hyper-parameters) and run once per trace. They
-raise ValueError/TypeError naming the argument, the bad value and what was
-expected, instead of the bare AssertionError that chex would raise, because a
-wrong batch layout is a user error, not an internal invariant.
+Kernels: the kernels run under `jax.jit`, so these checks look only at
+static facts (ranks, shapes, dtypes, Python hyper-parameters) and run once
+per trace. They raise ValueError/TypeError naming the argument, the bad value
+and what was expected, instead of the bare AssertionError that chex would
+raise, because a wrong batch layout is a user error, not an internal
+invariant.
+
+Config fields: a `Rule` maps a value to what was expected of it (a phrase
+such as ">= 1" or "one of ('a', 'b')"), or None when the value is fine.
+Rules compose (`all_of`, `optional`, `expect`); `check_field` raises the
+error of one field ("SamplingConfig.n=0; expected >= 1"), and a validator
+that reports every problem at once can collect the phrases instead.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import jax.numpy as jnp
 import numpy as np
@@ -122,11 +129,13 @@ def check_real(
     value > high if high_inclusive else value >= high
   )
   if too_low or too_high:
-    lo = "(-inf" if low is None else ("[" if low_inclusive else "(") + f"{low}"
-    hi = (
-      "inf)" if high is None else f"{high}" + ("]" if high_inclusive else ")")
+    interval = interval_text(
+      -math.inf if low is None else low,
+      math.inf if high is None else high,
+      lo_open=not low_inclusive,
+      hi_open=not high_inclusive,
     )
-    raise ValueError(f"{name} must be in {lo}, {hi}; got {value}.")
+    raise ValueError(f"{name} must be in {interval}; got {value}.")
   return value
 
 
@@ -138,3 +147,111 @@ def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
       f"{', '.join(repr(c) for c in choices)}."
     )
   return value
+
+
+# -- config fields -------------------------------------------------------------
+
+Rule = Callable[[Any], "str | None"]  # value -> what was expected, or None
+
+
+def interval_text(
+  lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
+) -> str:
+  """ "[0, 1)", "(0, inf)": an infinite end is always open."""
+  left = "(-inf" if lo == -math.inf else ("(" if lo_open else "[") + f"{lo}"
+  right = "inf)" if hi == math.inf else f"{hi}" + (")" if hi_open else "]")
+  return f"{left}, {right}"
+
+
+def is_int(value: Any) -> str | None:
+  """A Python or numpy int; a bool is not a count."""
+  ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+  return None if ok else "an int"
+
+
+def is_real(value: Any) -> str | None:
+  """A Python or numpy int or float (not a bool)."""
+  ok = isinstance(
+    value, (int, float, np.integer, np.floating)
+  ) and not isinstance(value, bool)
+  return None if ok else "a number"
+
+
+def is_bool(value: Any) -> str | None:
+  return None if isinstance(value, (bool, np.bool_)) else "a bool"
+
+
+def non_empty_str(value: Any) -> str | None:
+  return None if isinstance(value, str) and value else "a non-empty str"
+
+
+def one_of(*choices: Any) -> Rule:
+  return lambda v: None if v in choices else f"one of {choices}"
+
+
+def in_range(
+  lo: float = -math.inf,
+  hi: float = math.inf,
+  *,
+  lo_open: bool = False,
+  hi_open: bool = False,
+) -> Rule:
+  """A number in the interval; NaN never is."""
+  text = "a value in " + interval_text(lo, hi, lo_open=lo_open, hi_open=hi_open)
+
+  def rule(v):
+    ok_lo = v > lo if lo_open else v >= lo
+    ok_hi = v < hi if hi_open else v <= hi
+    return None if ok_lo and ok_hi else text
+
+  return rule
+
+
+def at_least(lo: float, why: str = "") -> Rule:
+  """>= lo; `why` says what the bound means (">= 0 (0 turns it off)")."""
+  return lambda v: (
+    None if v >= lo else f">= {lo}" + (f" ({why})" if why else "")
+  )
+
+
+def optional(rule: Rule) -> Rule:
+  """None, or a value that passes `rule`."""
+  return lambda v: None if v is None else rule(v)
+
+
+def all_of(*rules: Rule) -> Rule:
+  """The phrase of the first rule that fails (type rules first, so that
+  range rules only see numbers)."""
+
+  def rule(v):
+    for r in rules:
+      expected = r(v)
+      if expected:
+        return expected
+    return None
+
+  return rule
+
+
+def expect(rule: Rule, text: str) -> Rule:
+  """`rule`, with `text` as what was expected when it fails."""
+  return lambda v: text if rule(v) else None
+
+
+def _shown(value: Any) -> str:
+  # np.float64(0.5) -> 0.5: the value as the user wrote it.
+  return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def check_field(
+  owner: str,
+  name: str,
+  value: Any,
+  rule: Rule,
+  error: type[Exception] = ValueError,
+) -> None:
+  """Raises `error("{owner}.{name}={value!r}; expected {phrase}")` when
+  `rule` rejects the value."""
+  expected = rule(value)
+  if expected:
+    raise error(f"{owner}.{name}={_shown(value)}; expected {expected}")

@@ -57,16 +57,20 @@ def tiny_tokenizer():
   return _TINY_TOKENIZER
 
 
-def load_named(name: str, seed: int = 0) -> Model:
+def load_named(name: str, seed: int = 0, dtype=jnp.float32) -> Model:
   """The model a run config names: "tiny" (a random `tiny_config` decoder
   with the real SmolLM2 tokenizer, for tests), or a path / preset that
-  `load_pretrained` reads, which must come with a tokenizer."""
+  `load_pretrained` reads, which must come with a tokenizer.
+
+  `dtype`: the params' dtype as loaded (the master weights: float32 unless
+  memory forces bfloat16; the compute dtype is chosen separately, see
+  `rljax.train.sharded.cast_params_transform`)."""
   if name == "tiny":
     tok = tiny_tokenizer()
     config = tiny_config(vocab_size=len(tok))
-    params = decoder.init_params(config, jax.random.PRNGKey(seed))
+    params = decoder.init_params(config, jax.random.PRNGKey(seed), dtype=dtype)
     return Model(config=config, params=params, tokenizer=tok)
-  model = load_pretrained(name)
+  model = load_pretrained(name, dtype=dtype)
   # Without this, a dir with no tokenizer fails later inside ChatTemplate.
   tokenizer_lib.require_tokenizer(model.tokenizer, name)
   return model

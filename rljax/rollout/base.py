@@ -1,7 +1,7 @@
 """The one rollout interface: sampling settings, the batch a rollout returns,
 and the protocol every engine (JAX sampler, vLLM sidecar) implements.
 
-Nothing here depends on JAX or on a model: an engine turns prompt token ids
+Nothing here runs JAX or a model: an engine turns prompt token ids
 into response token ids plus the log-probability of every response token
 under the distribution the engine actually sampled from (`behav_logp`, the
 behavior policy π_behav of QuRL §4.1), and the trainer packs that into
@@ -15,19 +15,9 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from rljax.core import _validation as v
+
 FINISH_REASONS = ("stop", "length")
-
-
-def _require_int(name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"SamplingConfig.{name}={value!r}; expected an int")
-
-
-def _require_number(name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(
-    value, (int, float, np.integer, np.floating)
-  ):
-    raise TypeError(f"SamplingConfig.{name}={value!r}; expected a number")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,34 +59,8 @@ class SamplingConfig:
   seed: int = 0
 
   def __post_init__(self):
-    _require_int("n", self.n)
-    if self.n < 1:
-      raise ValueError(f"SamplingConfig.n={self.n}; expected n >= 1")
-    _require_number("temperature", self.temperature)
-    if not np.isfinite(self.temperature) or self.temperature < 0:
-      raise ValueError(
-        f"SamplingConfig.temperature={self.temperature}; expected a finite "
-        "value >= 0 (0 means greedy)"
-      )
-    _require_number("top_p", self.top_p)
-    if not 0.0 < self.top_p <= 1.0:
-      raise ValueError(
-        f"SamplingConfig.top_p={self.top_p}; expected 0 < top_p <= 1 "
-        "(1.0 turns nucleus sampling off)"
-      )
-    _require_int("top_k", self.top_k)
-    if self.top_k < 0:
-      raise ValueError(
-        f"SamplingConfig.top_k={self.top_k}; expected top_k >= 0 "
-        "(0 turns top-k off)"
-      )
-    if not isinstance(self.greedy, (bool, np.bool_)):
-      raise TypeError(f"SamplingConfig.greedy={self.greedy!r}; expected a bool")
-    _require_int("max_new_tokens", self.max_new_tokens)
-    if self.max_new_tokens < 1:
-      raise ValueError(
-        f"SamplingConfig.max_new_tokens={self.max_new_tokens}; expected >= 1"
-      )
+    for name, rule, error in _SAMPLING_RULES:
+      v.check_field("SamplingConfig", name, getattr(self, name), rule, error)
     if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(
       self.stop_token_ids, Sequence
     ):
@@ -118,12 +82,42 @@ class SamplingConfig:
     object.__setattr__(
       self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids)
     )
-    _require_int("seed", self.seed)
 
   @property
   def is_greedy(self) -> bool:
     """True when tokens are argmaxes (greedy flag or temperature 0)."""
     return bool(self.greedy) or self.temperature == 0.0
+
+
+# (field, rule, error) in check order: the type first, then the range.
+_SAMPLING_RULES = (
+  ("n", v.is_int, TypeError),
+  ("n", v.at_least(1), ValueError),
+  ("temperature", v.is_real, TypeError),
+  (
+    "temperature",
+    v.expect(
+      v.in_range(0.0, np.inf, hi_open=True),
+      "a finite value >= 0 (0 means greedy)",
+    ),
+    ValueError,
+  ),
+  ("top_p", v.is_real, TypeError),
+  (
+    "top_p",
+    v.expect(
+      v.in_range(0.0, 1.0, lo_open=True),
+      "0 < top_p <= 1 (1.0 turns nucleus sampling off)",
+    ),
+    ValueError,
+  ),
+  ("top_k", v.is_int, TypeError),
+  ("top_k", v.at_least(0, "0 turns top-k off"), ValueError),
+  ("greedy", v.is_bool, TypeError),
+  ("max_new_tokens", v.is_int, TypeError),
+  ("max_new_tokens", v.at_least(1), ValueError),
+  ("seed", v.is_int, TypeError),
+)
 
 
 class EngineFailure(RuntimeError):
@@ -180,12 +174,9 @@ class RolloutBatch:
   timing: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    if (
-      isinstance(self.n, bool)
-      or not isinstance(self.n, (int, np.integer))
-      or (self.n < 1)
-    ):
-      raise ValueError(f"RolloutBatch.n={self.n!r}; expected an int >= 1")
+    v.check_field(
+      "RolloutBatch", "n", self.n, v.all_of(v.is_int, v.at_least(1))
+    )
     num_rows = len(self.prompt_ids) * self.n
     for name in ("response_ids", "behav_logp", "finish_reason"):
       got = len(getattr(self, name))

@@ -27,6 +27,7 @@ def make_engine(
   tokenizer: Any = None,
   run_dir: str = ".",
   vllm_urls: Sequence[str] | None = None,
+  mesh: Any = None,
 ):
   """The rollout engine `engine` for a model.
 
@@ -42,6 +43,7 @@ def make_engine(
     tokenizer: written next to a vLLM export.
     run_dir: where a vLLM engine keeps its start checkpoint and logs.
     vllm_urls: already running vLLM servers to use instead of launching.
+    mesh: the JAX sampler runs sharded over this Mesh (None: one device).
   """
   if engine == "jax":
     from rljax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
@@ -52,6 +54,7 @@ def make_engine(
       quant="none",
       max_prompt_len=max_prompt_len,
       pad_id=pad_id,
+      mesh=mesh,
     )
   if engine == "vllm":
     from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top

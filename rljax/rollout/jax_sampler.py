@@ -16,6 +16,14 @@ an RL loop compiles once per prompt bucket.
 
 Sampling of one step (`sample_next_token`) is a pure function of the logits
 and a PRNG key, so its math is tested on its own.
+
+On a mesh (`mesh=`, a ("data", "fsdp", "tensor") Mesh): the weights, INT8 /
+FP8 codes and their scales included, are laid out by the logical-axis rules
+(`rljax.models.sharding.param_shardings`: heads, kv_heads, mlp and vocab over
+"tensor", embed over "fsdp", which XLA all-gathers for each matmul); prompts,
+samples and both KV caches (prefix and generated) are split over
+("data", "fsdp") by rows and over "tensor" by KV heads. Greedy decoding gives
+the single-device tokens and log-probs (tests/rollout/test_jax_sampler.py).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from jaxtyping import Array, Float, Int
 
 from rljax import models
 from rljax.models import decoder as decoder_lib
+from rljax.models import sharding as sharding_lib
 from rljax import quant as quant_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
 from rljax.rollout.base import check_prompts
@@ -253,6 +262,7 @@ class _Plan:
   num_stop_ids: int
   pad_id: int
   cache_dtype: Any
+  mesh: Any = None  # a Mesh: the KV caches are constrained to its layout
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -296,10 +306,20 @@ def _generate_chunk(
   )
 
   segments = decode_segments(capacity)
+
   # The prompt's keys/values stay in one [P, Lp] prefix cache shared by its n
   # samples (`decoder.decode_with_prefix_cache`); only the generated tokens
   # get per-row slots, so decode attention never reads n copies of a prompt.
-  prefix = models.init_cache(config, num_prompts, prompt_len, plan.cache_dtype)
+  def laid_out(cache):
+    if plan.mesh is None:
+      return cache
+    return jax.lax.with_sharding_constraint(
+      cache, sharding_lib.cache_shardings(plan.mesh, cache)
+    )
+
+  prefix = laid_out(
+    models.init_cache(config, num_prompts, prompt_len, plan.cache_dtype)
+  )
   # Position 0 at each row's first real token, as `models.forward` numbers it.
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
   logits, prefix = models.forward_with_cache(
@@ -309,7 +329,9 @@ def _generate_chunk(
   last_logits = logits[:, -1]
 
   # Sample j of prompt i is row i*n + j.
-  cache = models.init_cache(config, rows, segments[0], plan.cache_dtype)
+  cache = laid_out(
+    models.init_cache(config, rows, segments[0], plan.cache_dtype)
+  )
   kv_mask = jnp.zeros((rows, segments[0]), prompt_mask.dtype)
   last_logits = jnp.repeat(last_logits, n, axis=0)
   next_pos = jnp.repeat(positions[:, -1] + 1, n, axis=0)
@@ -549,6 +571,7 @@ class JaxSampler:
     cache_dtype: Any = None,
     show_progress: bool = False,
     head_quant: str = "none",
+    mesh: Any = None,
   ):
     """Builds the sampler.
 
@@ -574,6 +597,8 @@ class JaxSampler:
         (576 x 49152 of ~135M weights); the sampled tokens' log-probs then
         come from the quantized head, so `behav_logp` matches
         `models.token_logprobs(sampler.rollout_config, sampler.params)`.
+      mesh: a ("data", "fsdp", "tensor") `jax.sharding.Mesh` to run on (see
+        the module doc), or None for the default device.
     """
     self._quant = _check_quant(quant, "JaxSampler")
     if not isinstance(max_prompt_len, int) or max_prompt_len < 1:
@@ -616,6 +641,7 @@ class JaxSampler:
     self.pad_id = int(pad_id)
     self._cache_dtype = cache_dtype
     self.show_progress = show_progress
+    self.mesh = mesh
     self._params = None
     self._signatures: set[Any] = set()
     self._closed = False
@@ -668,6 +694,11 @@ class JaxSampler:
     if self.head_quant != "none":
       new_params = _with_head(
         self.config, self.head_quant, self.fake_quant, new_params
+      )
+    if self.mesh is not None:
+      new_params = jax.device_put(
+        new_params,
+        sharding_lib.param_shardings(self.config, new_params, self.mesh),
       )
     new_params = jax.block_until_ready(new_params)
     seconds = time.perf_counter() - start
@@ -836,15 +867,17 @@ class JaxSampler:
       num_stop_ids=len(stop_ids),
       pad_id=self.pad_id,
       cache_dtype=self._default_cache_dtype(),
+      mesh=self.mesh,
     )
     self._signatures.add((plan, _weight_layout(self._params)))
+    tokens, mask = self._put_rows(tokens), self._put_rows(mask)
     out = _generate_chunk(
       self.rollout_config,
       plan,
       self._params,
-      jnp.asarray(tokens),
-      jnp.asarray(mask),
-      keys,
+      tokens,
+      mask,
+      self._put_rows(keys),
       jnp.float32(1.0 if greedy else sampling.temperature),
       jnp.float32(sampling.top_p),
       jnp.asarray(stop_ids, jnp.int32),
@@ -856,3 +889,15 @@ class JaxSampler:
     )
     out_tokens, out_logp, lengths, steps = jax.device_get(out)
     return out_tokens, out_logp, lengths, int(steps)
+
+  def _put_rows(self, x):
+    """`x` on the device, split by rows over ("data", "fsdp") on a mesh
+    (replicated when they do not divide the row count)."""
+    if self.mesh is None:
+      return jnp.asarray(x)
+    sharding = sharding_lib.batch_sharding(self.mesh)
+    if np.shape(x)[0] % (self.mesh.shape["data"] * self.mesh.shape["fsdp"]):
+      sharding = jax.sharding.NamedSharding(
+        self.mesh, jax.sharding.PartitionSpec()
+      )
+    return jax.device_put(x, sharding)

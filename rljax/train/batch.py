@@ -15,6 +15,23 @@ from rljax.core import shaping
 from rljax.train.config import TrainConfig
 
 
+def seed_for(*parts: int) -> int:
+  """A 31-bit seed derived from integers (rollout of step k, round r, ...)."""
+  h = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts])
+  return int(h.generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def minibatch_seeds(seed: int, step: int, epochs: int) -> list[int]:
+  """The seeds of the minibatch orders of step `step`, one per epoch."""
+  return [seed_for(seed, step, 1000 + epoch) for epoch in range(epochs)]
+
+
+def pad_id(tokenizer) -> int:
+  """The tokenizer's pad id, 0 when it has none."""
+  pad = getattr(tokenizer, "pad_token_id", None)
+  return int(pad) if pad is not None else 0
+
+
 def bucket(length: int, multiple: int = 32) -> int:
   """Rounds up to a multiple, so that jit compiles are reused across steps."""
   return max(multiple, -(-length // multiple) * multiple)

@@ -20,10 +20,16 @@ Rotation is done here rather than by orbax (`max_to_keep`), after the new
 checkpoint's manifest is on disk: orbax deletes the old step as soon as the
 new one is renamed into place, so a kill between that and the manifest could
 leave no verified checkpoint at all.
+
+Multi-host: every process calls `save` and `restore` (orbax writes and
+reads each process's shards, and deletes on process 0); process 0 alone
+writes the aux file and the manifest, and every process waits for it before
+old steps rotate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -35,6 +41,10 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from rljax import distributed
+from rljax.rollout.base import RolloutBatch
+from rljax.train import guard
 
 MANIFEST = "rljax_manifest.json"
 AUX_FILE = "rljax_aux.npz"
@@ -176,15 +186,18 @@ class RunCheckpointer:
     )
     self._manager.wait_until_finished()
     step_dir = self.step_dir(step)
-    if aux:
-      buf = io.BytesIO()
-      np.savez(buf, **aux)
-      with open(os.path.join(step_dir, AUX_FILE), "wb") as f:
-        f.write(buf.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
-    write_manifest(step_dir)
-    # Only now may older steps go; the newest `keep` (>= 1) stay.
+    if distributed.is_main_process():
+      if aux:
+        buf = io.BytesIO()
+        np.savez(buf, **aux)
+        with open(os.path.join(step_dir, AUX_FILE), "wb") as f:
+          f.write(buf.getvalue())
+          f.flush()
+          os.fsync(f.fileno())
+      write_manifest(step_dir)
+    # Only now may older steps go (orbax deletes them on process 0, with
+    # every process taking part); the newest `keep` (>= 1) stay.
+    distributed.barrier(f"rljax_manifest_{step}")
     for old in self.all_steps()[: -self.keep]:
       self._manager.delete(old)
 
@@ -223,6 +236,10 @@ class RunCheckpointer:
     self._manager.reload()
     return dest
 
+  def reload(self) -> None:
+    """Re-reads the steps on disk (another process changed them)."""
+    self._manager.reload()
+
   def read_meta(self, step: int) -> dict:
     restored = self._manager.restore(
       step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
@@ -249,3 +266,141 @@ class RunCheckpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+# -- the trainer's checkpoint: state, run metadata, in-flight rollouts --------
+
+
+def _ragged(rows, dtype) -> tuple[np.ndarray, np.ndarray]:
+  lengths = np.array([len(r) for r in rows], np.int64)
+  flat = (
+    np.concatenate([np.asarray(r, dtype) for r in rows])
+    if rows
+    else np.zeros((0,), dtype)
+  )
+  return flat.astype(dtype), lengths
+
+
+def _unragged(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+  return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+
+def rollout_to_arrays(
+  rb: RolloutBatch, extra: dict, prefix: str
+) -> dict[str, np.ndarray]:
+  """A generated rollout and its metrics as flat arrays (no pickles)."""
+  out = {}
+  for name, rows, dtype in (
+    ("prompt_ids", rb.prompt_ids, np.int64),
+    ("response_ids", rb.response_ids, np.int64),
+    ("behav_logp", rb.behav_logp, np.float32),
+  ):
+    out[prefix + name], out[prefix + name + "_len"] = _ragged(rows, dtype)
+  out[prefix + "finish_reason"] = np.array(rb.finish_reason, dtype=np.str_)
+  out[prefix + "n"] = np.array(rb.n, np.int64)
+  out[prefix + "extra_keys"] = np.array(sorted(extra), dtype=np.str_)
+  out[prefix + "extra_values"] = np.array(
+    [extra[k] for k in sorted(extra)], np.float64
+  )
+  return out
+
+
+def rollout_from_arrays(aux: dict, prefix: str) -> tuple[RolloutBatch, dict]:
+  """`rollout_to_arrays` inverted."""
+  get = lambda name: _unragged(aux[prefix + name], aux[prefix + name + "_len"])
+  rb = RolloutBatch(
+    prompt_ids=[r.tolist() for r in get("prompt_ids")],
+    response_ids=[r.tolist() for r in get("response_ids")],
+    behav_logp=[r.astype(np.float32) for r in get("behav_logp")],
+    finish_reason=[str(f) for f in aux[prefix + "finish_reason"]],
+    n=int(aux[prefix + "n"]),
+  )
+  extra = {
+    str(k): float(v)
+    for k, v in zip(aux[prefix + "extra_keys"], aux[prefix + "extra_values"])
+  }
+  return rb, extra
+
+
+def run_meta(
+  step: int, cfg: Any, uaq_scale: float, row: dict, collector: Any
+) -> dict:
+  """The JSON side-car of a trainer checkpoint: what a resume needs beyond
+  the state (the data position before any in-flight rollout's prompts,
+  how many rollouts are in flight, the UAQ scale θ is folded with)."""
+  return {
+    "step": step,
+    "seed": cfg.seed,
+    "uaq_scale": uaq_scale,
+    "data_state": collector.data_state(),
+    "last_metrics": row,
+    "pending_rollouts": collector.pending,
+    "config": dataclasses.asdict(cfg),
+  }
+
+
+def save_step(
+  checkpointer: RunCheckpointer,
+  step: int,
+  state: Any,
+  meta: dict,
+  pending_rollouts: list[tuple[RolloutBatch, dict]] = (),
+) -> None:
+  """Saves a trainer step: the state (refused if not finite), its metadata
+  and the in-flight rollouts.
+
+  The in-flight rollouts were generated by weights this checkpoint does not
+  hold (θ of earlier steps): they are saved, so that a resumed run trains on
+  exactly what the uninterrupted one did.
+
+  Raises:
+    NonFiniteError: the state holds NaN or inf.
+  """
+  guard.require_finite(state, f"the train state of step {step}")
+  aux = {}
+  for i, (rb, extra) in enumerate(pending_rollouts):
+    aux.update(rollout_to_arrays(rb, extra, prefix=f"pending{i}_"))
+  checkpointer.save(step, state, meta, aux)
+
+
+def resume(
+  checkpointer: RunCheckpointer,
+  step: int,
+  state: Any,
+  uaq_scale: float,
+  collector: Any,
+) -> tuple[Any, int]:
+  """Restores a trainer checkpoint: returns (state, step); the collector's
+  task goes back to the saved data position and, when pipelined, the saved
+  in-flight rollouts are queued again."""
+  state, meta = restore_step(checkpointer, step, state, uaq_scale)
+  collector.task.load_state_dict(meta["data_state"])
+  step = int(meta["step"])
+  if collector.cfg.pipelined:
+    collector.restore_pending(pending_rollouts(checkpointer, step, meta))
+  return state, step
+
+
+def restore_step(
+  checkpointer: RunCheckpointer, step: int, target_state: Any, uaq_scale: float
+) -> tuple[Any, dict]:
+  """(state, meta) of a trainer checkpoint; refuses one whose params are
+  folded with another UAQ scale than this run's."""
+  state, meta = checkpointer.restore(step, target_state)
+  if float(meta.get("uaq_scale", 1.0)) != uaq_scale:
+    raise ValueError(
+      f"checkpoint at step {step} was trained with uaq_scale="
+      f"{meta['uaq_scale']}, this run has uaq_scale={uaq_scale}"
+    )
+  return state, meta
+
+
+def pending_rollouts(
+  checkpointer: RunCheckpointer, step: int, meta: dict
+) -> list[tuple[RolloutBatch, dict]]:
+  """The in-flight rollouts `save_step` stored with step `step`."""
+  n = int(meta.get("pending_rollouts", 0))
+  if not n:
+    return []
+  aux = checkpointer.read_aux(step)
+  return [rollout_from_arrays(aux, prefix=f"pending{i}_") for i in range(n)]

@@ -1,12 +1,25 @@
-"""Dynamic sampling (DAPO): which sampled groups make up a step's batch."""
+"""Rollout and rewards of a step, with dynamic sampling (DAPO).
+
+`Collector.collect(step)` generates (or takes the pipelined rollout queued
+for the step), scores it, and refills with fresh prompts while too few
+groups carry a signal; `select` picks the step's groups over the rounds with
+`RolloutBatch.select_groups`. In pipelined mode `Collector.schedule` queues
+(sync, generate) on a worker thread so that step k+s's rollout is generated
+with θ_k while step k trains.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import time
+from typing import Any
 
 import numpy as np
 
-from rljax.rollout.base import RolloutBatch
+from rljax.rollout.base import RolloutBatch, SamplingConfig
+from rljax.train import batch as batch_lib
+from rljax.train.config import TrainConfig
 
 
 @dataclasses.dataclass
@@ -19,15 +32,23 @@ class Round:
   keep: np.ndarray  # bool [P], a group with a useful signal
 
 
-def select(rounds: list[Round], prompts: int):
+@dataclasses.dataclass
+class Collected:
+  """The step's rollout: what the batch is built from."""
+
+  batch: RolloutBatch
+  valid: np.ndarray  # bool [P' * n]: False for masked-out filler groups
+  rewards: np.ndarray  # float32 [P' * n]
+  components: dict[str, np.ndarray]  # reward components, each [P' * n]
+  kept_groups: int
+  dropped_groups: int  # over every round
+  metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def select(rounds: list[Round], prompts: int) -> Collected:
   """The first `prompts` kept groups over the rounds, in sampling order,
   padded with dropped groups (masked out: `valid` is False) when too few
-  were kept.
-
-  Returns:
-    (batch, valid [P' * n] bool, rewards [P' * n] float32, components,
-    kept groups, dropped groups), P' = min(prompts, groups sampled).
-  """
+  were kept; P' = min(prompts, groups sampled)."""
   every = RolloutBatch.concat([r.batch for r in rounds])
   keep = np.concatenate([np.asarray(r.keep, bool) for r in rounds])
   kept = np.flatnonzero(keep)[:prompts]
@@ -40,12 +61,164 @@ def select(rounds: list[Round], prompts: int):
     k: np.concatenate([r.components[k] for r in rounds])[rows]
     for k in rounds[0].components
   }
-  valid = np.repeat(np.arange(len(order)) < len(kept), n)
-  return (
-    every.select_groups(order),
-    valid,
-    rewards.astype(np.float32),
-    components,
-    len(kept),
-    int((~keep).sum()),
+  return Collected(
+    batch=every.select_groups(order),
+    valid=np.repeat(np.arange(len(order)) < len(kept), n),
+    rewards=rewards.astype(np.float32),
+    components=components,
+    kept_groups=len(kept),
+    dropped_groups=int((~keep).sum()),
   )
+
+
+def reward_metrics(rollout: Collected, task: Any) -> dict[str, float]:
+  """reward_mean: the sequences trained on (dynamic sampling may pad the
+  batch with masked-out groups); reward_all_mean: everything sampled;
+  prompts_filtered_long: the task's prompts dropped for length so far."""
+  rewards, valid = rollout.rewards, rollout.valid
+  return {
+    "reward_mean": float(
+      rewards[valid].mean() if valid.any() else rewards.mean()
+    ),
+    "reward_all_mean": float(rewards.mean()),
+    "accuracy": float((rewards >= 1.0).mean()),
+    "prompts_filtered_long": float(getattr(task, "prompts_filtered_long", 0)),
+  }
+
+
+class Collector:
+  """The step's rollout and rewards from a task and an `actor.Actor`."""
+
+  def __init__(self, cfg: TrainConfig, task: Any, actor: Any, tokenizer: Any):
+    self.cfg = cfg
+    self.task = task
+    self.actor = actor
+    self.tokenizer = tokenizer
+    self._executor = None
+    self._pending: list[concurrent.futures.Future] = []
+    # The data position before each pending rollout took its prompts: a
+    # checkpoint stores the oldest, so a resume draws those prompts again.
+    self._pending_data_states: list[dict] = []
+
+  def _sampling(self, step: int, round_: int) -> SamplingConfig:
+    cfg = self.cfg
+    return SamplingConfig(
+      n=cfg.group_size,
+      temperature=cfg.temperature,
+      top_p=cfg.top_p,
+      max_new_tokens=cfg.max_new_tokens,
+      stop_token_ids=self.task.stop_token_ids,
+      seed=batch_lib.seed_for(cfg.seed, step, round_),
+    )
+
+  def _generate(self, step: int, round_: int, examples: list) -> tuple:
+    t0 = time.perf_counter()
+    prompts = [self.task.prompt_ids(e) for e in examples]
+    rb = self.actor.generate(prompts, self._sampling(step, round_))
+    return rb, examples, time.perf_counter() - t0
+
+  def _decode(self, rb: RolloutBatch) -> list[str]:
+    return [
+      self.tokenizer.decode(r, skip_special_tokens=True)
+      for r in rb.response_ids
+    ]
+
+  def collect(self, step: int) -> Collected:
+    """Rollout + rewards of `step`, with dynamic-sampling refills."""
+    cfg = self.cfg
+    timing = {"time_rollout": 0.0, "time_reward": 0.0}
+    rounds = []
+    gen_tokens = 0
+    max_rounds = 1 + (cfg.max_resample_rounds if cfg.dynamic_sampling else 0)
+    for round_ in range(max_rounds):
+      if round_ == 0 and self._pending:
+        rb, examples, t_gen, extra = self._pending.pop(0).result()
+        self._pending_data_states.pop(0)
+        timing.update(extra)
+      else:
+        rb, examples, t_gen = self._generate(
+          step, round_, self.task.next_train_batch(cfg.prompts_per_step)
+        )
+      timing["time_rollout"] += t_gen
+      gen_tokens += int(rb.response_lengths.sum())
+      t0 = time.perf_counter()
+      scores, comps = self.task.score(self._decode(rb), examples, rb.n)
+      timing["time_reward"] += time.perf_counter() - t0
+      rounds.append(
+        Round(rb, np.asarray(scores), comps, batch_lib.group_keep(cfg, scores))
+      )
+      if sum(int(np.sum(r.keep)) for r in rounds) >= cfg.prompts_per_step:
+        break
+    out = select(rounds, cfg.prompts_per_step)
+    timing["rollout_tokens"] = float(gen_tokens)
+    timing["rollout_tokens_per_s"] = gen_tokens / max(
+      timing["time_rollout"], 1e-9
+    )
+    timing["dynamic_sampling_kept_groups"] = float(out.kept_groups)
+    timing["dynamic_sampling_filtered_groups"] = float(out.dropped_groups)
+    timing["dynamic_sampling_rounds"] = float(round_ + 1)
+    out.metrics = {
+      **timing,
+      **{f"reward_{k}": float(np.mean(v)) for k, v in out.components.items()},
+    }
+    return out
+
+  def schedule(self, step: int, params: Any, version: int) -> None:
+    """Queues (sync, generate the rollout of `step`) on the worker thread.
+
+    The rollout weights of θ = `params` (after `version` steps) are prepared
+    here, on the trainer's thread, so the worker never reads params that a
+    later update donates; the prompts are drawn here too, in step order.
+    """
+    if self._executor is None:
+      self._executor = concurrent.futures.ThreadPoolExecutor(1)
+    self._pending_data_states.append(self.task.state_dict())
+    examples = self.task.next_train_batch(self.cfg.prompts_per_step)
+    rparams, diag = self.actor.prepare(params, version)
+
+    def job():
+      extra = self.actor.push(rparams, diag)
+      rb, ex, t_gen = self._generate(step, 0, examples)
+      extra["rollout_staleness"] = float(step - 1 - version)
+      return rb, ex, t_gen, extra
+
+    self._pending.append(self._executor.submit(job))
+
+  @property
+  def pending(self) -> int:
+    """How many rollouts are queued or in flight."""
+    return len(self._pending)
+
+  def data_state(self) -> dict:
+    """The data position a resume must start from: in pipelined mode the
+    prompts of the in-flight rollouts are already drawn, so the position
+    before them."""
+    if self._pending_data_states:
+      return self._pending_data_states[0]
+    return self.task.state_dict()
+
+  def pending_rollouts(self) -> list[tuple[RolloutBatch, dict]]:
+    """(rollout, its metrics) of every queued rollout, waiting for each."""
+    out = []
+    for fut in self._pending:
+      rb, _, _, extra = fut.result()
+      out.append((rb, extra))
+    return out
+
+  def restore_pending(self, rollouts: list[tuple[RolloutBatch, dict]]):
+    """Queues rollouts a checkpoint saved, with the prompts they were drawn
+    for (the task was restored to the position before them)."""
+    for rb, extra in rollouts:
+      self._pending_data_states.append(self.task.state_dict())
+      examples = self.task.next_train_batch(self.cfg.prompts_per_step)
+      fut = concurrent.futures.Future()
+      fut.set_result((rb, examples, 0.0, extra))
+      self._pending.append(fut)
+
+  def close(self) -> None:
+    """Waits for the worker thread and drops the queue (idempotent)."""
+    if self._executor is not None:
+      self._executor.shutdown(wait=True)
+      self._executor = None
+    self._pending = []
+    self._pending_data_states = []

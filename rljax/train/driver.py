@@ -174,7 +174,7 @@ def run_experiment(
   try:
     before = {}
     if cfg.eval_size and trainer.step_num == 0:
-      before = trainer.evaluate()
+      before = trainer.heldout.evaluate(trainer.policy_params())
       trainer.writer.write(0, before)
       print(
         f"[rljax] held-out accuracy before training: "
@@ -187,7 +187,7 @@ def run_experiment(
       # --eval_every already evaluated the last step: do not pay for it twice.
       after = {k: v for k, v in rows[-1].items() if k.startswith("eval_")}
     elif cfg.eval_size:
-      after = trainer.evaluate()
+      after = trainer.heldout.evaluate(trainer.policy_params())
       trainer.writer.write(trainer.step_num, after)
     if after:
       print(
@@ -217,12 +217,20 @@ def run_experiment(
         },
       )
     if cfg.export_hf:
-      summary["hf_export"] = trainer.export_policy(
-        os.path.join(cfg.run_dir, "hf")
+      from rljax.train import export as export_lib
+
+      # From the last checkpoint (restore_policy): UAQ unfolded, LoRA merged.
+      summary["hf_export"] = export_lib.export_run(
+        cfg.run_dir, os.path.join(cfg.run_dir, "hf")
       )
       if trainer.lora is not None:  # the adapters alone, PEFT layout
-        summary["lora_adapter"] = trainer.export_adapter(
-          os.path.join(cfg.run_dir, "lora_adapter")
+        summary["lora_adapter"] = export_lib.export_adapter(
+          trainer.model_config,
+          trainer.lora,
+          trainer.state.params,
+          os.path.join(cfg.run_dir, "lora_adapter"),
+          cfg.model,
+          trainer.uaq_scale,
         )
   finally:
     trainer.close()

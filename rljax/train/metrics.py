@@ -16,6 +16,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from rljax import distributed
+
 
 def to_float(value: Any) -> float | None:
   """Host float of a scalar-like value (jax/numpy scalar, 0-d array)."""
@@ -40,6 +42,9 @@ class MetricsWriter:
   def __init__(
     self, run_dir: str, tensorboard: bool = True, resume_step: int | None = None
   ):
+    self._file = self._tb = None
+    if not distributed.is_main_process():
+      return  # multi-host: process 0 writes; `write` still returns the row
     os.makedirs(run_dir, exist_ok=True)
     self.path = os.path.join(run_dir, "metrics.jsonl")
     if resume_step is not None and os.path.exists(self.path):
@@ -84,6 +89,8 @@ class MetricsWriter:
       f = to_float(v)
       if f is not None:
         row[k] = f if math.isfinite(f) else str(f)
+    if self._file is None:
+      return row
     self._file.write(json.dumps(row) + "\n")
     self._file.flush()
     if self._tb is not None:
@@ -94,7 +101,8 @@ class MetricsWriter:
     return row
 
   def close(self) -> None:
-    self._file.close()
+    if self._file is not None:
+      self._file.close()
     if self._tb is not None:
       self._tb.close()
 

@@ -16,6 +16,11 @@ nothing until every check has passed:
      unless `allow_config_change` names the fields. Allowed changes are
      appended to `config_changes.jsonl`.
   4. only then `config.json` is (atomically) written.
+
+Multi-host (`rljax.distributed`): every process opens the directory and
+runs the checks (they only read), but only process 0 takes the lock, sets
+damaged checkpoints aside and writes; the orbax checkpoints themselves are
+written and restored by every process (`RunCheckpointer`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 import socket
 from typing import Any, Callable, Mapping
 
+from rljax import distributed
 from rljax.train.checkpoint import RunCheckpointer
 from rljax.train.config import TrainConfig
 
@@ -209,7 +215,9 @@ class RunDir:
     allowed_changes(cfg)  # a bad field name fails before anything is touched
     self.cfg = cfg
     os.makedirs(cfg.run_dir, exist_ok=True)
-    self.lock = RunDirLock(cfg.run_dir, log)
+    main = distributed.is_main_process()
+    # The other processes of a multi-host run share process 0's lock.
+    self.lock = RunDirLock(cfg.run_dir, log) if main else None
     self.checkpointer = None
     try:
       self.checkpointer = RunCheckpointer(
@@ -219,6 +227,10 @@ class RunDir:
         owner=True,
       )
       self.resume_step, self.changes = self._check(log)
+      distributed.barrier("rljax_rundir_checked")
+      if not main:
+        self.checkpointer.reload()  # process 0 may have set steps aside
+        return
       _write_json_atomic(
         os.path.join(cfg.run_dir, CONFIG_FILE), dataclasses.asdict(cfg)
       )
@@ -261,6 +273,8 @@ class RunDir:
     meta = ckpt.read_meta(step)
     changes = check_resume_config(meta.get("config", {}), cfg, step)
     for bad_step, reason in damaged:
+      if not distributed.is_main_process():
+        continue
       dest = ckpt.set_aside(bad_step)
       log(
         f"[rljax] checkpoint step {bad_step} in {ckpt.directory} is "
@@ -272,4 +286,5 @@ class RunDir:
     if self.checkpointer is not None:
       self.checkpointer.close()
       self.checkpointer = None
-    self.lock.release()
+    if self.lock is not None:
+      self.lock.release()

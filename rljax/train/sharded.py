@@ -103,7 +103,8 @@ def make_sharded_update_step(
       and tree structure are read), e.g. `jax.eval_shape(init_train_state,
       ...)`.
     batch_example: a minibatch of the same kind; its leading dim must be
-      divisible by data*fsdp.
+      divisible by data*fsdp. None: one batch sharding for the whole batch
+      argument, whatever its fields (a pytree-prefix sharding).
     critic_optimizer: as for `make_update_step` (PPO).
     frozen_example: the frozen base params of a LoRA spec, or None.
     donate: donate the train state's buffers to the step.
@@ -118,7 +119,10 @@ def make_sharded_update_step(
     spec, optimizer, critic_optimizer, donate=False
   )
   s_state = state_shardings(spec, state_example, mesh)
-  s_batch = batch_shardings(batch_example, mesh)
+  if batch_example is None:
+    s_batch = sharding_lib.batch_sharding(mesh)
+  else:
+    s_batch = batch_shardings(batch_example, mesh)
   replicated = NamedSharding(mesh, P())
   in_shardings = (s_state, s_batch)
   s_frozen = None

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from rljax import models
@@ -368,6 +369,56 @@ def make_update_step(
     return new_state, metrics
 
   return jax.jit(update_step, donate_argnums=(0,) if donate else ())
+
+
+def minibatch(batch: Batch, minibatches: int, seed: int, m: int) -> Batch:
+  """Minibatch `m` of `minibatches` of one epoch whose row order is drawn
+  with `seed` (rows kept in ascending order within a minibatch)."""
+  size = batch["tokens"].shape[0]
+  order = np.random.default_rng(seed).permutation(size)
+  per = size // minibatches
+  idx = jnp.asarray(np.sort(order[m * per : (m + 1) * per]))
+  return {k: v[idx] for k, v in batch.items()}
+
+
+def run_epochs(
+  update_step: Callable,
+  state: TrainState,
+  batch: Batch,
+  frozen: Any,
+  seeds: list[int],
+  minibatches: int,
+) -> tuple[TrainState, list[dict[str, jax.Array]]]:
+  """len(seeds) epochs × `minibatches` updates of `update_step`.
+
+  Returns the new state and every update's metrics as device arrays: each
+  update is dispatched as soon as the previous one is, and nothing waits
+  until the caller fetches the metrics (once per step).
+  """
+  metrics = []
+  for seed in seeds:
+    for m in range(minibatches):
+      state, out = update_step(
+        state, minibatch(batch, minibatches, seed, m), frozen
+      )
+      metrics.append(out)
+  return state, metrics
+
+
+def reduce_metrics(updates: list[dict[str, float]]) -> dict[str, float]:
+  """One value per metric over a step's updates: the max of `max_*`, the
+  mean of the others."""
+  out = {}
+  for k in updates[0]:
+    vals = [u[k] for u in updates]
+    out[k] = max(vals) if k.startswith("max_") else float(np.mean(vals))
+  return out
+
+
+def fetch_metrics(updates: list[dict[str, jax.Array]]) -> list[dict]:
+  """The host floats of a step's update metrics, in one transfer (it waits
+  for the last update)."""
+  return [{k: float(v) for k, v in m.items()} for m in jax.device_get(updates)]
 
 
 def init_train_state(

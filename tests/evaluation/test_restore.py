@@ -136,3 +136,47 @@ def test_restoring_a_vllm_run_starts_no_engine(
     jax.tree.leaves(model.params), jax.tree.leaves(expected)
   ):
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_restore_policy_of_a_lora_run_merges_and_unfolds(tmp_path):
+  """A LoRA run's checkpoint holds the adapters only: restore_policy merges
+  them into the (UAQ-folded) base the trainer ran, then unfolds, giving
+  unfold(θ_merged) of the trainer itself, and export_run writes that."""
+  from rljax import models
+  from rljax.train import export as export_lib
+
+  # LetterTask: a reward that varies on a random model, so the adapters move.
+  from tests.train.test_trainer import make_trainer, small_config
+
+  cfg = small_config(
+    "grpo",
+    tmp_path / "run",
+    steps=1,
+    learning_rate=1e-2,
+    rollout_quant="int8",
+    uaq_scale=1.5,
+    lora_rank=2,
+    lora_alpha=4.0,
+    lora_targets="q_proj,v_proj",
+  )
+  trainer = make_trainer(cfg)
+  try:
+    trainer.run()
+    expected = quant.unfold_uaq(
+      trainer.model_config, trainer.policy_params(), scale=1.5
+    )
+    expected = jax.tree.map(np.asarray, expected)
+    lora_b = trainer.state.params["layers"]["q_proj"]["lora_b"]
+    assert float(np.abs(np.asarray(lora_b)).max()) > 0  # adapters trained
+  finally:
+    trainer.close()
+  model = evaluation.restore_policy(cfg.run_dir)
+  assert jax.tree.structure(model.params) == jax.tree.structure(expected)
+  for got, want in zip(
+    jax.tree.leaves(model.params), jax.tree.leaves(expected)
+  ):
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+  out = export_lib.export_run(cfg.run_dir, str(tmp_path / "hf"), "float32")
+  _, exported = models.load_hf(out)
+  for got, want in zip(jax.tree.leaves(exported), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)

@@ -141,3 +141,11 @@ def test_make_mesh_fills_free_axis():
 def test_shard_batch_needs_divisible_batch(mesh):
   with pytest.raises(ValueError, match=r"\['tokens'\].*data\*fsdp=4"):
     models.shard_batch({"tokens": np.zeros((6, 3), np.int32)}, mesh)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_load_named_param_dtype(dtype):
+  # The master weights' dtype is chosen at load time (issue 14: param_dtype).
+  model = models.load_named("tiny", 0, dtype=dtype)
+  dtypes = {x.dtype for x in jax.tree.leaves(model.params)}
+  assert dtypes == {jnp.dtype(dtype)}

@@ -85,7 +85,7 @@ def test_one_rl_step_on_the_selected_reward(
   trainer = loop_lib.Trainer(cfg, show_progress=False)
   try:
     row = trainer.run()[0]
-    evaluation = trainer.evaluate()
+    evaluation = trainer.heldout.evaluate(trainer.policy_params())
   finally:
     trainer.close()
   logged = read_metrics(cfg.run_dir)[-1]

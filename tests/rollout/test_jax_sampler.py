@@ -305,6 +305,45 @@ class TestJaxSamplerGreedy:
       np.testing.assert_allclose(logp, 0.0, atol=1e-6)
 
 
+class TestJaxSamplerOnMesh:
+  """Sharded over a ("data", "fsdp", "tensor") mesh of 8 fake devices: the
+  same greedy tokens and behaviour log-probs as one device, INT8 codes and
+  scales laid out like the float weights."""
+
+  @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 fake devices")
+  @pytest.mark.parametrize(
+    "mesh_shape,quant",
+    [("2,2,2", "none"), ("1,2,4", "int8")],
+  )
+  def test_greedy_equals_one_device(self, tiny, mesh_shape, quant):
+    from rljax.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+
+    config, params = tiny
+    mesh = sharding_lib.MeshConfig.parse(mesh_shape).build()
+    sampling = base.SamplingConfig(greedy=True, n=2, max_new_tokens=6)
+    one = JaxSampler(config, params, quant=quant, max_prompt_len=32)
+    sharded = JaxSampler(
+      config, params, quant=quant, max_prompt_len=32, mesh=mesh
+    )
+    want = one.generate(PROMPTS, sampling)
+    got = sharded.generate(PROMPTS, sampling)
+    assert got.response_ids == want.response_ids
+    for g, w in zip(got.behav_logp, want.behav_logp):
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    _, fsdp, tensor = (int(x) for x in mesh_shape.split(","))
+    q = sharded.params["layers"]["q_proj"]["kernel"]
+    if quant == "int8":  # codes and their per-output-channel scales
+      assert isinstance(q, quant_lib.QTensor)
+      assert q.scale.sharding.spec[-1] == "tensor"
+      q = q.value
+    layers, d_in, d_out = q.shape
+    assert q.sharding.shard_shape(q.shape) == (
+      layers,
+      d_in // fsdp,
+      d_out // tensor,
+    )
+
+
 class TestJaxSamplerSampling:
   @pytest.mark.parametrize("temperature", [1.0, 0.7])
   def test_behav_logp_equals_token_logprobs(self, tiny, sampler, temperature):

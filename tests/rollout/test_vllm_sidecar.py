@@ -409,7 +409,7 @@ class TestBF16Sidecar:
         complete(body, *a, **k),
       )[1]
 
-    spy(bf16_engine._client)  # pylint: disable=protected-access
+    spy(bf16_engine._client.http)  # pylint: disable=protected-access
     single = bf16_engine.generate(prompts, cfg)
     single_seeds, sent[:] = sorted(sent), []
     # A second client of the same server, attached by URL (with the run's
@@ -419,12 +419,12 @@ class TestBF16Sidecar:
     # batches requests, and with it the logits on AMX CPUs.)
     attached = VLLMSidecar.attach(
       bf16_engine.url,
-      config=dataclasses.replace(CONFIG, api_key=bf16_engine._api_key),
-    )  # pylint: disable=protected-access
-    spy(attached._client)  # pylint: disable=protected-access
+      config=dataclasses.replace(CONFIG, api_key=bf16_engine.api_key),
+    )
+    spy(attached._client.http)  # pylint: disable=protected-access
     pool = VLLMSidecarPool([bf16_engine, attached])
     pooled = pool.generate(prompts, cfg)
-    del bf16_engine._client.complete  # pylint: disable=protected-access
+    del bf16_engine._client.http.complete  # pylint: disable=protected-access
     assert sorted(sent) == single_seeds and len(single_seeds) == 3
     assert pooled.num_samples == single.num_samples == 6
     assert all(len(r) == 10 for r in pooled.response_ids)
@@ -445,7 +445,7 @@ class TestBF16Sidecar:
     with open(f"/proc/{old_pid}/task/{old_pid}/children") as f:
       server_pid = int(f.read().split()[0])
     os.kill(server_pid, signal.SIGKILL)
-    bf16_engine._proc.wait(timeout=60)  # pylint: disable=protected-access
+    bf16_engine._server.proc.wait(timeout=60)  # pylint: disable=protected-access
     with pytest.raises(SidecarError) as info:
       bf16_engine.generate(prompts[:2], GREEDY)
     message = str(info.value)

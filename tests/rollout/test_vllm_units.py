@@ -21,10 +21,12 @@ import safetensors.numpy
 
 from rljax.models import safetensors_io
 from rljax.rollout import base
-from rljax.rollout import vllm_client
+from rljax.rollout.vllm import api as vllm_api
 from rljax.rollout import vllm_sidecar
 from rljax.rollout import weight_sync
-from rljax.rollout.vllm import sidecar as vllm_sidecar_impl
+from rljax.rollout.vllm import process as vllm_process
+from rljax.rollout.vllm import sync as vllm_sync
+from rljax.rollout.vllm.process import LaunchedServer
 from rljax.rollout.vllm_sidecar import SidecarError
 from rljax.rollout.vllm_sidecar import VLLMSidecar
 from rljax.rollout.vllm_sidecar import VLLMSidecarConfig
@@ -212,7 +214,7 @@ class TestCompletionRequest:
       max_new_tokens=33,
       stop_token_ids=(2, 7),
     )
-    body = vllm_client.completion_request("policy", [1, 2, 3], cfg, seed=11)
+    body = vllm_api.completion_request("policy", [1, 2, 3], cfg, seed=11)
     assert body["prompt"] == [1, 2, 3] and body["model"] == "policy"
     assert (body["n"], body["max_tokens"], body["seed"]) == (4, 33, 11)
     assert (body["temperature"], body["top_p"], body["top_k"]) == (0.7, 0.9, 5)
@@ -228,11 +230,11 @@ class TestCompletionRequest:
   )
   def test_greedy_is_temperature_zero(self, cfg):
     assert (
-      vllm_client.completion_request("m", [1], cfg, None)["temperature"] == 0.0
+      vllm_api.completion_request("m", [1], cfg, None)["temperature"] == 0.0
     )
 
   def test_no_seed_means_no_seed_field(self):
-    body = vllm_client.completion_request("m", [1], base.SamplingConfig(), None)
+    body = vllm_api.completion_request("m", [1], base.SamplingConfig(), None)
     assert "seed" not in body
 
 
@@ -253,7 +255,7 @@ class TestParseCompletion:
         _choice(0, [3, 2], [-1.0, -0.25], "stop"),
       ]
     }
-    rows = vllm_client.parse_completion(answer, 2)
+    rows = vllm_api.parse_completion(answer, 2)
     assert rows[0][0] == [3, 2] and rows[0][2] == "stop"
     np.testing.assert_array_equal(rows[0][1], np.float32([-1.0, -0.25]))
     assert rows[1][0] == [5] and rows[1][2] == "length"
@@ -287,7 +289,7 @@ class TestParseCompletion:
   )
   def test_malformed_answers(self, answer, n, match):
     with pytest.raises(ValueError, match=match):
-      vllm_client.parse_completion(answer, n)
+      vllm_api.parse_completion(answer, n)
 
 
 class TestCheckpointQuantMode:
@@ -353,6 +355,90 @@ class TestSidecarConfig:
     assert cfg.env == (("A", "1"),)
     hash(cfg)
 
+  @pytest.mark.parametrize(
+    "field, value, match",
+    [
+      ("max_model_len", 1.5, r"max_model_len=1.5; expected a positive int"),
+      ("port", True, r"port=True; expected 0 \(a free port\)"),
+      ("sync_timeout_s", "60", r"sync_timeout_s='60'; expected a positive"),
+    ],
+  )
+  def test_wrong_types_are_value_errors_naming_the_field(
+    self, field, value, match
+  ):
+    with pytest.raises(ValueError, match=match):
+      VLLMSidecarConfig(**{field: value})
+
+  def test_bad_api_key_message_does_not_quote_it(self):
+    with pytest.raises(ValueError, match="api_key") as info:
+      VLLMSidecarConfig(api_key="   ")
+    assert "'   '" not in str(info.value)
+
+
+def _float_checkpoint(path, dtype="bfloat16"):
+  path.mkdir()
+  (path / "config.json").write_text(
+    json.dumps({"vocab_size": 8, "torch_dtype": dtype})
+  )
+  safetensors.numpy.save_file(
+    {"w": np.zeros((2, 2), BF16)}, str(path / "model.safetensors")
+  )
+  return str(path)
+
+
+class TestWeightSync:
+  """Weights checked and cast to the checkpoint a server runs, with no
+  server (the e2e tests push them into real engines)."""
+
+  def test_reads_the_checkpoint_and_casts_to_it(self, tmp_path):
+    sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
+    assert (sync.quant_mode, sync.vocab_size) == ("bf16", 8)
+    out = sync.prepare({"w": np.full((2, 2), 0.5, np.float32)}, None, "E")
+    assert out["w"].dtype == BF16
+    np.testing.assert_array_equal(out["w"].astype(np.float32), 0.5)
+    sync.prepare({"w": np.ones((2, 2), np.float32)}, "bfloat16", "E")
+
+  def test_another_weight_format_is_refused(self, tmp_path):
+    sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
+    with pytest.raises(ValueError, match=r"^E: .*runs a bf16 checkpoint"):
+      sync.prepare({"w": np.ones((2, 2), np.float32)}, "int8", "E")
+
+  def test_params_of_an_unknown_kind_are_refused(self, tmp_path):
+    sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
+    with pytest.raises(TypeError, match=r"E weight sync: params is a list"):
+      sync.prepare([1, 2], None, "E")
+
+
+class TestTimedSync:
+  def test_writes_reloads_commits_and_times_each_phase(self, tmp_path):
+    dirs = weight_sync.SyncDirs(tmp_path)
+    loaded = []
+    tensors = {"w": np.ones((4, 4), np.float32)}
+    stats, timing = vllm_sync.timed_sync(
+      lambda: tensors, dirs, 1 << 20, loaded.append
+    )
+    assert loaded == [dirs.current] and stats.bytes == 64
+    assert set(timing) == {"prepare_s", "write_s", "reload_s", "seconds"} | {
+      "bytes"
+    }
+    assert timing["seconds"] == stats.seconds >= timing["reload_s"] >= 0
+    manifest = weight_sync.CheckpointManifest.from_dir(loaded[0])
+    assert dict(manifest.specs)["w"].shape == (4, 4)
+
+  def test_failed_reload_keeps_the_dir_for_a_restart(self, tmp_path):
+    dirs = weight_sync.SyncDirs(tmp_path)
+    seen = []
+
+    def reload(path):
+      seen.append(path)
+      raise SidecarError("boom", url="u", pid=None, log_path=None, action="a")
+
+    with pytest.raises(SidecarError, match="boom"):
+      vllm_sync.timed_sync(
+        lambda: {"w": np.ones(2, np.float32)}, dirs, 64, reload
+      )
+    assert dirs.current == seen[0] and os.path.isdir(seen[0])
+
 
 @pytest.mark.skipif(
   importlib.util.find_spec("vllm") is None,
@@ -361,10 +447,8 @@ class TestSidecarConfig:
 )
 class TestServerCommand:
   def _command(self, **config):
-    sidecar = object.__new__(VLLMSidecar)
-    sidecar.config = VLLMSidecarConfig(**config)
-    sidecar.model_dir = "/ckpt"
-    return sidecar._command(4321)  # pylint: disable=protected-access
+    server = LaunchedServer("/ckpt", VLLMSidecarConfig(**config), "k", "g")
+    return server.command(4321)
 
   def test_semantics_flags(self):
     cmd = self._command()
@@ -379,17 +463,17 @@ class TestServerCommand:
     )
 
   def test_chunked_prefill_off_on_the_cpu_build(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: True)
     cmd = self._command(max_model_len=8192)
     assert "--no-enable-chunked-prefill" in cmd
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "8192"
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: False)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: False)
     cmd = self._command()
     assert not any("chunked-prefill" in a for a in cmd)
     assert "--enable-chunked-prefill" in self._command(chunked_prefill=True)
 
   def test_extra_args_win(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: True)
     cmd = self._command(extra_args=("--max-num-batched-tokens", "999"))
     assert cmd.count("--max-num-batched-tokens") == 1
     assert cmd[-2:] == ["--max-num-batched-tokens", "999"]
@@ -643,8 +727,8 @@ def stand_in(tmp_path):
 
 def _use_stand_in(monkeypatch, script):
   monkeypatch.setattr(
-    VLLMSidecar,
-    "_command",
+    LaunchedServer,
+    "command",
     lambda self, port: [sys.executable, script, str(port)],
   )
 
@@ -668,9 +752,9 @@ def _process_start(pid: int) -> str | None:
 _TRAINER = r"""
 import json, os, signal, sys, time
 from rljax.rollout import vllm_sidecar
-from rljax.rollout.vllm_sidecar import SidecarError, VLLMSidecar
+from rljax.rollout.vllm_sidecar import LaunchedServer, SidecarError, VLLMSidecar
 script, ckpt, mode = sys.argv[1:4]
-VLLMSidecar._command = lambda self, port: [sys.executable, script, str(port)]
+LaunchedServer.command = lambda self, port: [sys.executable, script, str(port)]
 sidecar = VLLMSidecar(ckpt, vllm_sidecar.VLLMSidecarConfig(
     startup_timeout_s=60))
 
@@ -695,7 +779,7 @@ def group(sidecar):
 
 pids = group(sidecar)
 os.kill(sidecar.pid, signal.SIGKILL)
-sidecar._proc.wait()
+sidecar._server.proc.wait()
 try:
   sidecar.generate([[1, 2]], vllm_sidecar.SamplingConfig(max_new_tokens=1))
   raise AssertionError("a sidecar without its guard was usable")
@@ -754,7 +838,7 @@ class TestNoEngineOutlivesItsTrainer:
     first = sidecar.pid
     # The guard dies alone: its server and engine stay in its group.
     os.kill(first, signal.SIGKILL)
-    sidecar._proc.wait()  # pylint: disable=protected-access
+    sidecar._server.proc.wait()  # pylint: disable=protected-access
     sidecar.restart()
     second = sidecar.pid
     assert second != first
@@ -782,15 +866,17 @@ class TestLocalSurface:
       VLLMSidecar(ckpt, VLLMSidecarConfig()) as a,
       VLLMSidecar(ckpt, VLLMSidecarConfig()) as b,
     ):
-      keys = [s._api_key for s in (a, b)]  # pylint: disable=protected-access
+      keys = [s.api_key for s in (a, b)]
       assert keys[0] != keys[1] and all(len(k) >= 32 for k in keys)
       with open(f"/proc/{a.pid}/cmdline", "rb") as f:  # the guard's argv
         assert keys[0].encode() not in f.read()
-      with pytest.raises(vllm_client.VLLMRequestError, match="HTTP 401"):
-        vllm_client.VLLMClient(a.url).models()
-      with pytest.raises(vllm_client.VLLMRequestError, match="HTTP 401"):
-        vllm_client.VLLMClient(a.url, api_key=keys[1]).collective_rpc("x")
-      assert "api_key" not in repr(a.config) and keys[0] not in repr(a._client)  # pylint: disable=protected-access
+      with pytest.raises(vllm_api.VLLMRequestError, match="HTTP 401"):
+        vllm_api.VLLMClient(a.url).models()
+      with pytest.raises(vllm_api.VLLMRequestError, match="HTTP 401"):
+        vllm_api.VLLMClient(a.url, api_key=keys[1]).collective_rpc("x")
+      assert "api_key" not in repr(a.config) and keys[0] not in repr(
+        a._client.http
+      )  # pylint: disable=protected-access
       # Two sidecars: two log files, each in an owner-only dir of its own.
       assert a.log_path != b.log_path
       for s in (a, b):
@@ -895,20 +981,18 @@ class TestBearerTokenMiddleware:
 
 class TestBatchInvariantOption:
   def _env(self, **config):
-    sidecar = object.__new__(VLLMSidecar)
-    sidecar.config = VLLMSidecarConfig(**config)
-    sidecar._api_key = "k"  # pylint: disable=protected-access
-    return sidecar._environment()  # pylint: disable=protected-access
+    server = LaunchedServer("/ckpt", VLLMSidecarConfig(**config), "k", "g")
+    return server.environment()
 
   def test_sets_vllm_batch_invariant_on_gpu_builds(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: False)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: False)
     assert self._env(batch_invariant=True)["VLLM_BATCH_INVARIANT"] == "1"
     assert "VLLM_BATCH_INVARIANT" not in self._env() or os.environ.get(
       "VLLM_BATCH_INVARIANT"
     )
 
   def test_refused_on_the_cpu_build(self, monkeypatch):
-    monkeypatch.setattr(vllm_sidecar_impl, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_process, "is_cpu_build", lambda: True)
     with pytest.raises(ValueError, match=r"batch_invariant=True.*CPU build"):
       self._env(batch_invariant=True)
 

@@ -111,7 +111,7 @@ def main(argv) -> None:
     if cfg.pipelined:
       trainer.run()  # (its steps are not printed one by one)
     else:
-      trainer.sync()
+      trainer.actor.sync(trainer.policy_params(), trainer.step_num)
       while trainer.step_num < cfg.steps:
         trainer.train_step()
         print(f"[worker] step {trainer.step_num}", flush=True)

@@ -50,7 +50,9 @@ def test_select_takes_kept_groups_first_then_pads_with_dropped():
       np.array([True, False]),
     ),
   ]
-  rb, valid, rewards, comps, kept, dropped = collect.select(rounds, 3)
+  out = collect.select(rounds, 3)
+  rb, valid, rewards, comps = out.batch, out.valid, out.rewards, out.components
+  kept, dropped = out.kept_groups, out.dropped_groups
   assert rb.prompt_ids == [[1], [10], [0]]  # kept in order, then a filler
   np.testing.assert_array_equal(valid, [1, 1, 1, 1, 0, 0])
   np.testing.assert_array_equal(rewards, [1.0, 0.0, 1.0, 0.0, 0.0, 0.0])

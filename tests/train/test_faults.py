@@ -27,7 +27,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rljax.train import checkpoint as ckpt_lib
-from rljax.train import loop as loop_lib
+from rljax.train import guard
 from rljax.train import testing
 from rljax.train import rundir as rundir_lib
 from rljax.train import update as update_lib
@@ -450,8 +450,8 @@ def test_nan_weights_reach_neither_a_checkpoint_nor_the_engine(tmp_path):
   object.__setattr__(cfg, "adam_b2", 1.0)  # frozen dataclass: bypass checks
   trainer = make_trainer(cfg)
   try:
-    trainer.sync()
-    with pytest.raises(loop_lib.NonFiniteError, match="not applied"):
+    trainer.actor.sync(trainer.policy_params(), trainer.step_num)
+    with pytest.raises(guard.NonFiniteError, match="not applied"):
       trainer.train_step()
     assert bool(update_lib.all_finite(trainer.state))
     assert trainer.checkpointer.all_steps() == []
@@ -460,10 +460,10 @@ def test_nan_weights_reach_neither_a_checkpoint_nor_the_engine(tmp_path):
       params=jax.tree.map(lambda x: x * jnp.nan, trainer.state.params)
     )
     trainer.state = nan_state
-    with pytest.raises(loop_lib.NonFiniteError):
-      trainer.rollout_params()
-    with pytest.raises(loop_lib.NonFiniteError):
-      trainer._save(1, {})  # pylint: disable=protected-access
+    with pytest.raises(guard.NonFiniteError):
+      trainer.actor.prepare(trainer.policy_params(), trainer.step_num)
+    with pytest.raises(guard.NonFiniteError):
+      ckpt_lib.save_step(trainer.checkpointer, 1, trainer.state, {})
     assert trainer.checkpointer.all_steps() == []
   finally:
     trainer.close()

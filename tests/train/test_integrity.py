@@ -15,6 +15,8 @@ import pytest
 from rljax import data as data_lib
 from rljax import models, quant
 from rljax.train import batch as batch_lib
+from rljax.train import build_batch as build_batch_lib
+from rljax.train import export as export_lib
 from rljax.train import loop as loop_lib
 from rljax.train import testing
 from rljax.train.config import apply_preset
@@ -75,6 +77,21 @@ def _config(algorithm, tmp_path, **kw):
   return apply_preset(algorithm, **base)
 
 
+def _collect_and_build(trainer, step=1):
+  """Step `step`'s rollout and the batch built from it, as train_step does."""
+  rollout = trainer.collector.collect(step)
+  out, _ = build_batch_lib.make_batch(
+    trainer.cfg,
+    trainer.spec,
+    rollout,
+    trainer.pad_id,
+    trainer.policy_params,
+    trainer.ref_params,
+    trainer.state.critic_params,
+  )
+  return rollout.batch, rollout.valid, rollout.rewards, out
+
+
 def _trainer(cfg, plan=()):
   tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.seed)
@@ -90,7 +107,8 @@ def _trainer(cfg, plan=()):
     plan=plan,
   )
   trainer = loop_lib.Trainer(cfg, task=task, show_progress=False)
-  trainer.sync()  # what `run` does first: the engine gets θ
+  # What `run` does first: the engine gets θ.
+  trainer.actor.sync(trainer.policy_params(), trainer.step_num)
   return trainer
 
 
@@ -154,8 +172,7 @@ def test_dapo_trainer_penalizes_a_too_long_response(tmp_path):
   cfg = _config("dapo", tmp_path, max_new_tokens=10, advantage="reinforce")
   trainer = _trainer(cfg)
   try:
-    rb, valid, rewards, _ = trainer._collect(1)
-    out, _ = trainer._build_batch(rb, valid, rewards)
+    rb, valid, rewards, out = _collect_and_build(trainer)
   finally:
     trainer.close()
   lengths = rb.response_lengths
@@ -170,14 +187,16 @@ def test_dapo_trainer_penalizes_a_too_long_response(tmp_path):
 
 
 def _spy_build_batch(trainer):
+  """What the step's batch is built from: the collected rollout."""
   seen = {}
-  real = trainer._build_batch
+  real = trainer.collector.collect
 
-  def spy(rb, valid, rewards):
-    seen.update(rb=rb, valid=valid, rewards=rewards)
-    return real(rb, valid, rewards)
+  def spy(step):
+    out = real(step)
+    seen.update(rb=out.batch, valid=out.valid, rewards=out.rewards)
+    return out
 
-  trainer._build_batch = spy
+  trainer.collector.collect = spy
   return seen
 
 
@@ -294,8 +313,7 @@ def test_kl_reward_penalty_uses_k3_for_outcome_rewards(tmp_path):
   trainer = _trainer(cfg)
   try:
     trainer.ref_params = _other_reference(trainer)
-    rb, valid, rewards, _ = trainer._collect(1)
-    out, _ = trainer._build_batch(rb, valid, rewards)
+    rb, valid, rewards, out = _collect_and_build(trainer)
     logp = _logp(trainer, trainer.policy_params(), out)
     ref = _logp(trainer, trainer.ref_params, out)
   finally:
@@ -328,8 +346,7 @@ def test_kl_reward_penalty_uses_k3_per_token_with_a_critic(tmp_path):
   trainer = _trainer(cfg)
   try:
     trainer.ref_params = _other_reference(trainer)
-    rb, valid, rewards, _ = trainer._collect(1)
-    out, _ = trainer._build_batch(rb, valid, rewards)
+    rb, valid, rewards, out = _collect_and_build(trainer)
     logp = _logp(trainer, trainer.policy_params(), out)
     ref = _logp(trainer, trainer.ref_params, out)
   finally:
@@ -396,7 +413,8 @@ def test_uaq_fold_train_export_reload_gives_the_trained_function(tmp_path):
     row = trainer.train_step()
     assert row["applied"] == 1.0
     trained = jax.tree.map(np.asarray, trainer.policy_params())
-    trainer.export_policy(str(tmp_path / "hf"), dtype="float32")
+    # From the run directory: the step's checkpoint, UAQ unfolded.
+    export_lib.export_run(cfg.run_dir, str(tmp_path / "hf"), dtype="float32")
     config = trainer.model_config
   finally:
     trainer.close()

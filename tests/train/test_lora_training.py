@@ -12,6 +12,7 @@ import pytest
 
 from rljax import models, quant
 from rljax.models import lora as lora_lib
+from rljax.train import export as export_lib
 from tests.train.test_trainer import make_trainer, small_config
 
 
@@ -67,8 +68,17 @@ def test_lora_grpo_run(tmp_path):
       for x in jax.tree.leaves(trainer.state.opt_state)
     )
 
-    trainer.export_policy(str(tmp_path / "hf"))
-    trainer.export_adapter(str(tmp_path / "adapter"))
+    # The merged policy from the run directory (restore_policy: adapters
+    # merged into the folded base, then UAQ unfolded).
+    export_lib.export_run(trainer.cfg.run_dir, str(tmp_path / "hf"))
+    export_lib.export_adapter(
+      trainer.model_config,
+      trainer.lora,
+      trainer.state.params,
+      str(tmp_path / "adapter"),
+      trainer.cfg.model,
+      trainer.uaq_scale,
+    )
     merged = jax.tree.map(np.asarray, trainer.policy_params())
   finally:
     trainer.close()

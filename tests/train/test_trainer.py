@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from rljax import data as data_lib
+from rljax.train import build_batch as build_batch_lib
+from rljax.train import guard
 from rljax.train import loop as loop_lib
 from rljax.train import testing
 from rljax.train.config import ALGORITHMS, apply_preset
@@ -112,7 +114,7 @@ def test_killed_run_resumes_to_the_same_next_step(tmp_path):
     full.close()
   # The same run, "killed" after step 3: its object is dropped mid-run.
   killed = make_trainer(small_config("grpo", killed_dir, steps=4))
-  killed.sync()
+  killed.actor.sync(killed.policy_params(), killed.step_num)
   for _ in range(3):
     killed.train_step()
   killed.close()
@@ -161,16 +163,16 @@ def test_pipelined_rollouts_are_one_step_stale(tmp_path):
 
 def test_nan_stops_the_step_and_dumps_the_batch(tmp_path, monkeypatch):
   trainer = make_trainer(small_config("grpo", tmp_path, steps=1))
-  original = trainer._build_batch
+  original = build_batch_lib.make_batch
 
-  def poisoned(*args):
-    batch, metrics = original(*args)
+  def poisoned(*args, **kwargs):
+    batch, metrics = original(*args, **kwargs)
     batch["advantages"] = batch["advantages"] * np.nan
     return batch, metrics
 
-  monkeypatch.setattr(trainer, "_build_batch", poisoned)
-  trainer.sync()
-  with pytest.raises(loop_lib.NonFiniteError, match="loss"):
+  monkeypatch.setattr(build_batch_lib, "make_batch", poisoned)
+  trainer.actor.sync(trainer.policy_params(), trainer.step_num)
+  with pytest.raises(guard.NonFiniteError, match="loss"):
     trainer.train_step()
   trainer.close()
   dumped = os.path.join(str(tmp_path), "debug_step1", "metrics.json")

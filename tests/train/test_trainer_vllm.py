@@ -49,8 +49,8 @@ def test_vllm_int8_rollouts_train_and_survive_a_killed_sidecar(tmp_path):
     # After step 1's rollout, kill the server: the sync that follows step 1's
     # update must find it dead, restart it and carry on.
     if not killed:
-      killed.append(trainer.engine.pid)
-      os.kill(trainer.engine.pid, signal.SIGKILL)
+      killed.append(trainer.actor.engine.pid)
+      os.kill(trainer.actor.engine.pid, signal.SIGKILL)
     return real_score(completions, examples, n)
 
   trainer.task.score = score_then_kill

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
-from typing import Any, Mapping
+from typing import Mapping
 
+from rljax.core import _validation as v
 from rljax.rollout.base import EngineFailure
 
 
@@ -51,11 +53,40 @@ class SidecarError(EngineFailure):
     self.url, self.pid, self.log_path, self.action = url, pid, log_path, action
 
 
-def _check_positive(name: str, value: Any, kind=(int, float)) -> None:
-  if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
-    raise ValueError(
-      f"VLLMSidecarConfig.{name}={value!r}; expected a positive number"
-    )
+_POSITIVE_INT = v.expect(
+  v.all_of(v.is_int, v.in_range(0, math.inf, lo_open=True)), "a positive int"
+)
+_POSITIVE = v.expect(
+  v.all_of(v.is_real, v.in_range(0, math.inf, lo_open=True)),
+  "a positive number",
+)
+# (field, rule) in check order; every failure is a ValueError.
+_FIELD_RULES = (
+  ("host", v.expect(v.non_empty_str, "a host name or IP address")),
+  (
+    "port",
+    v.expect(
+      v.all_of(v.is_int, v.in_range(0, 65535)),
+      "0 (a free port) or a port number < 65536",
+    ),
+  ),
+  ("served_model_name", v.non_empty_str),
+  ("max_model_len", _POSITIVE_INT),
+  ("tensor_parallel_size", _POSITIVE_INT),
+  ("shard_bytes", _POSITIVE_INT),
+  ("max_concurrent_requests", _POSITIVE_INT),
+  ("cpu_kvcache_gib", _POSITIVE),
+  ("startup_timeout_s", _POSITIVE),
+  ("request_timeout_s", _POSITIVE),
+  ("sync_timeout_s", _POSITIVE),
+  (
+    "gpu_memory_utilization",
+    v.expect(
+      v.all_of(v.is_real, v.in_range(0.0, 1.0, lo_open=True)),
+      "a fraction in (0, 1]",
+    ),
+  ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,45 +180,8 @@ class VLLMSidecarConfig:
   api_key: str | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
-    if not isinstance(self.host, str) or not self.host:
-      raise ValueError(
-        f"VLLMSidecarConfig.host={self.host!r}; expected a "
-        "host name or IP address"
-      )
-    if (
-      isinstance(self.port, bool)
-      or not isinstance(self.port, int)
-      or not (0 <= self.port < 65536)
-    ):
-      raise ValueError(
-        f"VLLMSidecarConfig.port={self.port!r}; expected 0 (a "
-        "free port) or a port number < 65536"
-      )
-    name = self.served_model_name
-    if not isinstance(name, str) or not name:
-      raise ValueError(
-        "VLLMSidecarConfig.served_model_name="
-        f"{self.served_model_name!r}; expected a non-empty str"
-      )
-    for name in (
-      "max_model_len",
-      "tensor_parallel_size",
-      "shard_bytes",
-      "max_concurrent_requests",
-    ):
-      _check_positive(name, getattr(self, name), int)
-    for name in (
-      "cpu_kvcache_gib",
-      "startup_timeout_s",
-      "request_timeout_s",
-      "sync_timeout_s",
-    ):
-      _check_positive(name, getattr(self, name))
-    if not 0.0 < self.gpu_memory_utilization <= 1.0:
-      raise ValueError(
-        "VLLMSidecarConfig.gpu_memory_utilization="
-        f"{self.gpu_memory_utilization}; expected a fraction in (0, 1]"
-      )
+    for name, rule in _FIELD_RULES:
+      v.check_field("VLLMSidecarConfig", name, getattr(self, name), rule)
     if isinstance(self.extra_args, str) or not all(
       isinstance(a, str) for a in self.extra_args
     ):
@@ -210,6 +204,7 @@ class VLLMSidecarConfig:
         "(name, value) string pairs"
       )
     object.__setattr__(self, "env", env)
+    # Not check_field: the message must not quote a secret.
     if self.api_key is not None and (
       not isinstance(self.api_key, str) or not self.api_key.strip()
     ):

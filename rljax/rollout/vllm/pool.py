@@ -1,5 +1,4 @@
-"""`VLLMSidecarPool` (one rollout over several sidecars) and
-`engine_for_model`, which exports a model and starts its engine."""
+"""`VLLMSidecarPool`: one rollout over several sidecars."""
 
 from __future__ import annotations
 
@@ -15,11 +14,9 @@ from rljax.rollout.base import RolloutBatch
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.base import SyncStats
 from rljax.rollout.base import check_prompts
-from rljax.rollout.vllm.config import VLLMSidecarConfig
-from rljax.rollout.vllm.process import is_cpu_build
+from rljax.rollout.vllm.client import to_batch
 from rljax.rollout.vllm.sidecar import VLLMSidecar
-from rljax.rollout.vllm.sidecar import _to_batch
-from rljax.rollout.vllm.sync import write_sync_dir
+from rljax.rollout.vllm.sync import timed_sync
 
 
 class VLLMSidecarPool:
@@ -97,30 +94,21 @@ class VLLMSidecarPool:
     start = time.perf_counter()
     chunks = self._run_all(calls)
     rows = [row for chunk in chunks for row in chunk]
-    return _to_batch(prompts, rows, sampling, time.perf_counter() - start)
+    return to_batch(prompts, rows, sampling, time.perf_counter() - start)
 
   def update_weights(
     self, params: Any, quant_mode: str | None = None
   ) -> SyncStats:
     """Converts and writes once, then every sidecar reloads concurrently."""
-    start = time.perf_counter()
-    tensors = self.sidecars[0].prepare_weights(params, quant_mode)
-    prepared = time.perf_counter()
-    path, nbytes = write_sync_dir(self._sync_dirs, tensors, self.shard_bytes)
-    written = time.perf_counter()
-    try:
-      self._run_all([(s.load_weights_dir, (path,)) for s in self.sidecars])
-    finally:
-      self._sync_dirs.commit(path)
-    end = time.perf_counter()
-    self.last_sync_timing = {
-      "prepare_s": prepared - start,
-      "write_s": written - prepared,
-      "reload_s": end - written,
-      "seconds": end - start,
-      "bytes": nbytes,
-    }
-    return SyncStats(seconds=end - start, bytes=nbytes)
+    stats, self.last_sync_timing = timed_sync(
+      lambda: self.sidecars[0].prepare_weights(params, quant_mode),
+      self._sync_dirs,
+      self.shard_bytes,
+      lambda path: self._run_all(
+        [(s.load_weights_dir, (path,)) for s in self.sidecars]
+      ),
+    )
+    return stats
 
   def restart(self) -> None:
     """`VLLMSidecar.restart` for the pool: relaunches the members that are
@@ -144,55 +132,3 @@ class VLLMSidecarPool:
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-def engine_for_model(
-  model_config: Any,
-  params: Any,
-  out_dir: str,
-  quant: str = "none",
-  tokenizer: Any = None,
-  urls: str = "",
-  config: VLLMSidecarConfig | None = None,
-):
-  """A vLLM engine (one sidecar, or a pool over `urls`) serving `params`.
-
-  Writes the starting checkpoint to `out_dir`: bf16 for "none"/"bf16", the
-  INT8 W8A8 compressed-tensors export for "int8", FP8 for "fp8" (CUDA only).
-  The trainer then pushes the weights it quantized at every sync.
-  """
-  from rljax import models
-
-  if quant in ("none", "bf16", "f32"):
-    models.save_hf(
-      model_config, params, out_dir, tokenizer=tokenizer, dtype="bfloat16"
-    )
-  elif quant == "int8":
-    models.export_compressed_tensors_int8(
-      model_config, params, out_dir, tokenizer=tokenizer
-    )
-  elif quant == "fp8":
-    if is_cpu_build():
-      raise ValueError(
-        "quant='fp8' with engine='vllm' needs CUDA: vLLM's CPU "
-        "build has no FP8 kernels; use --engine=jax (FP8 "
-        "emulation) or --rollout_quant=int8"
-      )
-    models.export_compressed_tensors_fp8(
-      model_config, params, out_dir, tokenizer=tokenizer
-    )
-  else:
-    raise ValueError(
-      f"quant={quant!r} is not supported by the vLLM engine; "
-      "expected one of ('none', 'bf16', 'int8', 'fp8')"
-    )
-  if urls:
-    sidecars = [
-      VLLMSidecar.attach(
-        u.strip(), model_dir=out_dir, config=config, model_config=model_config
-      )
-      for u in urls.split(",")
-      if u.strip()
-    ]
-    return sidecars[0] if len(sidecars) == 1 else VLLMSidecarPool(sidecars)
-  return VLLMSidecar(out_dir, config, model_config=model_config)

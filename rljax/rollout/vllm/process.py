@@ -1,8 +1,10 @@
-"""vLLM server processes: launch command, guard, log parsing, shutdown.
+"""vLLM server processes: the one a sidecar launched, or one it attached to.
 
-A guard process leads each server's process group so that no engine
-outlives its trainer; `summarize_log` turns a server log into the lines an
-error message quotes.
+`LaunchedServer` builds the server's command line and environment, starts
+it under the guard (`guard.py`) on a free port, keeps its log file, reads
+the log's root causes for error messages, and stops its whole process
+group. `Server` answers the same questions for a server someone else runs.
+Both build the `SidecarError` that names the server and quotes its log.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ import importlib.metadata
 import importlib.util
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
-from typing import Sequence
+import tempfile
+from typing import Any, Callable, Sequence
 
-from rljax.rollout import weight_sync
+from rljax.rollout.vllm import guard
+from rljax.rollout.vllm.config import SidecarError
+from rljax.rollout.vllm.config import VLLMSidecarConfig
 
 
 # Server entry points, newest first (0.32 moved the OpenAI server's main; the
@@ -52,83 +55,6 @@ EXTENSION_CLASS = "rljax_vllm_ext.RljaxWorkerExtension"
 # Bearer-token check on every route of a launched server (vLLM 0.32's
 # --api-key leaves the dev routes open): third_party/vllm_ext/rljax_vllm_auth.py
 AUTH_MIDDLEWARE = "rljax_vllm_auth.BearerTokenMiddleware"
-
-
-# A tiny parent of the server, leader of its process group (= session). Three
-# ways an engine could outlive its trainer, and what stops it:
-#   * the trainer dies without close() (SIGKILL, OOM): the guard polls its
-#     parent pid and stops the group (polling, not PR_SET_PDEATHSIG: that
-#     signal fires when the *thread* that forked the guard exits, and the
-#     trainer may restart a sidecar from a worker thread);
-#   * the guard dies (SIGKILL, e.g. a test or an OOM killer picking it): the
-#     server has PR_SET_PDEATHSIG=SIGTERM (set in the forked child, which is
-#     single-threaded, so the thread caveat does not apply) and shuts down
-#     with its engine processes; the trainer's close()/restart() also signals
-#     whatever is left in the group, whether or not its leader still runs;
-#   * the server crashes: the guard stops the rest of the group (engine core,
-#     workers) and exits with the server's exit code.
-# Members that ignore SIGTERM for `grace` seconds get SIGKILL. Sync dirs are
-# deleted only when the trainer is gone (a live trainer's restart() re-reads
-# the last one).
-_GUARD_SOURCE = r"""
-
-import ctypes, glob, os, shutil, signal, subprocess, sys, time
-trainer, sync_glob, command = int(sys.argv[1]), sys.argv[2], sys.argv[4:]
-guard, group, grace = os.getpid(), os.getpgrp(), 30.0
-# Survive the SIGTERM sent to the whole group; the server (whose exec resets
-# this handler) stops, and the loop below then exits.
-signal.signal(signal.SIGTERM, lambda *_: None)
-signal.signal(signal.SIGINT, lambda *_: None)
-
-def die_with_guard():
-  try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PDEATHSIG
-  except (OSError, AttributeError):
-    pass
-  if os.getppid() != guard:  # the guard died before prctl
-    os.kill(os.getpid(), signal.SIGTERM)
-
-def members():
-  found = []
-  for entry in os.listdir("/proc"):
-    if entry.isdigit() and int(entry) != guard:
-      try:
-        with open("/proc/%s/stat" % entry) as f:
-          fields = f.read().rsplit(")", 1)[1].split()
-      except OSError:
-        continue
-      if fields[0] != "Z" and int(fields[2]) == group:
-        found.append(int(entry))
-  return found
-
-def stop_group():
-  os.killpg(group, signal.SIGTERM)
-  deadline = time.monotonic() + grace
-  while members() and time.monotonic() < deadline:
-    server.poll()
-    time.sleep(0.2)
-  for pid in members():
-    try:
-      os.kill(pid, signal.SIGKILL)
-    except OSError:
-      pass
-  server.poll()
-
-server = subprocess.Popen(command, preexec_fn=die_with_guard)
-while server.poll() is None:
-  if os.getppid() != trainer:
-    print("[rljax guard] trainer process", trainer, "is gone: stopping the "
-          "vLLM server", flush=True)
-    stop_group()
-    for path in glob.glob(sync_glob):
-      shutil.rmtree(path, ignore_errors=True)
-    sys.exit(1)
-  time.sleep(0.5)
-# Engine-core / worker processes that outlive a crashed server go too.
-stop_group()
-sys.exit(server.returncode if server.returncode >= 0 else
-         128 - server.returncode)
-"""
 
 
 def vllm_version() -> str | None:
@@ -172,25 +98,6 @@ def server_module() -> str:
   )
 
 
-def guarded_command(
-  command: Sequence[str], trainer_pid: int, sync_glob: str
-) -> list[str]:
-  """argv that runs command under the guard (see `_GUARD_SOURCE`).
-
-  Start it with `start_new_session=True`: the guard must lead the process
-  group that it cleans up.
-  """
-  return [
-    sys.executable,
-    "-c",
-    _GUARD_SOURCE,
-    str(int(trainer_pid)),
-    sync_glob,
-    "--",
-    *command,
-  ]
-
-
 # "(Worker pid=9) ERROR 11-21 06:18:49 [file.py:10] message"
 _LOG_PREFIX = re.compile(
   r"^\([^)]*\) (?:ERROR|WARNING|INFO) \S+ \S+ \[[^\]]*\] "
@@ -225,71 +132,270 @@ def _free_port(host: str) -> int:
     return s.getsockname()[1]
 
 
-def group_members(pgid: int) -> list[int] | None:
-  """Live (non-zombie) processes in process group pgid; None without /proc.
+class Server:
+  """A vLLM server at a URL that this process did not start (attached).
 
-  A pid is not reused while a process group with that id has members
-  (POSIX), so signalling a group found non-empty here cannot hit a stranger.
+  What a sidecar asks of its server's process, answered for a server that
+  someone else runs: nothing to start or stop, no log to quote.
+  `LaunchedServer` answers it for a server the sidecar runs itself.
+
+  Attributes:
+    url: http://host:port of the server.
+    proc: the process leading the server's group (launched servers).
+    log_path: the server's log file (launched servers).
+    launched: every process this object ever started; `guard.shutdown`
+      stops them all.
   """
-  if not os.path.isdir("/proc"):
-    return None
-  found = []
-  for entry in os.listdir("/proc"):
-    if not entry.isdigit():
-      continue
-    try:
-      with open(f"/proc/{entry}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-      continue
-    if fields[0] != "Z" and int(fields[2]) == pgid:
-      found.append(int(entry))
-  return found
+
+  def __init__(self, url: str):
+    self.url = url.rstrip("/")
+    self.proc: subprocess.Popen | None = None
+    self.log_path: str | None = None
+    self.launched: list[subprocess.Popen] = []
+
+  @property
+  def pid(self) -> int | None:
+    return self.proc.pid if self.proc is not None else None
+
+  def describe(self) -> str:
+    return f"{self.url} (attached)"
+
+  def exited(self) -> bool:
+    """True when a launched server's process is no longer running."""
+    return self.proc is not None and self.proc.poll() is not None
+
+  def log_tail(self) -> str:
+    return ""
+
+  def start(self, connect: Callable[[], None]) -> None:
+    """Waits for the server to answer: `connect()` checks it, raising
+    `SidecarError`."""
+    connect()
+
+  def stop(self) -> None:
+    """An attached server keeps running."""
+
+  def failure(self, action: str, cause: Any) -> SidecarError:
+    """The error of `action` failing: names the server (URL, pid, log
+    file), the process's exit code and the root causes in its log."""
+    parts = [f"vLLM sidecar {self.describe()} failed while {action}: {cause}"]
+    if self.exited():
+      parts.append(f"its process exited with code {self.proc.returncode}")
+    tail = self.log_tail()
+    if tail:
+      parts.append(f"last log lines:\n{tail}")
+    if self.log_path:
+      parts.append(f"full log: {self.log_path}")
+    return SidecarError(
+      "\n".join(parts),
+      url=self.url,
+      pid=self.pid,
+      log_path=self.log_path,
+      action=action,
+    )
 
 
-def _kill_process_group(
-  proc: subprocess.Popen | None, grace_s: float = 20.0
-) -> None:
-  """SIGTERM to the server's process group (guard, API server, engine core,
-  workers), SIGKILL to what is left after grace_s; then reaps the guard.
+class LaunchedServer(Server):
+  """A vLLM server this process launches on a checkpoint and supervises.
 
-  The group is signalled even when its leader (the guard) has exited: a
-  guard killed by SIGKILL leaves the server and its engine in the group.
+  The server runs under the guard in a process group of its own, logs to
+  one owner-only file kept across restarts, and every route but /health
+  needs `api_key` (given in its environment, never on its command line).
   """
-  if proc is None:
-    return
-  members = group_members(proc.pid)
-  if members is None:  # no /proc: only the leader's liveness is known
-    alive = proc.poll() is None
-  else:
-    alive = bool(members)
-  if alive:
-    try:
-      os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-      pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-      proc.poll()  # reap the guard, or it stays a member (a zombie)
-      left = group_members(proc.pid)
-      if (not left) if left is not None else proc.poll() is not None:
-        break
-      time.sleep(0.1)
-    else:
+
+  def __init__(
+    self,
+    model_dir: str,
+    config: VLLMSidecarConfig,
+    api_key: str,
+    sync_glob: str,
+  ):
+    """A server not started yet (see `start`).
+
+    Args:
+      model_dir: the HF checkpoint dir the server starts from.
+      config: launch settings.
+      api_key: the bearer token the server will require.
+      sync_glob: the sidecar's sync dirs, which the guard deletes when the
+        trainer dies.
+    """
+    super().__init__(f"http://{config.host}:{config.port}")
+    self.model_dir, self.config = model_dir, config
+    self._api_key, self._sync_glob = api_key, sync_glob
+    self._log_dir: str | None = None
+    self._launches = 0
+
+  def describe(self) -> str:
+    return f"{self.url} (pid {self.pid}, log {self.log_path})"
+
+  def command(self, port: int) -> list[str]:
+    """The `vllm serve` argv (without the guard)."""
+    cfg = self.config
+    cmd = [
+      sys.executable,
+      "-m",
+      server_module(),
+      "--model",
+      self.model_dir,
+      "--host",
+      cfg.host,
+      "--port",
+      str(port),
+      "--served-model-name",
+      cfg.served_model_name,
+      "--max-model-len",
+      str(cfg.max_model_len),
+      "--gpu-memory-utilization",
+      str(cfg.gpu_memory_utilization),
+      "--tensor-parallel-size",
+      str(cfg.tensor_parallel_size),
+      "--seed",
+      str(cfg.seed),
+      # behav_logp must be of the distribution sampled from (after
+      # temperature / top-k / top-p), not of the raw logits.
+      "--logprobs-mode",
+      "processed_logprobs",
+      # The checkpoint's generation_config.json must not change sampling.
+      "--generation-config",
+      "vllm",
+      "--disable-uvicorn-access-log",
+      # Every route but /health needs the per-run key (VLLM_API_KEY).
+      "--middleware",
+      AUTH_MIDDLEWARE,
+    ]
+    if cfg.enforce_eager:
+      cmd.append("--enforce-eager")
+    if cfg.worker_extension:
+      cmd += ["--worker-extension-cls", EXTENSION_CLASS]
+    chunked = (
+      (not is_cpu_build())
+      if cfg.chunked_prefill is None
+      else (cfg.chunked_prefill)
+    )
+    if not chunked and not any("chunked-prefill" in a for a in cfg.extra_args):
+      cmd.append("--no-enable-chunked-prefill")
+      if not any(
+        a.startswith("--max-num-batched-tokens") for a in cfg.extra_args
+      ):
+        cmd += ["--max-num-batched-tokens", str(max(cfg.max_model_len, 4096))]
+    elif cfg.chunked_prefill and not any(
+      "chunked-prefill" in a for a in cfg.extra_args
+    ):
+      cmd.append("--enable-chunked-prefill")
+    return cmd + list(cfg.extra_args)
+
+  def environment(self) -> dict[str, str]:
+    """The server's environment: this one, plus dev routes, the KV cache
+    size, rljax's server modules on PYTHONPATH, config.env and the key."""
+    env = dict(os.environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.config.cpu_kvcache_gib:g}")
+    if not os.path.isfile(os.path.join(EXTENSION_DIR, "rljax_vllm_auth.py")):
+      raise FileNotFoundError(
+        f"VLLMSidecar: rljax's server modules are not in {EXTENSION_DIR!r} "
+        "(they ship in the rljax repository, third_party/vllm_ext); use a "
+        "source checkout"
+      )
+    if self.config.worker_extension and not os.path.isdir(
+      os.path.join(EXTENSION_DIR, "rljax_vllm_ext")
+    ):
+      raise FileNotFoundError(
+        f"VLLMSidecar: the worker extension is not at {EXTENSION_DIR!r} "
+        "(it ships in the rljax repository, third_party/vllm_ext); use a "
+        "source checkout or pass VLLMSidecarConfig(worker_extension=False)"
+      )
+    env["PYTHONPATH"] = os.pathsep.join(
+      p for p in (EXTENSION_DIR, env.get("PYTHONPATH")) if p
+    )
+    if self.config.batch_invariant:
+      if is_cpu_build():
+        raise ValueError(
+          "VLLMSidecarConfig.batch_invariant=True, but the installed vLLM "
+          f"({vllm_version()}) is its CPU build: vLLM's batch-invariant "
+          "mode needs an NVIDIA (sm80+), AMD Instinct or Intel XPU GPU; "
+          "expected batch_invariant=False on CPU"
+        )
+      env["VLLM_BATCH_INVARIANT"] = "1"
+    env.update(dict(self.config.env))
+    # After config.env: the key must be the one the client sends. vLLM
+    # checks it on /v1/*, rljax_vllm_auth on every other route.
+    env["VLLM_API_KEY"] = self._api_key
+    return env
+
+  def start(self, connect: Callable[[], None]) -> None:
+    """Launches the server and runs `connect()` (wait until healthy, check
+    it) until it passes; a port taken meanwhile is retried on another free
+    port (config.port 0). On failure the server's group is stopped and
+    connect's `SidecarError` raised."""
+    cfg = self.config
+    log_dir = self._ensure_log_dir()
+    env = self.environment()
+    attempts = 3 if cfg.port == 0 else 1
+    for attempt in range(attempts):
+      port = cfg.port or _free_port(cfg.host)
+      self.url = f"http://{cfg.host}:{port}"
+      if self.log_path is None:
+        # One file per sidecar, kept across its restarts; mkstemp: unique
+        # even for sidecars sharing a log_dir, and owner-only.
+        fd, self.log_path = tempfile.mkstemp(
+          prefix=f"vllm-sidecar-{os.getpid()}-{port}-",
+          suffix=".log",
+          dir=log_dir,
+        )
+        os.close(fd)
+      self._launches += 1
+      command = self.command(port)
+      guarded = guard.guarded_command(command, os.getpid(), self._sync_glob)
+      with open(self.log_path, "a") as log:
+        log.write(
+          f"\n=== rljax launch #{self._launches}: {' '.join(command)}\n"
+        )
+        log.flush()
+        # cwd: the log dir, never a directory that could shadow packages on
+        # the server's sys.path (`python -m` puts cwd first).
+        self.proc = subprocess.Popen(
+          guarded,
+          stdout=log,
+          stderr=subprocess.STDOUT,
+          stdin=subprocess.DEVNULL,
+          cwd=log_dir,
+          env=env,
+          start_new_session=True,
+        )
+      self.launched.append(self.proc)
       try:
-        os.killpg(proc.pid, signal.SIGKILL)
-      except (ProcessLookupError, PermissionError):
-        pass
-  try:
-    proc.wait(timeout=grace_s)
-  except subprocess.TimeoutExpired:
-    pass
+        connect()
+        return
+      except SidecarError as e:
+        port_taken = "address already in use" in self.log_tail().lower()
+        self.stop()
+        if not (port_taken and attempt + 1 < attempts):
+          raise e
 
+  def stop(self) -> None:
+    """Stops the server's whole process group (see `guard`)."""
+    guard.kill_process_group(self.proc)
 
-def _shutdown(
-  procs: list[subprocess.Popen], sync_dirs: weight_sync.SyncDirs
-) -> None:
-  """Stops every server a sidecar ever launched (restarts included)."""
-  for proc in procs:
-    _kill_process_group(proc)
-  sync_dirs.cleanup()
+  def log_tail(self) -> str:
+    """`summarize_log` of the current launch's lines of the log."""
+    if not self.log_path or not os.path.isfile(self.log_path):
+      return ""
+    with open(self.log_path, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 256 * 1024))
+      lines = f.read().decode(errors="replace").splitlines()
+    for i in range(len(lines) - 1, -1, -1):  # only this launch's lines
+      if lines[i].startswith("=== rljax launch #"):
+        lines = lines[i + 1 :]
+        break
+    return summarize_log(lines)
+
+  def _ensure_log_dir(self) -> str:
+    if self._log_dir is None:
+      if self.config.log_dir is None:
+        # Not a fixed shared dir under /tmp: a fresh owner-only one.
+        self._log_dir = tempfile.mkdtemp(prefix="rljax-vllm-logs-")
+      else:
+        self._log_dir = os.path.abspath(self.config.log_dir)
+        os.makedirs(self._log_dir, mode=0o700, exist_ok=True)
+    return self._log_dir

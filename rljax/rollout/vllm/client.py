@@ -1,0 +1,316 @@
+"""What a sidecar asks of its vLLM server over HTTP.
+
+`EngineClient` waits for the server, checks at start-up that it serves what
+the sidecar needs (the model, the dev routes, the worker extension,
+processed log-probs), fans a rollout out as one concurrent request per
+prompt, and reloads weights from a sync dir. Requests go through
+`api.VLLMClient`; failures become the `SidecarError` of the server they
+were sent to (`process.Server.failure`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from rljax.rollout.base import RolloutBatch
+from rljax.rollout.base import SamplingConfig
+from rljax.rollout.vllm.config import SidecarError
+from rljax.rollout.vllm.config import VLLMSidecarConfig
+from rljax.rollout.vllm.process import EXTENSION_CLASS
+from rljax.rollout.vllm.process import EXTENSION_DIR
+from rljax.rollout.vllm.process import Server
+from rljax.rollout.vllm.api import VLLMClient
+from rljax.rollout.vllm.api import VLLMRequestError
+from rljax.rollout.vllm.api import completion_request
+from rljax.rollout.vllm.api import parse_completion
+
+Row = tuple[list[int], np.ndarray, str]  # response ids, behav_logp, reason
+
+
+def _prompt_seed(seed: int, prompt_index: int) -> int:
+  # vLLM seeds sample j of a request with seed + j; a 32-bit hash of
+  # (seed, prompt index) keeps every (prompt, sample) stream distinct (up to
+  # ~n / 2**32 collisions) and independent of how prompts are split into
+  # requests or across sidecars.
+  state = np.random.SeedSequence([seed % (1 << 64), prompt_index])
+  return int(state.generate_state(1, np.uint32)[0])
+
+
+class EngineClient:
+  """Requests to one vLLM server on behalf of a sidecar.
+
+  Attributes:
+    http: the HTTP client (one connection per call: thread-safe).
+    broken: why the engine is unusable until restarted (a failed weight
+      reload leaves layers without data), or None.
+    has_extension: the server loaded rljax's worker extension.
+  """
+
+  def __init__(
+    self, server: Server, config: VLLMSidecarConfig, api_key: str | None
+  ):
+    self.server, self.config = server, config
+    self.http = VLLMClient(
+      server.url, config.request_timeout_s, api_key=api_key
+    )
+    self.broken: str | None = None
+    self.has_extension = False
+    self._vocab_size: int | None = None
+
+  def wait_healthy(self, deadline: float) -> None:
+    """Polls /health until `deadline` (perf_counter); stops a launched
+    server that does not come up."""
+    while True:
+      if self.server.exited():
+        raise self.server.failure("starting up", "the server process exited")
+      if self.http.is_healthy(timeout_s=5.0):
+        return
+      if time.perf_counter() > deadline:
+        self.server.stop()
+        raise self.server.failure(
+          "starting up",
+          "not healthy after "
+          f"{self.config.startup_timeout_s:.0f} s (startup_timeout_s)",
+        )
+      time.sleep(0.5)
+
+  def model_card(self) -> dict[str, Any]:
+    """The /v1/models entry of `served_model_name` (`root`, ...)."""
+    action = "checking the server after start-up"
+    try:
+      models = self.http.models()
+    except VLLMRequestError as e:
+      raise self.server.failure(action, e) from None
+    card = next(
+      (m for m in models if m.get("id") == self.config.served_model_name), None
+    )
+    if card is None:
+      raise self.server.failure(
+        action,
+        (
+          f"it serves {[m.get('id') for m in models]}, not "
+          f"{self.config.served_model_name!r} (served_model_name)"
+        ),
+      )
+    return card
+
+  def check_server(
+    self, quant_mode: str, vocab_size: int | None, attached: bool
+  ) -> None:
+    """The rest of the start-up check: the dev routes, the worker extension
+    (required on launched servers) and the log-prob mode."""
+    action = "checking the server after start-up"
+    self._vocab_size = vocab_size
+    try:
+      self.http.reset_prefix_cache(timeout_s=60)
+    except VLLMRequestError as e:
+      if e.status == 404:
+        raise self.server.failure(
+          action,
+          (
+            "it has no /reset_prefix_cache route; start it with "
+            "VLLM_SERVER_DEV_MODE=1 (weight syncs need the dev routes)"
+          ),
+        ) from None
+      raise self.server.failure(action, e) from None
+    self.has_extension = False
+    if self.config.worker_extension:
+      try:
+        self.http.collective_rpc("rljax_extension_info", timeout_s=60)
+        self.has_extension = True
+      except VLLMRequestError as e:
+        if not attached:
+          raise self.server.failure(
+            action, f"the rljax worker extension did not load: {e}"
+          ) from None
+    if quant_mode == "int8" and not self.has_extension:
+      logging.warning(
+        "vLLM sidecar %s runs an INT8 checkpoint without rljax's worker "
+        "extension (start it with PYTHONPATH=%s --worker-extension-cls %s): "
+        "on vLLM's CPU backend INT8 weight reloads then produce garbage, "
+        "which the post-sync check reports",
+        self.server.describe(),
+        EXTENSION_DIR,
+        EXTENSION_CLASS,
+      )
+    # This request also warms the server up (its first request is several
+    # times slower than the next ones).
+    self.probe(action)
+
+  def probe(self, action: str) -> None:
+    """One-token generation: finite output and processed log-probs.
+
+    With top_k=1 the distribution actually sampled from is a point mass, so
+    the processed log-prob of the sampled token is exactly 0; a raw log-prob
+    (vLLM's default mode) is log_softmax(logits) < 0.
+    """
+    probe = SamplingConfig(n=1, temperature=1.0, top_k=1, max_new_tokens=1)
+    prompt = [min(1, (self._vocab_size or 2) - 1)] * 4
+    try:
+      answer = self.http.complete(
+        completion_request(
+          self.config.served_model_name, prompt, probe, seed=0
+        ),
+        timeout_s=self.config.request_timeout_s,
+      )
+      ((_, logp, _),) = parse_completion(answer, 1)
+    except (VLLMRequestError, ValueError) as e:
+      raise self.server.failure(
+        action + " (probe generation)", _explain(e)
+      ) from None
+    if not np.isfinite(logp[0]):
+      raise self.server.failure(
+        action + " (probe generation)", f"non-finite log-prob {logp[0]}"
+      )
+    if abs(float(logp[0])) > 1e-4:
+      raise self.server.failure(
+        action,
+        (
+          f"sampled-token log-prob {float(logp[0]):.4f} under top_k=1 is not "
+          "0: the server does not return processed log-probs; run it with "
+          "--logprobs-mode processed_logprobs"
+        ),
+      )
+
+  def generate_rows(
+    self,
+    prompts: list[list[int]],
+    sampling: SamplingConfig,
+    first_index: int,
+  ) -> list[Row]:
+    """One concurrent request per prompt (vLLM batches them), seeded by the
+    prompt's global index; rows prompt-major."""
+    name = self.config.served_model_name
+    bodies = [
+      completion_request(
+        name, p, sampling, _prompt_seed(sampling.seed, first_index + i)
+      )
+      for i, p in enumerate(prompts)
+    ]
+    action = (
+      f"generating {len(prompts)} prompts x n={sampling.n}, "
+      f"max_new_tokens={sampling.max_new_tokens}"
+    )
+    if self.config.fresh_prefix_cache:
+      try:
+        # False (nothing reset) while another client's requests hold
+        # blocks: harmless, this call just may reuse their cache.
+        self.http.reset_prefix_cache(timeout_s=60)
+      except VLLMRequestError as e:
+        raise self.server.failure(action, _explain(e)) from None
+    workers = min(len(bodies), self.config.max_concurrent_requests)
+    results: list[Any] = [None] * len(bodies)
+    pool = concurrent.futures.ThreadPoolExecutor(
+      max_workers=max(workers, 1), thread_name_prefix="vllm-request"
+    )
+    try:
+      futures = {
+        pool.submit(self.http.complete, body): i
+        for i, body in enumerate(bodies)
+      }
+      done = concurrent.futures.as_completed(futures)
+      if self.config.show_progress:
+        import tqdm  # pylint: disable=g-import-not-at-top
+
+        done = tqdm.tqdm(
+          done, total=len(futures), desc="vllm rollout", unit="prompt"
+        )
+      for future in done:
+        i = futures[future]
+        try:
+          results[i] = parse_completion(future.result(), sampling.n)
+        except VLLMRequestError as e:
+          explained = _explain(e)
+          if (
+            e.status is not None
+            and 400 <= e.status < 500
+            and explained == str(e)
+          ):
+            raise ValueError(
+              f"vLLM sidecar {self.server.describe()} rejected prompt "
+              f"{first_index + i}: {e.detail}"
+            ) from None
+          raise self.server.failure(action, explained) from None
+        except ValueError as e:
+          raise self.server.failure(
+            action, f"prompt {first_index + i}: {e}"
+          ) from None
+    finally:
+      pool.shutdown(wait=False, cancel_futures=True)
+    return [row for rows in results for row in rows]
+
+  def reload(self, path: str) -> None:
+    """Reloads the weights of a checkpoint-format dir in place, resets the
+    prefix cache (its KV blocks are of the old weights) and, with
+    `verify_after_sync`, probes the engine. A failure marks it `broken`."""
+    action = f"reloading weights from {path!r}"
+    method = "rljax_reload_weights" if self.has_extension else "reload_weights"
+    try:
+      self.http.collective_rpc(
+        method, {"weights_path": path}, timeout_s=self.config.sync_timeout_s
+      )
+    except VLLMRequestError as e:
+      # A failed in-place reload leaves layers without data.
+      self.broken = f"a failed weight reload from {path!r}"
+      raise self.server.failure(
+        action, f"{e}; the engine is unusable until restart()"
+      ) from None
+    for _ in range(20):
+      try:
+        if self.http.reset_prefix_cache(timeout_s=60):
+          break
+      except VLLMRequestError as e:
+        raise self.server.failure(
+          "resetting the prefix cache after a weight sync", e
+        ) from None
+      time.sleep(0.1)  # refused while blocks are still held by requests
+    else:
+      self.broken = "a prefix-cache reset that kept failing after a sync"
+      raise self.server.failure(
+        "resetting the prefix cache after a weight sync",
+        "the server kept answering success=false",
+      )
+    if self.config.verify_after_sync:
+      try:
+        self.probe(f"checking the engine after {action}")
+      except SidecarError:
+        self.broken = f"weights from {path!r} that break the engine"
+        raise
+
+
+def _explain(error: Exception) -> str:
+  text = str(error)
+  if "Out of range float values" in text:
+    return (
+      f"{text} (the engine produced NaN/inf log-probs: its weights or "
+      "kernels are broken)"
+    )
+  return text
+
+
+def to_batch(
+  prompts: list[list[int]],
+  rows: list[Row],
+  sampling: SamplingConfig,
+  seconds: float,
+) -> RolloutBatch:
+  """The `RolloutBatch` of prompt-major rows, with the engine's timing."""
+  tokens = sum(len(ids) for ids, _, _ in rows)
+  return RolloutBatch(
+    prompt_ids=prompts,
+    response_ids=[ids for ids, _, _ in rows],
+    behav_logp=[logp for _, logp, _ in rows],
+    finish_reason=[reason for _, _, reason in rows],
+    n=sampling.n,
+    timing={
+      "seconds": seconds,
+      "tokens": float(tokens),
+      "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+      "prompt_tokens": float(sum(len(p) for p in prompts)),
+    },
+  )

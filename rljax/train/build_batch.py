@@ -1,0 +1,294 @@
+"""From a collected rollout to the arrays the update step trains on.
+
+`build_batch` is the pure part: given the packed rollout, its rewards and
+the model's outputs on it (log π of the proximal and reference policies, the
+critic's values), it computes the loss mask, the shaped rewards and the
+advantages (group/batch baselines, or GAE with returns for a critic) with
+`rljax.core`'s functions. `make_batch` runs those model calls and then
+`build_batch`; it is the trainer's one batch phase.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax import models
+from rljax.core import advantages as adv_lib
+from rljax.core import kl as kl_lib
+from rljax.core import shaping
+from rljax.rollout.base import RolloutBatch
+from rljax.train import batch as batch_lib
+from rljax.train.collect import Collected
+from rljax.train.config import TrainConfig
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def sequence_logprobs(
+  config, params, tokens, attention_mask, temperature, chunk_size
+):
+  """log π_θ(y_t | ...) [B, T-1] of a packed batch (no entropy)."""
+  return models.token_logprobs(
+    config,
+    params,
+    tokens,
+    attention_mask=attention_mask,
+    temperature=temperature,
+    chunk_size=chunk_size,
+  )[0]
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def sequence_values(config, critic_params, tokens, attention_mask):
+  """The critic's V(s_t) [B, T-1] of a packed batch."""
+  return models.value_forward(
+    config,
+    critic_params["backbone"],
+    critic_params["head"],
+    tokens,
+    attention_mask,
+  )[:, :-1]
+
+
+def pack(rb: RolloutBatch, pad_id: int, response_len: int) -> dict:
+  """The rollout as padded arrays, prompts bucketed (`batch.bucket`) so jit
+  compiles are reused across steps."""
+  return rb.pack(
+    pad_id=pad_id,
+    prompt_len=batch_lib.bucket(max(len(p) for p in rb.prompt_ids)),
+    response_len=response_len,
+  )
+
+
+def loss_mask(cfg: TrainConfig, packed: dict, valid: np.ndarray) -> np.ndarray:
+  """float [B, T-1]: response tokens of valid sequences; without truncated
+  responses under DAPO's overlong filter."""
+  mask = packed["response_mask"] * valid[:, None]
+  if cfg.overlong_filter:
+    mask = np.asarray(
+      shaping.overlong_filter_mask(
+        jnp.asarray(packed["truncated"]), jnp.asarray(mask) > 0
+      ),
+      np.float32,
+    )
+  return mask
+
+
+def needs_prox(cfg: TrainConfig, prox_is_current: bool) -> bool:
+  """Whether the batch needs log π_θold: the loss reads it (several updates
+  per step), or the KL reward penalty does."""
+  return (not prox_is_current) or cfg.kl_in_reward_coef > 0
+
+
+def outcome_advantages(
+  cfg: TrainConfig,
+  shaped: np.ndarray,
+  valid: np.ndarray,
+  mask: np.ndarray,
+  prox_logp: jax.Array | None,
+  ref_logp: jax.Array | None,
+) -> jax.Array:
+  """[B, T-1]: the sequence advantage on every response token.
+
+  With a KL reward penalty (REINFORCE++, Hu 2025) the summed per-token
+  −β·k_t joins the outcome reward before the baseline.
+  """
+  if cfg.kl_in_reward_coef > 0:
+    penalized = kl_lib.kl_penalized_rewards(
+      jnp.zeros(np.shape(mask), jnp.float32),
+      prox_logp,
+      ref_logp,
+      jnp.asarray(mask) > 0,
+      cfg.kl_in_reward_coef,
+      cfg.kl_estimator,
+    )  # −β·k_t on valid tokens
+    shaped = shaped + np.asarray(penalized.sum(axis=1))
+  seq_adv = batch_lib.sequence_advantages(cfg, shaped, valid)
+  return jnp.asarray(seq_adv[:, None] * mask, jnp.float32)
+
+
+def gae_advantages(
+  cfg: TrainConfig,
+  shaped: np.ndarray,
+  mask: np.ndarray,
+  response_lengths: np.ndarray,
+  values: jax.Array,
+  prox_logp: jax.Array | None,
+  ref_logp: jax.Array | None,
+) -> dict[str, jax.Array]:
+  """Advantages and returns of a critic (VC-PPO's decoupled-λ GAE).
+
+  The outcome reward sits on the last response token; KL to the reference
+  is a per-token penalty (Ouyang et al. 2022); VAPO makes the actor's λ
+  length-adaptive.
+  """
+  mask_j = jnp.asarray(mask, jnp.float32)
+  valid = np.asarray(mask) > 0
+  has_tokens = valid.any(axis=1)
+  ends = valid.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1)
+  token_rewards = np.zeros(valid.shape, np.float32)
+  token_rewards[np.arange(len(ends)), ends] = np.where(has_tokens, shaped, 0.0)
+  token_rewards = jnp.asarray(token_rewards)
+  if cfg.kl_in_reward_coef > 0:
+    token_rewards = kl_lib.kl_penalized_rewards(
+      token_rewards,
+      prox_logp,
+      ref_logp,
+      mask_j > 0,
+      cfg.kl_in_reward_coef,
+      cfg.kl_estimator,
+    )
+  actor_lam = cfg.gae_lambda
+  if cfg.vapo_alpha > 0:
+    actor_lam = adv_lib.vapo_lambda(
+      jnp.asarray(response_lengths), cfg.vapo_alpha
+    )
+  adv, returns = adv_lib.vcppo_gae(
+    token_rewards, values, mask_j > 0, cfg.gamma, actor_lam, cfg.critic_lambda
+  )
+  return {"advantages": adv * mask_j, "old_values": values, "returns": returns}
+
+
+def build_batch(
+  cfg: TrainConfig,
+  packed: dict,
+  valid: np.ndarray,
+  rewards: np.ndarray,
+  *,
+  prox_logp: jax.Array | None = None,
+  ref_logp: jax.Array | None = None,
+  values: jax.Array | None = None,
+) -> tuple[dict[str, jax.Array], dict[str, float]]:
+  """The update step's batch and its metrics, from a packed rollout.
+
+  Args:
+    cfg: the run's config (advantage estimator, shaping, KL penalty).
+    packed: `RolloutBatch.pack`'s arrays (see `pack`).
+    valid: bool [B], the sequences that take part (dynamic-sampling filler
+      is masked out).
+    rewards: [B] outcome rewards.
+    prox_logp: log π_θold [B, T-1]; None when the loss uses the current θ
+      (one update per step) and no KL reward penalty needs it.
+    ref_logp: log π_ref [B, T-1] when `cfg.uses_reference`.
+    values: the critic's values [B, T-1] when `cfg.uses_critic`.
+
+  Returns:
+    ({tokens, attention_mask, loss_mask, behav_logp, prox_logp, [ref_logp],
+    advantages, [old_values, returns]}, metrics).
+  """
+  mask = loss_mask(cfg, packed, valid)
+  shaped = batch_lib.shaped_rewards(cfg, rewards, packed["response_lengths"])
+  out = {
+    "tokens": jnp.asarray(packed["tokens"]),
+    "attention_mask": jnp.asarray(packed["attention_mask"]),
+    "loss_mask": jnp.asarray(mask, jnp.float32),
+    "behav_logp": jnp.asarray(packed["behav_logp"]),
+  }
+  # Unused when None: the loss's prox is then the current θ.
+  out["prox_logp"] = out["behav_logp"] if prox_logp is None else prox_logp
+  if cfg.uses_reference:
+    out["ref_logp"] = ref_logp
+  if cfg.uses_critic:
+    out.update(
+      gae_advantages(
+        cfg,
+        shaped,
+        mask,
+        packed["response_lengths"],
+        values,
+        out["prox_logp"],
+        ref_logp,
+      )
+    )
+  else:
+    out["advantages"] = outcome_advantages(
+      cfg, shaped, valid, mask, out["prox_logp"], ref_logp
+    )
+  adv = np.asarray(out["advantages"])[np.asarray(mask) > 0]
+  lengths = packed["response_lengths"]
+  metrics = dict(
+    advantage_mean=float(adv.mean()) if adv.size else 0.0,
+    advantage_std=float(adv.std()) if adv.size else 0.0,
+    advantage_abs_max=float(np.abs(adv).max()) if adv.size else 0.0,
+    response_length_mean=float(lengths.mean()),
+    response_length_max=float(lengths.max()),
+    truncated_fraction=float(packed["truncated"].mean()),
+    valid_fraction=float(valid.mean()),
+  )
+  return out, metrics
+
+
+def _same(tree):
+  return tree
+
+
+def make_batch(
+  cfg: TrainConfig,
+  spec: Any,
+  rollout: Collected,
+  pad_id: int,
+  policy_params: Callable[[], Any],
+  ref_params: Any = None,
+  critic_params: Any = None,
+  placement: Any = None,
+) -> tuple[dict[str, jax.Array], dict[str, float]]:
+  """`build_batch` of a collected rollout, with the model calls it needs.
+
+  Args:
+    cfg: the run's config.
+    spec: the update step's `UpdateSpec` (model config, whether θ_prox is
+      the current θ).
+    rollout: the step's `Collected` rollout.
+    pad_id: the tokenizer's pad id.
+    policy_params: () -> θ_old, called only if log π_θold is needed (with
+      LoRA it merges the adapters).
+    ref_params: the reference policy (KL), when `cfg.uses_reference`.
+    critic_params: the critic, when `cfg.uses_critic`.
+    placement: the run's `placement.Placement`: the model calls run on its
+      mesh (tokens sharded over the batch, outputs gathered); None = one
+      device.
+
+  Returns:
+    (batch, metrics); the metrics include `time_logprobs`.
+  """
+  model_config = spec.model_config
+  packed = pack(rollout.batch, pad_id, cfg.max_new_tokens)
+  tokens = jnp.asarray(packed["tokens"])
+  attn = jnp.asarray(packed["attention_mask"])
+  chunk = cfg.logprob_chunk or None
+  put, gather = (
+    (placement.put_batch, placement.gather) if placement else (_same, _same)
+  )
+  tokens, attn = put((tokens, attn))
+  t0 = time.perf_counter()
+  prox = ref = values = None
+  if needs_prox(cfg, spec.prox_is_current):
+    prox = gather(
+      sequence_logprobs(
+        model_config, policy_params(), tokens, attn, cfg.temperature, chunk
+      )
+    )
+  if cfg.uses_reference:
+    ref = gather(
+      sequence_logprobs(
+        model_config, ref_params, tokens, attn, cfg.temperature, chunk
+      )
+    )
+  if cfg.uses_critic:
+    values = gather(sequence_values(model_config, critic_params, tokens, attn))
+  out, metrics = build_batch(
+    cfg,
+    packed,
+    rollout.valid,
+    rollout.rewards,
+    prox_logp=prox,
+    ref_logp=ref,
+    values=values,
+  )
+  jax.block_until_ready(out["prox_logp"])
+  return out, {"time_logprobs": time.perf_counter() - t0, **metrics}

@@ -1,0 +1,212 @@
+"""Where the Trainer's arrays live: one device, or a ("data", "fsdp",
+"tensor") Mesh.
+
+`TrainConfig.mesh_shape` picks it. "1,1,1" (the default) is the
+single-device trainer, unchanged: every method here is then the identity and
+the plain `update.make_update_step` runs. Any other shape builds a Mesh over
+the first data*fsdp*tensor devices (under multi-host, `rljax.distributed`,
+over every process's devices; the product must then be the global device
+count) and:
+
+  params, optimizer state, critic   -> `sharding.param_shardings` (the one
+  reference params, LoRA base            table of logical-axis rules)
+  update step                       -> `sharded.make_sharded_update_step`
+                                       (explicit in/out shardings, donated
+                                       state)
+  minibatch, the tokens of the      -> leading dim over ("data", "fsdp")
+  reference / proximal / value passes
+  outputs of those passes           -> replicated (every process can read
+                                       them on the host: advantages, GAE and
+                                       the metrics are host code)
+
+Sharding changes no number beyond float32 reassociation
+(tests/parallel/test_trainer_mesh.py: a Trainer step on 8 fake devices for
+three meshes equals the single-device step).
+
+Every process holds the whole rollout batch (each generates the same
+rollouts from the same seeds and weights) and feeds only its addressable
+shards (`sharded.put_global`): simple, and right while rollout and the
+host-side batch building are small next to the update.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rljax.models import sharding as sharding_lib
+from rljax.train import sharded
+
+# Sharded update steps shared by the Trainers of a process (an ablation, the
+# tests) so that equal configurations on the same mesh compile once; the
+# optimizers are the cached objects of `loop._compiled_update`, so identity
+# is equality here.
+_STEPS: dict = {}
+
+
+def parse_mesh_shape(text: str) -> tuple[int, int, int]:
+  """(data, fsdp, tensor) of a `mesh_shape` string such as "2,2,2"."""
+  try:
+    sizes = tuple(int(x) for x in str(text).split(","))
+  except ValueError:
+    sizes = ()
+  if len(sizes) != 3 or min(sizes) < 1:
+    raise ValueError(
+      f"mesh_shape={text!r}; expected three positive ints "
+      "'data,fsdp,tensor', e.g. '2,2,2'"
+    )
+  return sizes
+
+
+def build_mesh(data: int, fsdp: int, tensor: int) -> Mesh | None:
+  """The Mesh of (data, fsdp, tensor), or None for (1, 1, 1) on one process.
+
+  One process may use fewer devices than it has (the first ones); a
+  multi-process run must use all of them, since every process runs the same
+  SPMD program.
+  """
+  n = data * fsdp * tensor
+  if n == 1 and jax.process_count() == 1:
+    return None
+  devices = jax.devices()
+  if jax.process_count() > 1 and n != len(devices):
+    raise ValueError(
+      f"mesh_shape={data},{fsdp},{tensor} covers {n} devices; a "
+      f"{jax.process_count()}-process run has {len(devices)} and must use "
+      "them all"
+    )
+  if n > len(devices):
+    raise ValueError(
+      f"mesh_shape={data},{fsdp},{tensor} needs {n} devices; "
+      f"{len(devices)} are visible"
+    )
+  return sharding_lib.make_mesh(data, fsdp, tensor, devices=devices[:n])
+
+
+class Placement:
+  """The Trainer's layout: `mesh` None (one device) or a Mesh."""
+
+  def __init__(self, mesh: Mesh | None):
+    self.mesh = mesh
+
+  @classmethod
+  def from_config(cls, cfg) -> "Placement":
+    """From `cfg.mesh_shape`; checks that a minibatch splits over the mesh
+    (its leading dim must be divisible by data*fsdp)."""
+    data, fsdp, tensor = parse_mesh_shape(cfg.mesh_shape)
+    rows = cfg.prompts_per_step * cfg.group_size // max(cfg.minibatches, 1)
+    if rows % (data * fsdp):
+      raise ValueError(
+        f"mesh_shape={cfg.mesh_shape!r}: a minibatch of {rows} sequences "
+        f"(prompts_per_step*group_size/minibatches) must be divisible by "
+        f"data*fsdp={data * fsdp}"
+      )
+    return cls(build_mesh(data, fsdp, tensor))
+
+  @property
+  def sharded(self) -> bool:
+    return self.mesh is not None
+
+  @property
+  def rollout_mesh(self) -> Mesh | None:
+    """The mesh the JAX sampler runs on: the trainer's on one process;
+    under multi-host each process samples on its own devices from gathered
+    weights (`local`), since every process needs the whole rollout."""
+    return self.mesh if jax.process_count() == 1 else None
+
+  # -- placing arrays ---------------------------------------------------------
+
+  def _put(self, tree, shardings):
+    if jax.process_count() == 1:
+      return jax.device_put(tree, shardings)
+    # Other processes' devices cannot be written from here: each process
+    # fills its own shards from the host copy they all hold.
+    return sharded.put_global(tree, shardings)
+
+  def put_params(self, model_config, params):
+    """`params` (a decoder tree, a critic, a TrainState) on the mesh, laid
+    out by the logical-axis rules; as given without a mesh."""
+    if self.mesh is None or params is None:
+      return params
+    return self._put(
+      params, sharding_lib.param_shardings(model_config, params, self.mesh)
+    )
+
+  def put_batch(self, tree):
+    """Every array of `tree` split along its leading (batch) dim."""
+    if self.mesh is None:
+      return tree
+    return self._put(tree, sharded.batch_shardings(tree, self.mesh))
+
+  def gather(self, tree):
+    """`tree` replicated on every device (readable on every host)."""
+    if self.mesh is None:
+      return tree
+    return _replicate(self.mesh)(tree)
+
+  def local(self, tree):
+    """`tree` as this process's own arrays, for what runs outside the mesh
+    (the rollout engine, evaluation, exports). On one process the mesh's
+    arrays already are (as given); under multi-host each process gets the
+    whole value, gathered, on its default device."""
+    if self.mesh is None or jax.process_count() == 1 or tree is None:
+      return tree
+    return jax.tree.map(
+      lambda x: jax.device_put(np.asarray(x)), self.gather(tree)
+    )
+
+  # -- the update step --------------------------------------------------------
+
+  def update_step(
+    self,
+    spec,
+    optimizer,
+    critic_optimizer,
+    state,
+    frozen=None,
+    plain: Callable | None = None,
+  ) -> Callable:
+    """`step(state, minibatch, frozen) -> (state, metrics)`: `plain` (the
+    single-device step) without a mesh, else the sharded step, which places
+    each minibatch over ("data", "fsdp") itself."""
+    if self.mesh is None:
+      return plain
+    key = (spec, optimizer, critic_optimizer, self.mesh, frozen is not None)
+    if key not in _STEPS:
+      shapes = lambda t: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), t
+      )
+      # batch_example=None: one sharding for the whole minibatch dict,
+      # whatever fields this configuration's batch has.
+      _STEPS[key] = sharded.make_sharded_update_step(
+        spec,
+        optimizer,
+        self.mesh,
+        shapes(state),
+        None,
+        critic_optimizer=critic_optimizer,
+        frozen_example=None if frozen is None else shapes(frozen),
+      )[0]
+    inner = _STEPS[key]
+
+    def step(state, minibatch, frozen=None):
+      minibatch = self.put_batch(minibatch)
+      if frozen is None:
+        return inner(state, minibatch)
+      return inner(state, minibatch, frozen)
+
+    return step
+
+
+_REPLICATE: dict = {}
+
+
+def _replicate(mesh: Mesh):
+  if mesh not in _REPLICATE:
+    _REPLICATE[mesh] = jax.jit(
+      lambda t: t, out_shardings=NamedSharding(mesh, P())
+    )
+  return _REPLICATE[mesh]
