@@ -18,15 +18,17 @@ from rljax import models
 from rljax import quant
 from rljax.models import lora as lora_lib
 from rljax.train.checkpoint import RunCheckpointer
-from rljax.train.config import TrainConfig, field_names
+from rljax.train import config as config_lib
+from rljax.train.config import TrainConfig
 
 
 def read_config(run_dir: str) -> TrainConfig:
   """The TrainConfig a run recorded in `config.json`."""
   with open(os.path.join(run_dir, "config.json")) as f:
     saved = json.load(f)
-  # Fields of another rljax version are ignored: only the model matters here.
-  return TrainConfig(**{k: v for k, v in saved.items() if k in field_names()})
+  # Nested, or flat from an older rljax (`config.LEGACY_KEYS`); fields
+  # another rljax version had are ignored: only the model matters here.
+  return config_lib.from_dict(saved, source=run_dir)
 
 
 def read_checkpoint(run_dir: str, step: int | None = None):

@@ -58,7 +58,7 @@ def test_trainer_on_mesh_equals_one_device(reference, tmp_path, mesh_shape):
 
 @needs_8_devices
 def test_minibatch_must_split_over_the_mesh(tmp_path):
-  with pytest.raises(ValueError, match=r"mesh_shape='2,4,1'.*data\*fsdp=8"):
+  with pytest.raises(ValueError, match=r"mesh=2,4,1.*data\*fsdp=8"):
     placement_lib.Placement.from_config(
       trainer_problem.config(tmp_path, "2,4,1", group_size=2)
     )
