@@ -28,13 +28,13 @@ ROOT = os.path.dirname(
 SCRIPTS = os.path.join(ROOT, "experiments")
 # One RL step on the tiny model, small enough for a shared CPU.
 TINY_RL = [
-  "--model=tiny",
-  "--steps=1",
-  "--prompts_per_step=2",
-  "--group_size=2",
-  "--max_new_tokens=6",
-  "--reward_workers=0",
-  "--tensorboard=false",
+  "--model.name=tiny",
+  "--run.steps=1",
+  "--rollout.prompts_per_step=2",
+  "--rollout.group_size=2",
+  "--rollout.max_new_tokens=6",
+  "--task.reward_workers=0",
+  "--run.tensorboard=false",
 ]
 
 
@@ -172,15 +172,15 @@ class TestExampleExperiments:
     _run(
       "reward_model_grpo.py",
       *TINY_RL,
-      "--eval_size=2",
-      f"--reward_model_path={rm_dir[0]}",
-      f"--run_dir={run}",
+      "--task.eval_size=2",
+      f"--reward.model_path={rm_dir[0]}",
+      f"--run.run_dir={run}",
     )
     _check_run(run, "reward_model")
 
   def test_reward_vrcli_on_the_checked_in_gold_continuations(self, tmp_path):
     run = str(tmp_path / "run")
-    _run("reward_vrcli.py", *TINY_RL, f"--run_dir={run}")
+    _run("reward_vrcli.py", *TINY_RL, f"--run.run_dir={run}")
     row = _check_run(run, "vrcli")
     assert row["reward_mean"] <= 100.0
 
@@ -193,10 +193,10 @@ class TestExampleExperiments:
       _run(
         "reward_judge.py",
         *TINY_RL,
-        "--eval_size=2",
+        "--task.eval_size=2",
         "--serve_judge=false",
-        f"--judge_url=http://127.0.0.1:{server.server_address[1]}",
-        f"--run_dir={run}",
+        f"--reward.judge_url=http://127.0.0.1:{server.server_address[1]}",
+        f"--run.run_dir={run}",
       )
     finally:
       server.shutdown()

@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from rljax.train import checkpoint as ckpt_lib
+from rljax.train import config as config_lib
 from rljax.train import guard
 from rljax.train import testing
 from rljax.train import rundir as rundir_lib
