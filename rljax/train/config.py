@@ -89,6 +89,12 @@ class PolicyModelConfig:
   lora_dropout: float = 0.0
   lora_targets: str = "all"  # all | attn | mlp | q_proj,v_proj,...
   lora_base_dtype: str = "float32"  # frozen base: float32|bfloat16|int8
+  # Mixed precision (docs/precision.md): the master weights and the optimizer
+  # state are held in param_dtype; the policy, reference, proximal and critic
+  # forward passes run in compute_dtype, log-softmax and loss in float32.
+  # "auto": bfloat16 on GPU/TPU, float32 on CPU (`placement.compute_dtype`).
+  param_dtype: str = "float32"  # float32|bfloat16
+  compute_dtype: str = "auto"  # auto|float32|bfloat16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -860,6 +866,8 @@ FIELD_RULES: dict[str, Rule] = {
   "model.lora_rank": at_least(0, "0 trains every weight"),
   "model.lora_alpha": in_range(0.0, math.inf, lo_open=True),
   "model.lora_dropout": in_range(0.0, 1.0, hi_open=True),
+  "model.param_dtype": one_of("float32", "bfloat16"),
+  "model.compute_dtype": one_of("auto", "float32", "bfloat16"),
   "task.name": _task,
   "task.eval_size": _NONNEG,
   "task.reward_workers": at_least(0, "0 scores in-process"),

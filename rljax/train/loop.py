@@ -54,7 +54,11 @@ from rljax.train.tasks import Task, build_task
 
 
 def load_policy(cfg: TrainConfig, seed: int) -> models.Model:
-  return models.load_named(cfg.model.name, seed)
+  """The policy named by `cfg.model`, its master weights in
+  `model.param_dtype`."""
+  return models.load_named(
+    cfg.model.name, seed, dtype=jnp.dtype(cfg.model.param_dtype)
+  )
 
 
 # Jitted functions shared by every Trainer of a process (an ablation, the
@@ -112,13 +116,20 @@ class Trainer:
     # UAQ (QuRL §4.3): a one-time, function-preserving reparametrisation;
     # training then runs in the folded parametrisation.
     self.uaq_scale = cfg.rollout.uaq_scale if quantized else 1.0
-    params = model.params
+    # Master weights in model.param_dtype (a model passed in is cast too);
+    # the forward passes run in the compute dtype (`spec.compute_dtype`).
+    params = update_lib.cast_floating(model.params, cfg.model.param_dtype)
+    compute_dtype = placement_lib.compute_dtype(cfg)
     if self.uaq_scale != 1.0:
       params = quant.fold_uaq(self.model_config, params, scale=self.uaq_scale)
     # A copy: the update step donates (and so deletes) the buffers of θ.
-    self.ref_params = (
-      jax.tree.map(jnp.copy, params) if cfg.uses_reference else None
-    )
+    # The reference is only ever run forward: it is kept in the compute
+    # dtype (half the memory under bf16; the cast is the copy then).
+    self.ref_params = None
+    if cfg.uses_reference:
+      self.ref_params = update_lib.cast_floating(
+        jax.tree.map(jnp.copy, params), compute_dtype
+      )
     # LoRA: θ = frozen base (after the UAQ fold) ⊕ adapters; only the
     # adapters are trained, optimised and checkpointed (models/lora.py).
     self.lora = cfg.lora_config()
@@ -156,6 +167,7 @@ class Trainer:
       value_clip=cfg.critic.value_clip,
       value_coef=cfg.critic.value_coef,
       param_transform=param_transform,
+      compute_dtype=compute_dtype,
     )
     self.optimizer, critic_opt, self.update_step = _compiled_update(
       self.spec, cfg.optim_config(), critic_optim
@@ -216,6 +228,13 @@ class Trainer:
       self.spec.param_transform, self.frozen_params, self.state.params
     )
 
+  def _compute_policy_params(self):
+    """θ_old as the proximal log-prob pass runs it: the master params (LoRA
+    merged) cast to the compute dtype, as the update step casts θ. Under
+    QuRL this is the "full-precision" π_prox: never the quantized actor's
+    weights (docs/precision.md)."""
+    return update_lib.compute_params(self.spec, self.policy_params())
+
   def train_step(self) -> dict[str, float]:
     """One RL step (the phases numbered); returns its metrics row."""
     cfg, step, t_step = self.cfg, self.step_num + 1, time.perf_counter()
@@ -224,9 +243,13 @@ class Trainer:
     if cfg.run.pipelined:  # step k+s's rollout starts now, with θ_k
       self.collector.schedule(step + cfg.run.max_staleness, *self._theta())
     # 2. Batch: advantages, returns, proximal and reference log-probs.
+    # θ_old's (proximal) and the critic's passes run in the compute dtype,
+    # as the update step's forward does (docs/precision.md).
     batch, batch_metrics = build_batch_lib.make_batch(
-      cfg, self.spec, rollout, self.pad_id, self.policy_params,
-      self.ref_params, self.state.critic_params, self.placement,
+      cfg, self.spec, rollout, self.pad_id, self._compute_policy_params,
+      self.ref_params,
+      update_lib.compute_critic(self.spec, self.state.critic_params),
+      self.placement,
     )  # fmt: skip
     t_update = time.perf_counter()
     # 3. Update epochs: every update dispatched before any metric is read.

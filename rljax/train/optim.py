@@ -70,9 +70,12 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     if cfg.max_grad_norm > 0
     else optax.identity()
   )
+  # hyperparam_dtype: without it the injected b1, b2, eps and learning rate
+  # take the params' dtype, and bfloat16 params (--model.param_dtype) round
+  # b2 = 0.999 to 1.0, whose zero bias correction makes every update NaN.
   return optax.chain(
     clip,
-    optax.inject_hyperparams(optax.adamw)(
+    optax.inject_hyperparams(optax.adamw, hyperparam_dtype=jnp.float32)(
       learning_rate=schedule(cfg),
       b1=cfg.b1,
       b2=cfg.b2,

@@ -48,6 +48,18 @@ from rljax.train import sharded
 _STEPS: dict = {}
 
 
+def compute_dtype(cfg) -> str:
+  """The dtype the forward passes run in: `cfg.model.compute_dtype`, with
+  "auto" resolved here and nowhere else: "bfloat16" on an accelerator (GPU,
+  TPU: bf16 matmuls run at the tensor-core rate and activations take half
+  the memory), "float32" on the CPU backend (the default CPU job stays
+  exactly what it was). See docs/precision.md."""
+  name = cfg.model.compute_dtype
+  if name != "auto":
+    return name
+  return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
 def parse_mesh_shape(text: str) -> tuple[int, int, int]:
   """(data, fsdp, tensor) of a `mesh_shape` string such as "2,2,2"."""
   try:

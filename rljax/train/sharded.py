@@ -31,7 +31,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -146,22 +145,19 @@ def cast_params_transform(compute_dtype, inner=None):
   """An `UpdateSpec.param_transform` that runs the model in `compute_dtype`
   from master params in their own (float32) dtype: mixed precision.
 
-  The cast is differentiated like any op, so gradients reach the float32
-  master weights in float32, and the optimizer state stays float32. The LM
-  head and the log-softmax still run in float32 (`logits_from_hidden`).
-  `inner` composes with another transform (LoRA's merge runs first, in the
-  master dtype, then the merged weights are cast).
+  The Trainer sets `UpdateSpec.compute_dtype` instead (the same cast,
+  `update.cast_floating`, also applied to the critic); this transform is for
+  specs built by hand (the memory planner). The cast is differentiated like
+  any op, so gradients reach the float32 master weights in float32, and the
+  optimizer state stays float32. The LM head's dot accumulates in float32
+  and the log-softmax runs in float32 (`logits_from_hidden`). `inner`
+  composes with another transform (LoRA's merge runs first, in the master
+  dtype, then the merged weights are cast).
   """
-  dtype = jnp.dtype(compute_dtype)
-
-  def cast(x):
-    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
-      return x.astype(dtype)
-    return x
 
   def transform(frozen, params, rng):
     if inner is not None:
       params = inner(frozen, params, rng)
-    return jax.tree.map(cast, params)
+    return update_lib.cast_floating(params, compute_dtype)
 
   return transform

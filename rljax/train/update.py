@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from rljax import models
+from rljax import quant
 from rljax.core import aggregation as agg_lib
 from rljax.core import kl as kl_lib
 from rljax.core import objectives
@@ -74,6 +75,53 @@ class UpdateSpec:
   # trainable tree; the model runs param_transform(frozen, params, rng), with
   # the frozen base passed to the step, never differentiated nor optimised.
   param_transform: Callable[..., Any] | None = None
+  # Mixed precision (docs/precision.md): the dtype the forward passes run in,
+  # cast from the master params inside the step (gradients and optimizer
+  # state stay in the params' dtype); None = the params' own dtype.
+  compute_dtype: str | None = None
+
+
+def cast_floating(tree: Any, dtype: Any) -> Any:
+  """`tree` with its floating-point arrays cast to `dtype` (None: as is).
+
+  Leaves already in `dtype` are returned as they are (no op is traced), so a
+  float32 run with compute_dtype="float32" traces the very same program as
+  one without a compute dtype. Integer leaves and quantized `QTensor`s
+  (codes and scales belong together) are kept.
+  """
+  if dtype is None:
+    return tree
+  dtype = jnp.dtype(dtype)
+
+  def cast(x):
+    if isinstance(x, quant.QTensor) or not hasattr(x, "dtype"):
+      return x
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+      return x.astype(dtype)
+    return x
+
+  return jax.tree.map(
+    cast, tree, is_leaf=lambda x: isinstance(x, quant.QTensor)
+  )
+
+
+def compute_params(spec: UpdateSpec, params: Any) -> Any:
+  """Policy (or reference) params as the forward passes run them: cast to
+  `spec.compute_dtype`. Differentiable: the cast's gradient reaches the
+  master params in their own dtype."""
+  return cast_floating(params, spec.compute_dtype)
+
+
+def compute_critic(spec: UpdateSpec, critic_params: Any) -> Any:
+  """The critic as its forward pass runs it: the backbone in
+  `spec.compute_dtype`; the value head stays in its own dtype
+  (`models.value_forward` applies it in float32)."""
+  if critic_params is None or spec.compute_dtype is None:
+    return critic_params
+  return dict(
+    critic_params,
+    backbone=cast_floating(critic_params["backbone"], spec.compute_dtype),
+  )
 
 
 def current_learning_rate(opt_state) -> jax.Array:
@@ -90,6 +138,11 @@ def all_finite(tree) -> jax.Array:
     if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
   ]
   return jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
+
+
+def _like(x, like):
+  """`x` in the dtype of `like` (no op traced when it already is)."""
+  return x if x.dtype == like.dtype else x.astype(like.dtype)
 
 
 def guarded_update(
@@ -122,7 +175,10 @@ def guarded_update(
     & all_finite(new_params)
     & all_finite(new_opt_state)
   )
-  keep = lambda n, o: jnp.where(applied, n, o)
+  # The state keeps its dtypes from step to step (so the jitted step and the
+  # checkpoints see one tree): with bfloat16 params optax computes Adam's
+  # first moment against float32 hyperparameters, in float32.
+  keep = lambda n, o: _like(jnp.where(applied, n, o), o)
   return (
     jax.tree.map(keep, new_params, params),
     jax.tree.map(keep, new_opt_state, opt_state),
@@ -241,6 +297,7 @@ def _denominators(spec: UpdateSpec, micro: Batch) -> dict:
 
 def value_loss_sum(spec: UpdateSpec, critic_params, mb: Batch, denoms: dict):
   """This micro-batch's share of the PPO clipped value loss."""
+  critic_params = compute_critic(spec, critic_params)
   values = models.value_forward(
     spec.model_config,
     critic_params["backbone"],
@@ -302,9 +359,11 @@ def make_update_step(
   def update_step(state: TrainState, batch: Batch, frozen=None):
     if spec.param_transform is not None:  # LoRA: merge adapters into the base
       rng = jax.random.fold_in(jax.random.PRNGKey(0), state.step)
-      merge = lambda p: spec.param_transform(frozen, p, rng)
+      merge = lambda p: compute_params(
+        spec, spec.param_transform(frozen, p, rng)
+      )
     else:
-      merge = lambda p: p
+      merge = lambda p: compute_params(spec, p)
     micro = _with_prox(
       spec, merge(state.params), _split_micro(batch, spec.micro_batches)
     )
