@@ -55,6 +55,7 @@ import time
 from absl import app, flags
 import numpy as np
 
+from rljax import distributed  # --coordinator_address, ... (multi-host)
 from rljax.train import config as config_lib
 from rljax.train import flags as train_flags
 from rljax.train.config import TrainConfig
@@ -390,6 +391,7 @@ def write_table(results: list[dict], out_dir: str) -> str:
 
 def main(argv):
   del argv
+  distributed.initialize_from_flags()  # before anything touches a device
   runs = grid_runs(_GRID.value)
   shared, seeds = {}, _SEEDS.value
   if _CONFIGS.value:

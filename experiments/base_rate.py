@@ -20,6 +20,7 @@ import time
 
 from absl import app, flags
 
+from rljax import distributed  # --coordinator_address, ... (multi-host)
 from rljax.train import flags as train_flags
 
 train_flags.define_train_flags(
@@ -41,6 +42,7 @@ _OUT = flags.DEFINE_string("out", "", "JSON file for the results ('' = none).")
 
 def main(argv):
   del argv
+  distributed.initialize_from_flags()  # before anything touches a device
   from rljax.train.loop import Trainer
 
   base = train_flags.config_from_flags()

@@ -81,7 +81,9 @@ def instrument_configs(difficulty: str):
 
 def main(argv):
   del argv
-  from rljax import instrument
+  from rljax import distributed, instrument
+
+  distributed.initialize_from_flags()  # before anything touches a device
 
   runs = ablate.grid_runs(ablate._GRID.value)
   shared, seeds = {}, ablate._SEEDS.value

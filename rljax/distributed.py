@@ -117,8 +117,14 @@ def initialize(
 
 
 def initialize_from_flags() -> bool:
-  """`initialize` with --coordinator_address, --num_processes, --process_id
-  (flags must be parsed)."""
+  """`initialize` with --coordinator_address, --num_processes, --process_id.
+
+  Flags not parsed (a library call, a test): as if none was given, so only a
+  cluster JAX detects is joined. Every script that trains reaches this
+  through `rljax.train.driver.run_experiment` (or calls it in `main`).
+  """
+  if not flags.FLAGS.is_parsed():
+    return initialize()
   return initialize(
     _COORDINATOR.value,
     _NUM_PROCESSES.value,

@@ -2,6 +2,13 @@
 
 Shared by every script under experiments/, so that a script is only its
 defaults (one paper setup) and a call to `run_experiment`.
+
+Multi-host: importing this module defines `rljax.distributed`'s
+--coordinator_address, --num_processes and --process_id flags for every
+script that trains through it, and `run_experiment` joins the processes
+before anything touches a device. Every process trains (SPMD); only process
+0 prints, writes the summary, the plots, the benchmark records and the HF
+export (`rljax.distributed.is_main_process`).
 """
 
 from __future__ import annotations
@@ -12,6 +19,9 @@ import json
 import os
 import time
 
+import jax
+
+from rljax import distributed  # defines the multi-host flags
 from rljax.train.config import TrainConfig
 
 
@@ -92,7 +102,8 @@ def run_benchmarks(trainer, specs, plan: BenchmarkPlan) -> dict:
   from rljax.train import batch as batch_lib
 
   cfg = trainer.cfg
-  params = trainer.state.params
+  # Whole on this host (gathered under multi-host), LoRA merged.
+  params = trainer.local_policy_params()
   if trainer.uaq_scale != 1.0:
     params = quant.unfold_uaq(
       trainer.model_config, params, scale=trainer.uaq_scale
@@ -112,7 +123,9 @@ def run_benchmarks(trainer, specs, plan: BenchmarkPlan) -> dict:
     seed=cfg.run.seed,
   )
   out_dir = os.path.join(cfg.run.run_dir, "benchmarks")
-  os.makedirs(out_dir, exist_ok=True)
+  main = distributed.is_main_process()
+  if main:
+    os.makedirs(out_dir, exist_ok=True)
   results = {}
   for spec in specs:
     examples = evaluation.load_examples(spec)
@@ -136,6 +149,8 @@ def run_benchmarks(trainer, specs, plan: BenchmarkPlan) -> dict:
     finally:
       engine.close()
     results[spec.label] = {"dataset": spec.name, "path": spec.path, **summary}
+    if not main:  # every process evaluates the same; one writes
+      continue
     with open(os.path.join(out_dir, f"{spec.label}.jsonl"), "w") as f:
       for r in records:
         f.write(json.dumps(r) + "\n")
@@ -155,16 +170,21 @@ def run_experiment(
   benchmarks: BenchmarkPlan | None = None,
 ) -> dict:
   """Trains `cfg.run.steps` steps (resuming if asked), then evaluates
-  `benchmarks`; returns the summary."""
+  `benchmarks`; returns the summary.
+
+  Joins a multi-host run first (`distributed.initialize_from_flags`: the
+  flags, or a cluster JAX detects; nothing on one machine)."""
   from absl import logging
 
+  distributed.initialize_from_flags()
+  say = print if distributed.is_main_process() else _quiet
   bench_specs = check_benchmarks(cfg, benchmarks) if benchmarks else ()
   from rljax.train.loop import Trainer  # heavy imports only when running
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   t0 = time.perf_counter()
   trainer = Trainer(cfg, show_progress=show_progress)
-  print(
+  say(
     f"[rljax] run_dir={cfg.run.run_dir} algorithm={cfg.algorithm} "
     f"rollout.engine={cfg.rollout.engine} rollout.quant={cfg.rollout.quant} "
     f"loss.correction={cfg.loss.correction} uaq_scale={trainer.uaq_scale} "
@@ -174,9 +194,9 @@ def run_experiment(
   try:
     before = {}
     if cfg.task.eval_size and trainer.step_num == 0:
-      before = trainer.heldout.evaluate(trainer.policy_params())
+      before = trainer.heldout.evaluate(trainer.local_policy_params())
       trainer.writer.write(0, before)
-      print(
+      say(
         f"[rljax] held-out accuracy before training: "
         f"{before['eval_accuracy']:.3f}",
         flush=True,
@@ -187,10 +207,10 @@ def run_experiment(
       # --eval_every already evaluated the last step: do not pay for it twice.
       after = {k: v for k, v in rows[-1].items() if k.startswith("eval_")}
     elif cfg.task.eval_size:
-      after = trainer.heldout.evaluate(trainer.policy_params())
+      after = trainer.heldout.evaluate(trainer.local_policy_params())
       trainer.writer.write(trainer.step_num, after)
     if after:
-      print(
+      say(
         f"[rljax] held-out accuracy after training: "
         f"{after['eval_accuracy']:.3f}",
         flush=True,
@@ -217,23 +237,65 @@ def run_experiment(
         },
       )
     if cfg.run.export_hf:
-      from rljax.train import export as export_lib
-
-      # From the last checkpoint (restore_policy): UAQ unfolded, LoRA merged.
-      summary["hf_export"] = export_lib.export_run(
-        cfg.run.run_dir, os.path.join(cfg.run.run_dir, "hf")
-      )
-      if trainer.lora is not None:  # the adapters alone, PEFT layout
-        summary["lora_adapter"] = export_lib.export_adapter(
-          trainer.model_config,
-          trainer.lora,
-          trainer.state.params,
-          os.path.join(cfg.run.run_dir, "lora_adapter"),
-          cfg.model.name,
-          trainer.uaq_scale,
-        )
+      summary.update(_export(trainer))
   finally:
     trainer.close()
+  if distributed.is_main_process():
+    write_outputs(cfg, summary, plot)
+  say("[rljax] summary: " + json.dumps(summary), flush=True)
+  return summary
+
+
+def _quiet(*args, **kwargs) -> None:
+  """`print` on the processes other than 0."""
+  del args, kwargs
+
+
+def _export(trainer) -> dict:
+  """The HF export (UAQ unfolded, LoRA merged) and a LoRA run's adapters
+  alone (PEFT layout), written by process 0: {"hf_export", ["lora_adapter"]}.
+
+  One process: from the last checkpoint (`restore_policy`). Several: from
+  the trainer's params, gathered by every process (a collective), since an
+  orbax restore on process 0 alone would wait for the others forever; the
+  last step is always checkpointed, so both are the same θ.
+  """
+  from rljax.train import export as export_lib
+
+  cfg = trainer.cfg
+  out = {}
+  hf_dir = os.path.join(cfg.run.run_dir, "hf")
+  adapter_dir = os.path.join(cfg.run.run_dir, "lora_adapter")
+  adapters = None
+  if jax.process_count() == 1:
+    out["hf_export"] = export_lib.export_run(cfg.run.run_dir, hf_dir)
+    adapters = trainer.state.params
+  else:
+    model = export_lib.unfolded_policy(
+      trainer.model_config,
+      trainer.local_policy_params(),
+      trainer.tokenizer,
+      trainer.uaq_scale,
+    )
+    if trainer.lora is not None:
+      adapters = trainer.placement.local(trainer.state.params)
+    if distributed.is_main_process():
+      out["hf_export"] = export_lib.export_policy(model, hf_dir)
+  if trainer.lora is not None and distributed.is_main_process():
+    out["lora_adapter"] = export_lib.export_adapter(
+      trainer.model_config,
+      trainer.lora,
+      adapters,
+      adapter_dir,
+      cfg.model.name,
+      trainer.uaq_scale,
+    )
+  return out
+
+
+def write_outputs(cfg: TrainConfig, summary: dict, plot: bool) -> None:
+  """plots.png and summary.json of a finished run (process 0 only: the
+  caller checks)."""
   if plot:
     from rljax.train.plots import plot_runs
 
@@ -241,8 +303,6 @@ def run_experiment(
     plot_runs([cfg.run.run_dir], summary["plot"])
   with open(os.path.join(cfg.run.run_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
-  print("[rljax] summary: " + json.dumps(summary), flush=True)
-  return summary
 
 
 def _quarter_mean(rows: list[dict], first: bool) -> float | None:

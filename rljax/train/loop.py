@@ -287,10 +287,16 @@ class Trainer:
       )
     return row
 
+  def local_policy_params(self):
+    """θ as the model runs it (`policy_params`), whole on this host: what
+    runs outside the mesh (rollout engines, evaluation, exports). Under
+    multi-host it gathers, so every process must call it."""
+    return self.placement.local(self.policy_params())
+
   def _theta(self) -> tuple:
     """(θ as the model runs it, on this host, and the step it is from):
     what a sync or an evaluation reads."""
-    return self.placement.local(self.policy_params()), self.step_num
+    return self.local_policy_params(), self.step_num
 
   def run(self) -> list[dict[str, float]]:
     """Trains to `cfg.run.steps` (from the restored step); returns the rows."""
