@@ -259,7 +259,12 @@ def _with_prox(spec: UpdateSpec, params, micro: Batch) -> Batch:
   """When θ_prox is the current θ and the correction rejects by ρ, the keep
   mask (hence D_pg) needs log π_θ before the gradient pass: one forward pass
   per micro-batch, whose result then serves as prox_logp in the loss too, so
-  the denominator and the kernel's keep-mask come from the same numbers."""
+  the denominator and the kernel's keep-mask come from the same numbers.
+
+  Either way π_prox is "full precision" as docs/precision.md defines it
+  under mixed precision: the master θ (never the quantized actor's), cast
+  to `spec.compute_dtype` like the training forward, log-softmax in
+  float32, so that π_θ/π_prox = 1 before the update."""
   if not (spec.prox_is_current and spec.loss.rejects):
     return micro
   prox = jax.lax.map(
