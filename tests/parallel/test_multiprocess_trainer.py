@@ -77,9 +77,9 @@ def test_two_process_trainer_equals_one_process(tmp_path):
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log[-3000:]
   # The single-process reference runs after the workers, not beside them:
-  # on two cores the three would only take turns, and 8 fake-device threads
-  # starved by two other processes once left an in-process collective
-  # waiting for good (XLA's CPU collective timeout is raised for the tests).
+  # on two cores the three only take turns, and beside them (after
+  # test_trainer_mesh.py in the same process) an 8-device program of the
+  # reference, the quantizer diagnostics' copy of θ, twice never finished.
   rows, params, _ = trainer_problem.run(tmp_path / "one", MESH)
   got = np.load(out)
   assert int(got["process_count"]) == 2
