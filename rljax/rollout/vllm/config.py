@@ -23,15 +23,6 @@ _COMPRESSED_FORMATS = {"int-quantized": "int8", "float-quantized": "fp8"}
 _FLOAT_MODES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 
-# Names other rljax engines use for the same weight formats.
-_MODE_ALIASES = {
-  "none": "f32",
-  "float32": "f32",
-  "bfloat16": "bf16",
-  "float16": "f16",
-}
-
-
 class SidecarError(EngineFailure):
   """A vLLM sidecar died, hung, or rejected a request it should accept.
 
