@@ -177,8 +177,11 @@ class VLLMSidecarConfig:
       isinstance(a, str) for a in self.extra_args
     ):
       raise TypeError(
-        f"VLLMSidecarConfig.extra_args={self.extra_args!r}; "
-        "expected a tuple of strings (one per argv item)"
+        v.field_message(
+          "VLLMSidecarConfig.extra_args",
+          self.extra_args,
+          "a tuple of strings (one per argv item)",
+        )
       )
     object.__setattr__(self, "extra_args", tuple(self.extra_args))
     env = tuple(
@@ -191,8 +194,9 @@ class VLLMSidecarConfig:
       len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in env
     ):
       raise TypeError(
-        f"VLLMSidecarConfig.env={self.env!r}; expected "
-        "(name, value) string pairs"
+        v.field_message(
+          "VLLMSidecarConfig.env", self.env, "(name, value) string pairs"
+        )
       )
     object.__setattr__(self, "env", env)
     # Not check_field: the message must not quote a secret.
