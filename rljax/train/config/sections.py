@@ -12,6 +12,7 @@ import dataclasses
 import typing
 from typing import Any
 
+from rljax import quant
 from rljax.core import objectives
 from rljax.models.sharding import MeshConfig
 from rljax.train.optim import OptimConfig
@@ -38,7 +39,8 @@ ADVANTAGE_ESTIMATORS = (
   "reinforce",
   "gae",
 )
-ROLLOUT_QUANT = ("none", "bf16", "int8", "int8_wo", "fp8")
+# quant's rollout weight formats; "f32" is its synonym of "none".
+ROLLOUT_QUANT = tuple(m for m in quant.ROLLOUT_MODES if m != "f32")
 ENGINES = ("jax", "vllm")
 REWARDS = ("verifier", "reward_model", "vrcli", "judge")
 DEFAULT_ALGORITHM = "grpo"
