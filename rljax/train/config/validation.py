@@ -191,7 +191,7 @@ def _group_checks(cfg: TrainConfig) -> list[Problem]:
   r, a = cfg.rollout, cfg.advantage
   out = []
   if a.estimator in _GROUP_ESTIMATORS and r.group_size < 2:
-    why = f"advantage.estimator={a.estimator!r} compares samples in a group"
+    why = f"advantage.estimator={a.estimator!r} compares samples within a group"
     out.append(
       Problem("rollout.group_size", r.group_size, f"group_size >= 2: {why}")
     )
