@@ -67,6 +67,13 @@ _VLLM_QUANTS = flags.DEFINE_list(
 _MODEL = flags.DEFINE_string(
   "model", "smollm2-135m-instruct", "load_pretrained path or name."
 )
+_RANDOM_INIT = flags.DEFINE_bool(
+  "random_init",
+  False,
+  "--model is a preset name (e.g. qwen2.5-0.5b) with random weights and "
+  "random prompt ids: speed does not depend on the values, and no checkpoint "
+  "or tokenizer is needed (the GPU machine has neither). JAX engine only.",
+)
 _PROMPTS = flags.DEFINE_integer("prompts", 16, "Prompts per rollout.")
 _SAMPLES = flags.DEFINE_integer("samples", 8, "Samples per prompt.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 256, "Tokens per sample.")
@@ -708,7 +715,20 @@ def main(argv):
   machine = machine_info()
   print(f"machine: {json.dumps(machine)}")
   print(f"load average at start: {os.getloadavg()}")
-  model = models.load_pretrained(_MODEL.value)
+  if _RANDOM_INIT.value:
+    if "vllm" in _ENGINES.value:
+      raise app.UsageError(
+        "--random_init with --engines=vllm: the vLLM sidecar loads a "
+        "checkpoint with its tokenizer; use --engines=jax"
+      )
+    config = models.preset(_MODEL.value)
+    model = models.Model(
+      config=config,
+      params=models.init_params(config, jax.random.PRNGKey(_SEED.value)),
+      tokenizer=None,
+    )
+  else:
+    model = models.load_pretrained(_MODEL.value)
   args = {
     "kl_rows": _KL_ROWS.value,
     "kl_chunk": _KL_CHUNK.value,

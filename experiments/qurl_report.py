@@ -518,6 +518,27 @@ CLAIMS = (
   ]
 )
 
+# Question 2 also asks whether the corrected INT8 runs keep up with fp32
+# in the several-updates-per-rollout regime.
+CLAIMS += [
+  (
+    "2",
+    "q2_instrument",
+    f"INT8 + {c.upper()} is no worse than fp32 (4 x 2 updates per rollout)",
+    "fp32",
+    f"int8_{c}",
+    "non_inferiority",
+  )
+  for c in ("tis", "acr")
+]
+# The same claims on runs made on a GPU (study `<name>_gpu`): another machine
+# and other seeds, so a separate study, never pooled with the CPU runs.
+CLAIMS += [
+  (q, f"{study}_gpu", f"{claim} (H100 runs)", a, b, kind)
+  for q, study, claim, a, b, kind in CLAIMS
+  if study in ("q2_instrument", "q4_long_horizon")
+]
+
 QUESTIONS = {
   "1": "Does naive INT8 rollout degrade training, and does decoupling fix it?",
   "2": "Does ACR beat TIS where its bound binds?",
@@ -852,12 +873,18 @@ def status_section(studies: dict[str, dict]) -> list[str]:
     model = str(config_lib.lookup(base, "model.name", "?"))
     if model.startswith("instrument:"):
       model = "instrument (~1M params, from scratch)"
+
+    # Bases are nested sections or legacy flat keys: read both the same way.
+    def get(key, base=base):
+      return config_lib.lookup(base, key, "?")
+
     scale = (
-      f"{model}, {base.get('task_difficulty', '?')}, "
-      f"{base.get('steps', '?')} steps × {base.get('prompts_per_step', '?')}"
-      f"×{base.get('group_size', '?')}, {base.get('eval_size', '?')} "
-      "held-out"
+      f"{model}, {get('task.difficulty')}, "
+      f"{get('run.steps')} steps × {get('rollout.prompts_per_step')}"
+      f"×{get('rollout.group_size')}, {get('task.eval_size')} held-out"
     )
+    if st["setup"].get("machine"):
+      scale += f"; {st['setup']['machine'].split(',')[0]}"
     lines.append(
       f"| {name} | {scale} | {done}/{planned} | "
       f"{', '.join(partial) or '–'} | {planned - done - len(partial)} | "

@@ -37,7 +37,7 @@ def eval_records(trainer) -> tuple[dict, list[dict]]:
     pad_id=int(getattr(tok, "pad_token_id", None) or 0),
   )
   try:
-    engine.update_weights(trainer.policy_params(), "none")
+    engine.update_weights(trainer.policy_params())
     examples = trainer.task.eval_examples()
     prompts = [trainer.task.prompt_ids(e) for e in examples]
     rb = engine.generate(

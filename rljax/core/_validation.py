@@ -11,7 +11,9 @@ Config fields: a `Rule` maps a value to what was expected of it (a phrase
 such as ">= 1" or "one of ('a', 'b')"), or None when the value is fine.
 Rules compose (`all_of`, `optional`, `expect`); `check_field` raises the
 error of one field ("SamplingConfig.n=0; expected >= 1"), and a validator
-that reports every problem at once can collect the phrases instead.
+that reports every problem at once (train/config/validation.py) collects
+the phrases instead. Either way `field_message` words the line: it is the
+one place where "field X has the bad value V; expected E" is written.
 """
 
 from __future__ import annotations
@@ -181,6 +183,23 @@ def is_bool(value: Any) -> str | None:
   return None if isinstance(value, (bool, np.bool_)) else "a bool"
 
 
+_TYPE_TEXT = {int: "an int", float: "a number", bool: "a bool", str: "a str"}
+
+
+def of_type(kind: type) -> Rule:
+  """A value of the Python type `kind` itself, as a JSON file holds it (a
+  config recorded in a run directory): an int passes for a float, a bool
+  never passes for a number, and numpy scalars (not JSON) never pass."""
+  allowed = (int, float) if kind is float else (kind,)
+  text = _TYPE_TEXT.get(kind, f"a {kind.__name__}")
+
+  def rule(v):
+    ok = isinstance(v, allowed) and (kind is bool or not isinstance(v, bool))
+    return None if ok else text
+
+  return rule
+
+
 def non_empty_str(value: Any) -> str | None:
   return None if isinstance(value, str) and value else "a non-empty str"
 
@@ -243,6 +262,13 @@ def _shown(value: Any) -> str:
   return repr(value.item() if isinstance(value, np.generic) else value)
 
 
+def field_message(name: str, value: Any, expected: str) -> str:
+  """ "{name}={value!r}; expected {expected}": every bad setting of rljax, a
+  config field (`check_field`) or a flag (`--loss.eps_high=-1; expected
+  ...`), is worded here."""
+  return f"{name}={_shown(value)}; expected {expected}"
+
+
 def check_field(
   owner: str,
   name: str,
@@ -254,4 +280,4 @@ def check_field(
   `rule` rejects the value."""
   expected = rule(value)
   if expected:
-    raise error(f"{owner}.{name}={_shown(value)}; expected {expected}")
+    raise error(field_message(f"{owner}.{name}", value, expected))

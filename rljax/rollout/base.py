@@ -65,8 +65,11 @@ class SamplingConfig:
       self.stop_token_ids, Sequence
     ):
       raise TypeError(
-        f"SamplingConfig.stop_token_ids={self.stop_token_ids!r}; expected a "
-        "tuple of ints"
+        v.field_message(
+          "SamplingConfig.stop_token_ids",
+          self.stop_token_ids,
+          "a tuple of ints",
+        )
       )
     for tok in self.stop_token_ids:
       if (
@@ -142,7 +145,7 @@ def _check_token_list(name: str, index: int, ids: Any) -> list[int]:
     ids, (Sequence, np.ndarray)
   ):
     raise TypeError(
-      f"{name}[{index}]={ids!r}; expected a list of int token ids"
+      v.field_message(f"{name}[{index}]", ids, "a list of int token ids")
     )
   return [int(t) for t in ids]
 
@@ -194,8 +197,11 @@ class RolloutBatch:
     for row, reason in enumerate(self.finish_reason):
       if reason not in FINISH_REASONS:
         raise ValueError(
-          f"RolloutBatch.finish_reason[{row}]={reason!r}; expected one of "
-          f"{FINISH_REASONS}"
+          v.field_message(
+            f"RolloutBatch.finish_reason[{row}]",
+            reason,
+            f"one of {FINISH_REASONS}",
+          )
         )
 
   @property

@@ -646,7 +646,7 @@ class JaxSampler:
     self._signatures: set[Any] = set()
     self._closed = False
     if params is not None:
-      self.update_weights(params, self._quant)
+      self.update_weights(params)
 
   # -- RolloutEngine ----------------------------------------------------------
 
@@ -664,28 +664,23 @@ class JaxSampler:
     """The params the rollout runs on (quantized / cast)."""
     return self._params
 
-  def update_weights(
-    self, params: Any, quant_mode: str | None = None
-  ) -> SyncStats:
+  def update_weights(self, params: Any) -> SyncStats:
     """Loads params; a sampler made with quant="none" runs them as given.
 
-    The trainer passes prepared rollout weights
-    (`quant.prepare_rollout_weights`) and no mode. Standalone use may pass
-    full-precision params with `quant_mode` to have them converted here.
+    The trainer makes its sampler with quant="none" and passes prepared
+    rollout weights (`quant.prepare_rollout_weights`). A sampler made with
+    another mode converts full-precision params to that mode here
+    (standalone use: benchmarks, examples). Like every engine's, this takes
+    no mode argument: the format is fixed when the engine is made.
 
     Args:
       params: params tree of the decoder (docs/CONTRACTS.md).
-      quant_mode: one of QUANT_MODES; None keeps the sampler's current mode.
 
     Returns:
       SyncStats: wall seconds of the cast/quantization (until the new weights
       are materialized) and bytes of the weights the sampler now holds.
     """
-    mode = (
-      self._quant
-      if quant_mode is None
-      else _check_quant(quant_mode, "JaxSampler.update_weights")
-    )
+    mode = self._quant
     start = time.perf_counter()
     if mode == "none":
       new_params = params
@@ -703,7 +698,6 @@ class JaxSampler:
     new_params = jax.block_until_ready(new_params)
     seconds = time.perf_counter() - start
     self._params = new_params
-    self._quant = mode
     return SyncStats(seconds=seconds, bytes=tree_nbytes(new_params))
 
   def close(self) -> None:

@@ -38,7 +38,7 @@ class HeldOut:
         max_new_tokens=self.cfg.rollout.max_new_tokens,
         pad_id=batch_lib.pad_id(self.tokenizer),
       )
-    self._engine.update_weights(params, "none")
+    self._engine.update_weights(params)
     examples = self.task.eval_examples()
     prompts = [self.task.prompt_ids(e) for e in examples]
     rb = self._engine.generate(

@@ -32,6 +32,27 @@ class TestTypeRules:
     assert v.non_empty_str("") == v.non_empty_str(3) == "a non-empty str"
 
 
+class TestOfType:
+  """The Python types a config records in JSON (train/config/validation)."""
+
+  def test_int_is_a_python_int_and_never_a_bool_or_numpy(self):
+    rule = v.of_type(int)
+    assert rule(3) is None and rule(-1) is None
+    for bad in (True, 3.0, np.int64(3), "3"):
+      assert rule(bad) == "an int", bad
+
+  def test_float_takes_ints_but_not_bools_or_numpy(self):
+    rule = v.of_type(float)
+    assert rule(0.5) is None and rule(2) is None and rule(math.inf) is None
+    for bad in (False, np.float32(0.5), "0.5", None):
+      assert rule(bad) == "a number", bad
+
+  def test_bool_and_str(self):
+    assert v.of_type(bool)(True) is None
+    assert v.of_type(bool)(1) == v.of_type(bool)(np.bool_(True)) == "a bool"
+    assert v.of_type(str)("") is None and v.of_type(str)(1) == "a str"
+
+
 class TestInRange:
   def test_closed_and_open_ends(self):
     closed, half_open = v.in_range(0, 1), v.in_range(0, 1, lo_open=True)
@@ -64,6 +85,17 @@ class TestComposition:
     assert rule("c") == "one of ('a', 'b')"
     assert v.expect(v.at_least(1), "a positive count")(0) == "a positive count"
     assert v.expect(v.at_least(1), "a positive count")(2) is None
+
+
+class TestFieldMessage:
+  def test_one_wording_for_fields_and_flags(self):
+    assert (
+      v.field_message("--loss.eps_high", -1, ">= 0")
+      == "--loss.eps_high=-1; expected >= 0"
+    )
+    # numpy scalars are shown as the user wrote them, strings quoted.
+    assert v.field_message("x", np.float64(0.5), "e") == "x=0.5; expected e"
+    assert v.field_message("x", "a", "e") == "x='a'; expected e"
 
 
 class TestCheckField:

@@ -100,11 +100,11 @@ class TestCheckAddress:
       }
     )
     with pytest.raises(
-      ValueError, match="--reward.name='bogus': expected one of"
+      ValueError, match="--reward.name='bogus'; expected one of"
     ):
       TrainConfig().replace({"reward.name": "bogus"})
     with pytest.raises(
-      ValueError, match="--reward.model_path='': expected the directory"
+      ValueError, match="--reward.model_path=''; expected the directory"
     ):
       TrainConfig().replace({"reward.name": "reward_model"})
 

@@ -513,10 +513,14 @@ class TestJaxSamplerWeights:
 
   def test_update_weights_reports_bytes_and_seconds(self, tiny):
     config, params = tiny
-    sampler = JaxSampler(config, max_prompt_len=32)
-    f32 = sampler.update_weights(params, "f32")
-    bf16 = sampler.update_weights(params, "bf16")
-    int8 = sampler.update_weights(params, "int8")
+
+    def sync(mode):
+      sampler = JaxSampler(config, quant=mode, max_prompt_len=32)
+      return sampler, sampler.update_weights(params)
+
+    _, f32 = sync("f32")
+    _, bf16 = sync("bf16")
+    sampler, int8 = sync("int8")
     assert isinstance(f32, base.SyncStats) and f32.seconds >= 0
     assert f32.bytes == sum(
       x.size * 4 for x in jax.tree_util.tree_leaves(params)
@@ -525,6 +529,14 @@ class TestJaxSamplerWeights:
     assert int8.bytes < f32.bytes
     assert sampler.quant == "int8"
     assert sampler.params["layers"]["q_proj"]["kernel"].dtype == jnp.int8
+
+  def test_update_weights_takes_no_mode(self, tiny):
+    # One engine boundary (#13): the format is fixed when the engine is made;
+    # a sync cannot switch it (the trainer passes prepared weights only).
+    config, params = tiny
+    sampler = JaxSampler(config, max_prompt_len=32)
+    with pytest.raises(TypeError):
+      sampler.update_weights(params, "int8")
 
   def test_bf16_sampler_runs_greedy_close_to_f32(self, tiny, sampler):
     config, params = tiny

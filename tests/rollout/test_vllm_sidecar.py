@@ -362,14 +362,14 @@ class TestBF16Sidecar:
     # cast to the engine's bf16 at sync): the same greedy text comes back,
     # bit for bit (each request alone on the engine).
     _, params = f32_params
-    bf16_engine.update_weights(params, quant_mode="bf16")
+    bf16_engine.update_weights(params)
     restored_ids, restored_logp = _alone(bf16_engine, prompts, GREEDY)
     assert restored_ids == base_ids
     for a, b in zip(restored_logp, base_logp):
       np.testing.assert_allclose(a, b, atol=1e-6)
 
   def test_bad_weights_are_refused_before_reaching_the_engine(
-    self, bf16_engine, prompts, checkpoints
+    self, bf16_engine, prompts, checkpoints, f32_params
   ):
     before = bf16_engine.generate(prompts[:1], GREEDY)
     original = _hf_state_dict(checkpoints["bf16"])
@@ -388,8 +388,12 @@ class TestBF16Sidecar:
     codes = dict(original, **{name: np.zeros((576, 1536), np.int8)})
     with pytest.raises(TypeError, match=rf"'{name}' has dtype int8"):
       bf16_engine.update_weights(codes)
-    with pytest.raises(ValueError, match=r"runs a bf16 checkpoint"):
-      bf16_engine.update_weights(original, quant_mode="int8")
+    from rljax import quant  # pylint: disable=g-import-not-at-top
+
+    config, params = f32_params
+    int8 = quant.prepare_rollout_weights(config, params, "int8")
+    with pytest.raises(ValueError, match=r"are int8 .*runs a bf16 checkpoint"):
+      bf16_engine.update_weights(int8)
     # Nothing was sent: the engine is alive and unchanged.
     after = bf16_engine.generate(prompts[:1], GREEDY)
     assert after.response_ids == before.response_ids
@@ -492,7 +496,7 @@ class TestInt8Sidecar:
     config, params = f32_params
     base_ids, base_logp = _alone(int8_engine, prompts, GREEDY)
     # A params tree: quantized to int8 codes + scales at sync.
-    stats = int8_engine.update_weights(_scale_mlps(params), quant_mode="int8")
+    stats = int8_engine.update_weights(_scale_mlps(params))
     assert stats.bytes == int8_engine.manifest.nbytes
     print(
       f"\nint8 sync: {stats.seconds:.2f} s, {stats.bytes / 2**20:.0f} MiB,"

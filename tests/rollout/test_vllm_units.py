@@ -375,15 +375,29 @@ class TestSidecarConfig:
     assert "'   '" not in str(info.value)
 
 
-def _float_checkpoint(path, dtype="bfloat16"):
+def _float_checkpoint(path, dtype="bfloat16", quantization=None):
   path.mkdir()
-  (path / "config.json").write_text(
-    json.dumps({"vocab_size": 8, "torch_dtype": dtype})
-  )
+  config = {"vocab_size": 8, "torch_dtype": dtype}
+  if quantization:
+    config["quantization_config"] = {
+      "quant_method": "compressed-tensors",
+      "format": quantization,
+    }
+  (path / "config.json").write_text(json.dumps(config))
   safetensors.numpy.save_file(
     {"w": np.zeros((2, 2), BF16)}, str(path / "model.safetensors")
   )
   return str(path)
+
+
+def _qtensor_tree(mode):
+  """A prepared rollout tree of `mode` (`quant.prepare_rollout_weights`
+  output), as the trainer pushes it."""
+  from rljax.quant import qtensor  # pylint: disable=g-import-not-at-top
+
+  codes = np.ones((2, 2), np.int8 if mode != "fp8" else ml_dtypes.float8_e4m3fn)
+  kernel = qtensor.QTensor(codes, np.ones((1, 2), np.float32), mode=mode)
+  return {"layers": {"mlp_down": {"kernel": kernel}}}
 
 
 class TestWeightSync:
@@ -393,20 +407,63 @@ class TestWeightSync:
   def test_reads_the_checkpoint_and_casts_to_it(self, tmp_path):
     sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
     assert (sync.quant_mode, sync.vocab_size) == ("bf16", 8)
-    out = sync.prepare({"w": np.full((2, 2), 0.5, np.float32)}, None, "E")
+    out = sync.prepare({"w": np.full((2, 2), 0.5, np.float32)}, "E")
     assert out["w"].dtype == BF16
     np.testing.assert_array_equal(out["w"].astype(np.float32), 0.5)
-    sync.prepare({"w": np.ones((2, 2), np.float32)}, "bfloat16", "E")
 
-  def test_another_weight_format_is_refused(self, tmp_path):
+  # The mode is no argument of update_weights: the weights' own format is
+  # checked against the checkpoint, before anything is converted or sent.
+  @pytest.mark.parametrize("mode", ["int8", "int8_wo", "fp8"])
+  def test_quantized_weights_for_a_float_checkpoint_are_refused(
+    self, tmp_path, mode
+  ):
     sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
-    with pytest.raises(ValueError, match=r"^E: .*runs a bf16 checkpoint"):
-      sync.prepare({"w": np.ones((2, 2), np.float32)}, "int8", "E")
+    with pytest.raises(
+      ValueError,
+      match=rf"^E: the weights are {mode} but the engine runs a bf16 "
+      r"checkpoint .*launch a sidecar from a",
+    ):
+      sync.prepare(_qtensor_tree(mode), "E")
+
+  def test_another_quantized_format_is_refused(self, tmp_path):
+    ckpt = _float_checkpoint(tmp_path / "ckpt", quantization="int-quantized")
+    sync = vllm_sync.WeightSync(ckpt)
+    assert sync.quant_mode == "int8"
+    with pytest.raises(ValueError, match=r"^E: the weights are fp8 .* int8"):
+      sync.prepare(_qtensor_tree("fp8"), "E")
+    codes = {
+      "q.weight": np.ones((2, 2), ml_dtypes.float8_e4m3fn),
+      "q.weight_scale": np.ones((2, 1), np.float32),
+    }
+    with pytest.raises(ValueError, match=r"^E: the weights are fp8 .* int8"):
+      sync.prepare(codes, "E")
+
+  def test_compressed_tensors_codes_for_a_float_checkpoint_are_refused(
+    self, tmp_path
+  ):
+    sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
+    codes = {
+      "q.weight": np.ones((2, 2), np.int8),
+      "q.weight_scale": np.ones((2, 1), np.float32),
+    }
+    with pytest.raises(ValueError, match=r"^E: the weights are int8 .* bf16"):
+      sync.prepare(codes, "E")
 
   def test_params_of_an_unknown_kind_are_refused(self, tmp_path):
     sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
     with pytest.raises(TypeError, match=r"E weight sync: params is a list"):
-      sync.prepare([1, 2], None, "E")
+      sync.prepare([1, 2], "E")
+
+  def test_update_weights_takes_no_mode(self):
+    # Every engine's boundary (rollout.base.RolloutEngine): prepared weights.
+    import inspect  # pylint: disable=g-import-not-at-top
+
+    for method in (
+      VLLMSidecar.update_weights,
+      VLLMSidecar.prepare_weights,
+      vllm_sidecar.VLLMSidecarPool.update_weights,
+    ):
+      assert list(inspect.signature(method).parameters) == ["self", "params"]
 
 
 class TestTimedSync:

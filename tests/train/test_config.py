@@ -2,8 +2,10 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
+from rljax.core import _validation
 from rljax.core import objectives
 from rljax.train import config as config_lib
 
@@ -451,3 +453,31 @@ def test_the_trainer_gets_cores_loss_config_itself():
   cfg = config_lib.resolve("dapo")
   assert type(cfg.loss) is objectives.PolicyLossConfig
   assert config_lib.SECTIONS["loss"] is objectives.PolicyLossConfig
+
+
+def test_a_problem_is_worded_by_cores_field_message():
+  # One wording of a bad setting for every config of rljax.
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.resolve("grpo", {"rollout.top_p": 1.5})
+  line = _validation.field_message(
+    "--rollout.top_p", 1.5, "a value in (0.0, 1.0]"
+  )
+  assert str(e.value).splitlines()[1:] == [f"  {line}"]
+
+
+def test_numpy_scalars_are_refused_as_config_json_cannot_hold_them():
+  with pytest.raises(config_lib.ConfigError, match="--run.steps=3; expected"):
+    config_lib.resolve("grpo", {"run.steps": np.int64(3)})
+
+
+def test_a_cross_check_that_cannot_run_does_not_hide_the_others():
+  # update.minibatches of the wrong type breaks the batch-size check; the
+  # GSPO correction check still reports its own problem.
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.apply_preset(
+      "gspo", {"update.minibatches": "2", "loss.correction": "naive"}
+    )
+  assert [p.field for p in e.value.problems] == [
+    "update.minibatches",
+    "loss.correction",
+  ]

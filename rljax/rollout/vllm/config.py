@@ -23,15 +23,6 @@ _COMPRESSED_FORMATS = {"int-quantized": "int8", "float-quantized": "fp8"}
 _FLOAT_MODES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 
-# Names other rljax engines use for the same weight formats.
-_MODE_ALIASES = {
-  "none": "f32",
-  "float32": "f32",
-  "bfloat16": "bf16",
-  "float16": "f16",
-}
-
-
 class SidecarError(EngineFailure):
   """A vLLM sidecar died, hung, or rejected a request it should accept.
 
@@ -186,8 +177,11 @@ class VLLMSidecarConfig:
       isinstance(a, str) for a in self.extra_args
     ):
       raise TypeError(
-        f"VLLMSidecarConfig.extra_args={self.extra_args!r}; "
-        "expected a tuple of strings (one per argv item)"
+        v.field_message(
+          "VLLMSidecarConfig.extra_args",
+          self.extra_args,
+          "a tuple of strings (one per argv item)",
+        )
       )
     object.__setattr__(self, "extra_args", tuple(self.extra_args))
     env = tuple(
@@ -200,8 +194,9 @@ class VLLMSidecarConfig:
       len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in env
     ):
       raise TypeError(
-        f"VLLMSidecarConfig.env={self.env!r}; expected "
-        "(name, value) string pairs"
+        v.field_message(
+          "VLLMSidecarConfig.env", self.env, "(name, value) string pairs"
+        )
       )
     object.__setattr__(self, "env", env)
     # Not check_field: the message must not quote a secret.

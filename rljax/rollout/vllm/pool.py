@@ -96,12 +96,10 @@ class VLLMSidecarPool:
     rows = [row for chunk in chunks for row in chunk]
     return to_batch(prompts, rows, sampling, time.perf_counter() - start)
 
-  def update_weights(
-    self, params: Any, quant_mode: str | None = None
-  ) -> SyncStats:
+  def update_weights(self, params: Any) -> SyncStats:
     """Converts and writes once, then every sidecar reloads concurrently."""
     stats, self.last_sync_timing = timed_sync(
-      lambda: self.sidecars[0].prepare_weights(params, quant_mode),
+      lambda: self.sidecars[0].prepare_weights(params),
       self._sync_dirs,
       self.shard_bytes,
       lambda path: self._run_all(

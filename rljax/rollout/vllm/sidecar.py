@@ -314,24 +314,19 @@ class VLLMSidecar:
 
   # -- weight sync ------------------------------------------------------------
 
-  def prepare_weights(
-    self, params: Any, quant_mode: str | None = None
-  ) -> dict[str, np.ndarray]:
+  def prepare_weights(self, params: Any) -> dict[str, np.ndarray]:
     """The exact tensors a sync writes: HF name -> array in checkpoint
-    format, checked against the engine's checkpoint (see
-    `sync.WeightSync.prepare`; quant_mode: None or the engine's format)."""
-    return self._weights.prepare(
-      params, quant_mode, f"VLLMSidecar {self.describe()}"
-    )
+    format, checked against the engine's checkpoint and its weight format
+    (`quant_mode`; see `sync.WeightSync.prepare`)."""
+    return self._weights.prepare(params, f"VLLMSidecar {self.describe()}")
 
-  def update_weights(
-    self, params: Any, quant_mode: str | None = None
-  ) -> SyncStats:
+  def update_weights(self, params: Any) -> SyncStats:
     """Pushes new weights: check, write shards to tmpfs, reload, reset cache.
 
     Args:
-      params: see `prepare_weights`.
-      quant_mode: None or the engine's format (`quant_mode` attribute).
+      params: prepared rollout weights (`quant.prepare_rollout_weights` for
+        this engine's `quant_mode`) or an HF state dict; see
+        `prepare_weights`.
 
     Returns:
       SyncStats: wall seconds of the whole sync (conversion included) and
@@ -346,7 +341,7 @@ class VLLMSidecar:
     with self._lock:
       self._require_usable("syncing weights")
       stats, self.last_sync_timing = timed_sync(
-        lambda: self.prepare_weights(params, quant_mode),
+        lambda: self.prepare_weights(params),
         self._sync_dirs,
         self.config.shard_bytes,
         self.load_weights_dir,

@@ -18,7 +18,6 @@ import numpy as np
 from rljax.models import safetensors_io
 from rljax.rollout import weight_sync
 from rljax.rollout.base import SyncStats
-from rljax.rollout.vllm.config import _MODE_ALIASES
 from rljax.rollout.vllm.config import checkpoint_quant_mode
 
 
@@ -30,6 +29,40 @@ def _is_hf_state_dict(params: Any) -> bool:
       isinstance(k, str) and hasattr(v, "shape") for k, v in params.items()
     )
   )
+
+
+def _tree_format(params: Any) -> str | None:
+  """The `QTensor` mode of an rljax tree ("int8", "int8_wo", "fp8"), None
+  when it holds only floats."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from rljax.quant import qtensor  # pylint: disable=g-import-not-at-top
+
+  def is_q(x):
+    return isinstance(x, qtensor.QTensor)
+
+  leaves = jax.tree_util.tree_leaves(params, is_leaf=is_q)
+  modes = sorted({x.mode for x in leaves if is_q(x)})
+  if len(modes) > 1:
+    raise ValueError(
+      f"weight sync: the params tree mixes QTensor modes {modes}; expected "
+      "one (quant.prepare_rollout_weights)"
+    )
+  return modes[0] if modes else None
+
+
+_CODE_FORMATS = {"int8": "int8", "float8_e4m3fn": "fp8"}
+
+
+def _state_dict_format(state_dict: Mapping[str, Any]) -> str | None:
+  """ "int8"/"fp8" for the codes of a compressed-tensors state dict (a
+  weight with a `*.weight_scale`), None otherwise (float tensors, or codes
+  of another dtype, which the manifest check names)."""
+  for name in state_dict:
+    if name.endswith(".weight_scale"):
+      codes = state_dict.get(name[: -len("_scale")])
+      return _CODE_FORMATS.get(np.dtype(getattr(codes, "dtype", None)).name)
+  return None
 
 
 class WeightSync:
@@ -61,25 +94,31 @@ class WeightSync:
     self._check_finite = check_finite
     self._model_config = model_config
 
-  def prepare(
-    self, params: Any, quant_mode: str | None, engine: str
-  ) -> dict[str, np.ndarray]:
+  def prepare(self, params: Any, engine: str) -> dict[str, np.ndarray]:
     """HF name -> array in checkpoint format, checked against the manifest.
 
     Args:
-      params: an HF state dict (name -> array: float tensors for a float
+      params: prepared rollout weights (`quant.prepare_rollout_weights`) or
+        an HF state dict (name -> array: float tensors for a float
         checkpoint; int8/fp8 codes + float32 `*.weight_scale` for a
-        compressed-tensors one), or an rljax params tree (full precision, or
-        `quant.quantize_params` output for int8/fp8), converted with
-        `models.to_hf_state_dict` / `models.compressed_tensors_state_dict`.
-      quant_mode: None (the checkpoint's format) or that same format.
+        compressed-tensors one). An rljax tree is converted with
+        `models.to_hf_state_dict` / `models.compressed_tensors_state_dict`
+        (a full-precision tree for an int8/fp8 checkpoint is quantized
+        here); its `QTensor` mode must be the checkpoint's.
       engine: the engine, as error messages name it.
+
+    Raises:
+      ValueError: the weights are in another format than the checkpoint
+        (vLLM cannot change it at a sync), or do not match its tensors.
+      TypeError: `params` is neither kind, or a tensor's dtype is wrong.
     """
-    mode = self._resolve_mode(quant_mode, engine)
+    mode = self.quant_mode
     context = f"{engine} weight sync"
     if _is_hf_state_dict(params):
+      self._check_format(_state_dict_format(params), engine)
       state_dict = params
     elif isinstance(params, Mapping):
+      self._check_format(_tree_format(params), engine)
       config = self._rljax_model_config()
       from rljax import models  # pylint: disable=g-import-not-at-top
 
@@ -98,18 +137,19 @@ class WeightSync:
       state_dict, self.manifest, self._check_finite, context
     )
 
-  def _resolve_mode(self, quant_mode: str | None, engine: str) -> str:
-    if quant_mode is None:
-      return self.quant_mode
-    mode = _MODE_ALIASES.get(quant_mode, quant_mode)
-    if mode != self.quant_mode:
-      raise ValueError(
-        f"{engine}: update_weights(quant_mode="
-        f"{quant_mode!r}) but the engine runs a {self.quant_mode} "
-        f"checkpoint ({self.model_dir}); vLLM cannot change the weight "
-        f"format at a sync: launch a sidecar from a {mode} export instead"
-      )
-    return mode
+  def _check_format(self, given: str | None, engine: str) -> None:
+    """Quantized weights (`given`: their format, None for floats) must be in
+    the checkpoint's format: a float checkpoint takes no codes, and an
+    int8/fp8 one only its own (floats are quantized to it at the sync)."""
+    if given is None or given == self.quant_mode:
+      return
+    raise ValueError(
+      f"{engine}: the weights are {given} but the engine runs a "
+      f"{self.quant_mode} checkpoint ({self.model_dir}); vLLM cannot change "
+      f"the weight format at a sync: prepare {self.quant_mode} weights "
+      f"(quant.prepare_rollout_weights) or launch a sidecar from a {given} "
+      "export"
+    )
 
   def _rljax_model_config(self) -> Any:
     if self._model_config is None:

@@ -1,0 +1,5 @@
+#!/bin/bash
+# Regenerates docs/qurl_results.md from the archived runs (docs/qurl/runs).
+set -e
+cd "$(dirname "$0")/.."
+PYTHONPATH=$PWD python3 experiments/qurl_report.py --studies=q1_instrument:docs/qurl/runs/q1_instrument,q2_instrument_gpu:docs/qurl/runs/q2_instrument_gpu,q4_long_horizon_gpu:docs/qurl/runs/q4_long_horizon_gpu,instrument_tuning:docs/qurl/runs/instrument_tuning,q1_instrument_v1:docs/qurl/runs/q1_instrument_v1,q2_instrument_v1:docs/qurl/runs/q2_instrument_v1,q4_long_horizon_v1:docs/qurl/runs/q4_long_horizon_v1 --archive='' --instrument_record=docs/qurl/runs/instrument.json --bench=docs/qurl/bench_rollout.json --base_rates=docs/qurl/base_rate/smollm2_a.json,docs/qurl/base_rate/smollm2_b.json --reading=docs/qurl/reading.md --smooth=5 --out=docs/qurl_results.md

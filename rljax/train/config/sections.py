@@ -1,0 +1,224 @@
+"""The sections of a TrainConfig, their vocabularies and dotted field names.
+
+Each section is a small frozen dataclass grouping the settings one part of
+the trainer reads (see the package docstring for the list). A setting is
+named by its dotted path, `loss.eps_high`: `field_names`, `field_type` and
+`field_default` answer for every one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from rljax import quant
+from rljax.core import objectives
+from rljax.models.sharding import MeshConfig
+from rljax.train.optim import OptimConfig
+
+ALGORITHMS = (
+  "reinforce",
+  "ppo",
+  "grpo",
+  "drgrpo",
+  "rloo",
+  "reinforce_pp",
+  "dapo",
+  "cispo",
+  "gspo",
+  "vapo",
+  "olmo3",
+)
+ADVANTAGE_ESTIMATORS = (
+  "grpo",
+  "drgrpo",
+  "rloo",
+  "reinforce_pp",
+  "reinforce_pp_baseline",
+  "reinforce",
+  "gae",
+)
+# quant's rollout weight formats; "f32" is its synonym of "none".
+ROLLOUT_QUANT = tuple(m for m in quant.ROLLOUT_MODES if m != "f32")
+ENGINES = ("jax", "vllm")
+REWARDS = ("verifier", "reward_model", "vrcli", "judge")
+DEFAULT_ALGORITHM = "grpo"
+
+PolicyLossConfig = objectives.PolicyLossConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyModelConfig:
+  """The model trained (name, HF dir, .gguf, or "tiny") and its LoRA.
+
+  lora_rank 0 trains every weight (rljax/models/lora.py)."""
+
+  name: str = "smollm2-135m-instruct"
+  lora_rank: int = 0
+  lora_alpha: float = 32.0
+  lora_dropout: float = 0.0
+  lora_targets: str = "all"  # all | attn | mlp | q_proj,v_proj,...
+  lora_base_dtype: str = "float32"  # frozen base: float32|bfloat16|int8
+  # Mixed precision (docs/precision.md): the master weights and the optimizer
+  # state are held in param_dtype; the policy, reference, proximal and critic
+  # forward passes run in compute_dtype, log-softmax and loss in float32.
+  # "auto": bfloat16 on GPU/TPU, float32 on CPU (`placement.compute_dtype`).
+  param_dtype: str = "float32"  # float32|bfloat16
+  compute_dtype: str = "auto"  # auto|float32|bfloat16
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """The prompts: a generated task or a dataset, and the held-out split."""
+
+  name: str = "arithmetic"  # generated task, or a dataset spec
+  difficulty: str = "easy"
+  data_path: str = ""  # JSONL/Parquet for dataset tasks
+  eval_size: int = 64  # held-out prompts (never trained on)
+  max_prompt_tokens: int = 128
+  reward_workers: int = 1  # verifier processes; 0 = in-process
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+  """The training reward (`rljax.train.tasks.build_reward`): the task's
+  verifier, or a learned, likelihood or judge reward in its place."""
+
+  name: str = "verifier"  # verifier|reward_model|vrcli|judge
+  model_path: str = ""  # train_reward_model.py output dir
+  vrcli_reference: str = ""  # frozen reference; "" = model.name
+  vrcli_separator: str = "\n"  # between reasoning and gold y
+  judge_url: str = "http://127.0.0.1:8000"  # OpenAI-compatible server
+  judge_model: str = ""  # "" = the server's first model
+  judge_rubrics: str = ""  # rubric file; "" = correctness
+  judge_api: str = "completions"  # completions|chat (chat template)
+  judge_timeout_s: float = 30.0
+  judge_allow_remote: bool = False  # else loopback only
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """The actor: engine, its (quantized) weights, and how it samples."""
+
+  engine: str = "jax"
+  vllm_urls: str = ""  # comma-separated; empty: start one
+  quant: str = "int8"
+  fake_quant: bool = False
+  uaq_scale: float = 1.5  # 1.0 disables update-aware scaling
+  prompts_per_step: int = 8
+  group_size: int = 8
+  max_new_tokens: int = 32
+  temperature: float = 1.0
+  top_p: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class KLConfig:
+  """KL to the reference policy: a loss term and/or a reward penalty."""
+
+  coef: float = 0.0  # KL-to-reference as a loss term
+  estimator: str = "k3"
+  in_reward_coef: float = 0.0  # KL-to-reference as reward penalty
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+  """From rewards to advantages, and which groups are kept."""
+
+  estimator: str = "grpo"
+  gamma: float = 1.0
+  gae_lambda: float = 1.0  # policy λ (VC-PPO: actor)
+  vapo_alpha: float = 0.0  # >0: λ = 1 - 1/(α·len) (VAPO)
+  dynamic_sampling: bool = False
+  max_resample_rounds: int = 2
+  # DAPO soft overlong punishment (also on when a size is set).
+  overlong_shaping: bool = False
+  overlong_max_len: int = 0  # its L_max; 0 = rollout.max_new_tokens
+  overlong_cache_len: int = 0  # its L_cache; 0 = L_max // 5
+  overlong_filter: bool = False  # mask truncated responses
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+  """The value model of advantage.estimator='gae' (PPO, VAPO)."""
+
+  learning_rate: float = 1e-5
+  gae_lambda: float = 1.0  # VC-PPO: critic λ
+  value_clip: float = 0.2
+  value_coef: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+  """How one RL step's batch becomes optimizer updates."""
+
+  ppo_epochs: int = 1
+  minibatches: int = 1
+  micro_batches: int = 1
+  entropy_coef: float = 0.0
+  remat: bool = False
+  logprob_chunk: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """How long the run goes, where it writes, and what it records."""
+
+  steps: int = 40
+  seed: int = 0
+  run_dir: str = "runs/default"
+  checkpoint_every: int = 10
+  keep_checkpoints: int = 2
+  resume: bool = False
+  # Comma-separated dotted fields a resume may change (train/rundir.py).
+  allow_config_change: str = ""
+  eval_every: int = 0
+  export_hf: bool = True
+  tensorboard: bool = True
+  pipelined: bool = False
+  max_staleness: int = 1
+
+
+SECTIONS: dict[str, type] = {
+  "model": PolicyModelConfig,
+  "task": TaskConfig,
+  "reward": RewardConfig,
+  "rollout": RolloutConfig,
+  "loss": PolicyLossConfig,
+  "kl": KLConfig,
+  "advantage": AdvantageConfig,
+  "critic": CriticConfig,
+  "update": UpdateConfig,
+  "optim": OptimConfig,
+  "mesh": MeshConfig,
+  "run": RunConfig,
+}
+
+
+def fields(cls: type) -> tuple[dataclasses.Field, ...]:
+  """The settable fields of a section (those its constructor takes)."""
+  return tuple(f for f in dataclasses.fields(cls) if f.init)
+
+
+def field_names() -> tuple[str, ...]:
+  """The settable fields (the flags), dotted, in declaration order."""
+  return ("algorithm",) + tuple(
+    f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in fields(cls)
+  )
+
+
+def field_type(name: str) -> Any:
+  """The type hint of dotted field `name`."""
+  if name == "algorithm":
+    return str
+  section, _, field = name.partition(".")
+  return typing.get_type_hints(SECTIONS[section])[field]
+
+
+def field_default(name: str) -> Any:
+  """The default of dotted field `name` (what TrainConfig() holds)."""
+  if name == "algorithm":
+    return DEFAULT_ALGORITHM
+  section, _, field = name.partition(".")
+  return SECTIONS[section].__dataclass_fields__[field].default
