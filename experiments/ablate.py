@@ -274,8 +274,9 @@ def write_progress(plan, out_dir: str, stopped: str) -> dict:
     "stopped": stopped,
     "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
   }
-  with open(os.path.join(out_dir, "progress.json"), "w") as f:
-    json.dump(progress, f, indent=1)
+  if distributed.is_main_process():  # multi-host: one writer
+    with open(os.path.join(out_dir, "progress.json"), "w") as f:
+      json.dump(progress, f, indent=1)
   return progress
 
 
@@ -382,10 +383,11 @@ def write_table(results: list[dict], out_dir: str) -> str:
       f"{_fmt(np.mean(rl) if rl else None)} ± {_fmt(np.std(rl) if rl else None)} |"
     )
   text = "\n".join(lines + agg) + "\n"
-  with open(os.path.join(out_dir, "table.md"), "w") as f:
-    f.write(text)
-  with open(os.path.join(out_dir, "table.json"), "w") as f:
-    json.dump(results, f, indent=1)
+  if distributed.is_main_process():  # multi-host: one writer
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+      f.write(text)
+    with open(os.path.join(out_dir, "table.json"), "w") as f:
+      json.dump(results, f, indent=1)
   return text
 
 
@@ -416,8 +418,13 @@ def run_study(
       f"--only names {sorted(unknown)}, which are not runs "
       f"of this ablation: {[r['name'] for r in runs]}"
     )
+  # Under multi-host every process trains every run (SPMD); process 0 alone
+  # writes the study's own files (the runs' files are gated by the Trainer).
+  main = distributed.is_main_process()
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "ablation.json"), "w") as f:
+  with open(
+    os.path.join(out_dir, "ablation.json") if main else os.devnull, "w"
+  ) as f:
     json.dump(
       {
         "base": shared,
@@ -453,7 +460,8 @@ def run_study(
     cpu0, w0 = _cpu_seconds(), time.monotonic()
     run_one(cfg)
     trained += 1
-    with open(os.path.join(out_dir, "cpu_log.jsonl"), "a") as f:
+    log = os.path.join(out_dir, "cpu_log.jsonl") if main else os.devnull
+    with open(log, "a") as f:
       f.write(
         json.dumps(
           {
@@ -471,7 +479,7 @@ def run_study(
   progress = write_progress(plan, out_dir, stopped)
   print("[ablate] progress: " + json.dumps(progress), flush=True)
   done = [r for r in results if r["status"] == "done"]
-  if done:
+  if done and main:
     from rljax.train.plots import plot_runs
 
     plot_runs(

@@ -83,6 +83,33 @@ def test_checked_in_qurl_config_names_only_real_fields():
   assert cfg.task.eval_size > 0 and seeds
 
 
+def test_only_process_zero_writes_the_study_files(tmp_path, monkeypatch):
+  # Multi-host (#14): every process runs the study; process 0 alone writes
+  # its table and progress (the runs' own files are gated by the Trainer).
+  ablate = _load_ablate()
+  row = {
+    "name": "a",
+    "seed": 0,
+    "status": "done",
+    "steps": 1,
+    "eval_final": 0.5,
+    "eval_best": 0.5,
+    "reward_last_q": 0.25,
+  }
+  monkeypatch.setattr(ablate.distributed, "is_main_process", lambda: False)
+  assert "| a | 0 |" in ablate.write_table([row], str(tmp_path))
+  ablate.write_progress([], str(tmp_path), "complete")
+  assert os.listdir(tmp_path) == []
+  monkeypatch.setattr(ablate.distributed, "is_main_process", lambda: True)
+  ablate.write_table([row], str(tmp_path))
+  ablate.write_progress([], str(tmp_path), "complete")
+  assert sorted(os.listdir(tmp_path)) == [
+    "progress.json",
+    "table.json",
+    "table.md",
+  ]
+
+
 def test_config_file_errors_name_the_bad_key(tmp_path):
   ablate = _load_ablate()
   bad = tmp_path / "bad.json"
