@@ -422,21 +422,20 @@ def run_study(
   # writes the study's own files (the runs' files are gated by the Trainer).
   main = distributed.is_main_process()
   os.makedirs(out_dir, exist_ok=True)
-  with open(
-    os.path.join(out_dir, "ablation.json") if main else os.devnull, "w"
-  ) as f:
-    json.dump(
-      {
-        "base": shared,
-        "runs": runs,
-        "seeds": seeds,
-        "resolved": {
-          f"{run['name']}_s{seed}": cfg.to_dict() for run, seed, cfg in plan
+  if main:
+    with open(os.path.join(out_dir, "ablation.json"), "w") as f:
+      json.dump(
+        {
+          "base": shared,
+          "runs": runs,
+          "seeds": seeds,
+          "resolved": {
+            f"{run['name']}_s{seed}": cfg.to_dict() for run, seed, cfg in plan
+          },
         },
-      },
-      f,
-      indent=1,
-    )
+        f,
+        indent=1,
+      )
   t0, trained, stopped = time.monotonic(), 0, "complete"
   for run, seed, cfg in plan:
     if _ONLY.value and run["name"] not in _ONLY.value:
@@ -460,19 +459,15 @@ def run_study(
     cpu0, w0 = _cpu_seconds(), time.monotonic()
     run_one(cfg)
     trained += 1
-    log = os.path.join(out_dir, "cpu_log.jsonl") if main else os.devnull
-    with open(log, "a") as f:
-      f.write(
-        json.dumps(
-          {
-            "run": f"{run['name']}_s{seed}",
-            "resumed_from": step,
-            "cpu_s": _cpu_seconds() - cpu0,
-            "wall_s": time.monotonic() - w0,
-          }
-        )
-        + "\n"
-      )
+    if main:
+      with open(os.path.join(out_dir, "cpu_log.jsonl"), "a") as f:
+        record = {
+          "run": f"{run['name']}_s{seed}",
+          "resumed_from": step,
+          "cpu_s": _cpu_seconds() - cpu0,
+          "wall_s": time.monotonic() - w0,
+        }
+        f.write(json.dumps(record) + "\n")
     print(write_table(collect(plan), out_dir), flush=True)
   results = collect(plan)
   print(write_table(results, out_dir), flush=True)
