@@ -169,9 +169,14 @@ def make_prompts(
 
 @functools.partial(jax.jit, static_argnums=0)
 def _kl_and_logp(configs, params_q, params_f, tokens, mask, temperature):
-  """Exact KL(π_q || π_f) per position and log π_f of the next token."""
-  config_q, config_f = configs
-  zq = models.forward(config_q, params_q, tokens, mask)[:, :-1] / temperature
+  """Exact KL(π_q || π_f) per position and log π_f of the next token.
+
+  configs: (config of π_q, config of π_f, π_q's activation dtype or None),
+  so π_q is the function the engine ran (`JaxSampler.activation_dtype`).
+  """
+  config_q, config_f, act_q = configs
+  zq = models.forward(config_q, params_q, tokens, mask, activation_dtype=act_q)
+  zq = zq[:, :-1] / temperature
   zf = models.forward(config_f, params_f, tokens, mask)[:, :-1] / temperature
   log_q = jax.nn.log_softmax(zq, axis=-1)
   log_f = jax.nn.log_softmax(zf, axis=-1)
@@ -189,6 +194,7 @@ def policy_mismatch(
   num_rows: int,
   chunk: int,
   f32_config=None,
+  activation_dtype=None,
 ) -> tuple[float, float]:
   """(exact KL or nan, k1 KL) of the engine's samples to the f32 policy.
 
@@ -210,6 +216,7 @@ def policy_mismatch(
     configs = (
       config if params_q is not None else f32_config or config,
       f32_config or config,
+      activation_dtype if params_q is not None else None,
     )
     kl, logp_f = _kl_and_logp(
       configs,
@@ -260,6 +267,7 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
     args["kl_rows"],
     args["kl_chunk"],
     f32_config=model.config,
+    activation_dtype=sampler.activation_dtype,
   )
   row = _row("jax", quant, batch, sync, kl, k1, sampling)
   row.update(

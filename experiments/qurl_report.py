@@ -457,12 +457,13 @@ CLAIMS = (
   + [
     (
       "3",
-      "q3_uaq",
+      study,
       f"UAQ s={s} beats ACR alone at lr {lr}",
       f"int8_acr_lr{lr}",
       f"int8_acr_uaq{s}_lr{lr}",
       "superiority",
     )
+    for study in ("q3_uaq", "q3_instrument")
     for lr in ("1e-6", "1e-5")
     for s in ("1.5", "2", "3")
   ]
@@ -518,6 +519,42 @@ CLAIMS = (
   ]
 )
 
+# Question 5 at instrument scale: its arms carry the question they repeat
+# (`_q1`: one update per rollout; `_q2`: 4 mini-batches x 2 epochs).
+CLAIMS += [
+  (
+    "5",
+    "q5_instrument",
+    "naive FP8 (emulated) rollout degrades training",
+    "fp8_naive_q1",
+    "fp32_q1",
+    "superiority",
+  ),
+  (
+    "5",
+    "q5_instrument",
+    "FP8 (emulated) + TIS is no worse than fp32",
+    "fp32_q1",
+    "fp8_tis_q1",
+    "non_inferiority",
+  ),
+  (
+    "5",
+    "q5_instrument",
+    "FP8 (emulated) + ACR is no worse than fp32",
+    "fp32_q1",
+    "fp8_acr_q1",
+    "non_inferiority",
+  ),
+  (
+    "5",
+    "q5_instrument",
+    "FP8 (emulated) + ACR beats TIS where its bound binds",
+    "fp8_tis_q2",
+    "fp8_acr_q2",
+    "superiority",
+  ),
+]
 # Question 2 also asks whether the corrected INT8 runs keep up with fp32
 # in the several-updates-per-rollout regime.
 CLAIMS += [

@@ -222,9 +222,17 @@ def _mlp_block(config: ModelConfig, layer: Params, x):
 
 
 def embed_tokens(
-  params: Params, tokens: Int[Array, "b t"]
+  params: Params, tokens: Int[Array, "b t"], dtype=None
 ) -> Float[Array, "b t d"]:
-  return jnp.take(params["embed"]["embedding"], tokens, axis=0)
+  """Embedding rows of `tokens`, in `dtype` (default: the embedding's).
+
+  The activation dtype of the whole forward pass is set here: the residual
+  stream, norms and attention run in it; each matmul runs as `qdot` rules
+  for its kernel's dtype (so bf16 weights with float32 activations run
+  bf16 x bf16 -> f32 dots and keep everything else in float32).
+  """
+  rows = jnp.take(params["embed"]["embedding"], tokens, axis=0)
+  return rows if dtype is None else rows.astype(dtype)
 
 
 def final_hidden_states(
@@ -235,8 +243,9 @@ def final_hidden_states(
   positions: Int[Array, "b t"] | None = None,
   *,
   remat: bool = False,
+  activation_dtype=None,
 ) -> Float[Array, "b t d"]:
-  """Hidden states after the final RMSNorm, in the params' dtype.
+  """Hidden states after the final RMSNorm, in the activation dtype.
 
   Args:
     config: the architecture.
@@ -249,6 +258,8 @@ def final_hidden_states(
       0..T−1 without a mask.
     remat: recompute each block's activations in the backward pass
       (`jax.checkpoint` per layer) to save memory.
+    activation_dtype: dtype of the activations (`embed_tokens`); default the
+      embedding's dtype.
   """
   _check_tokens(tokens)
   check_params(config, params)
@@ -276,7 +287,7 @@ def final_hidden_states(
 
   if remat:
     block = jax.checkpoint(block, prevent_cse=False)
-  x = embed_tokens(params, tokens)
+  x = embed_tokens(params, tokens, activation_dtype)
   x, _ = jax.lax.scan(block, x, params["layers"])
   return layers.rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps)
 
@@ -306,8 +317,13 @@ def logits_from_hidden(
     return qdot(hidden.astype(jnp.float32), kernel)
   # Products of bf16 values are exact in float32, so a float32-accumulated dot
   # of the bf16 operands equals the float32 dot of their upcasts, without a
-  # float32 copy of the [D, V] weight.
+  # float32 copy of the [D, V] weight. A bf16 kernel under float32 hidden
+  # states (bf16 weights, f32 activations) rounds the hidden states to bf16
+  # as `qdot` does: upcasting the kernel would convert all D x V weights at
+  # every decode step.
   dtype = jnp.promote_types(hidden.dtype, kernel.dtype)
+  if kernel.dtype == jnp.bfloat16:
+    dtype = jnp.bfloat16
   return jax.lax.dot_general(
     hidden.astype(dtype),
     kernel.astype(dtype),
@@ -325,6 +341,7 @@ def forward(
   *,
   remat: bool = False,
   return_hidden: bool = False,
+  activation_dtype=None,
 ):
   """Next-token logits of a Llama/Qwen2/Qwen3 decoder.
 
@@ -333,7 +350,13 @@ def forward(
   arguments.
   """
   hidden = final_hidden_states(
-    config, params, tokens, attention_mask, positions, remat=remat
+    config,
+    params,
+    tokens,
+    attention_mask,
+    positions,
+    remat=remat,
+    activation_dtype=activation_dtype,
   )
   logits = logits_from_hidden(config, params, hidden)
   return (logits, hidden) if return_hidden else logits
@@ -366,6 +389,8 @@ def forward_with_cache(
   cache: KVCache,
   write_index: Int[Array, ""] | int,
   kv_mask: Bool[Array, "b s"],
+  *,
+  activation_dtype=None,
 ):
   """Runs T new tokens against a KV cache: prefill (T > 1) or decode (T = 1).
 
@@ -382,6 +407,7 @@ def forward_with_cache(
     cache: from `init_cache`; the values are cast to the cache's dtype.
     write_index: first slot to write; may be traced (jit-friendly).
     kv_mask: bool/int [B, S] valid key slots, including the ones being written.
+    activation_dtype: as `final_hidden_states`.
 
   Returns:
     (logits float32 [B, T, V], updated cache).
@@ -435,7 +461,7 @@ def forward_with_cache(
     x = _mlp_block(config, layer, x)
     return (x, cache_k, cache_v), None
 
-  x = embed_tokens(params, tokens)
+  x = embed_tokens(params, tokens, activation_dtype)
   (x, k, v), _ = jax.lax.scan(
     block,
     (x, cache["k"], cache["v"]),
@@ -457,6 +483,8 @@ def decode_with_prefix_cache(
   cache: KVCache,
   write_index: Int[Array, ""] | int,
   kv_mask: Bool[Array, "b s"],
+  *,
+  activation_dtype=None,
 ):
   """One decode step of B = P·n rows whose caches start with P shared prompts.
 
@@ -477,6 +505,7 @@ def decode_with_prefix_cache(
     cache: {"k", "v"} [L, B, S, Hkv, hd], the generated tokens' slots.
     write_index: slot of the new token in `cache`; may be traced.
     kv_mask: bool/int [B, S] valid own slots, including the one written.
+    activation_dtype: as `final_hidden_states`.
 
   Returns:
     (logits float32 [B, 1, V], updated cache).
@@ -556,7 +585,7 @@ def decode_with_prefix_cache(
     )
     return (_mlp_block(config, layer, x), cache_k, cache_v), None
 
-  x = embed_tokens(params, tokens)
+  x = embed_tokens(params, tokens, activation_dtype)
   (x, k, v), _ = jax.lax.scan(
     block,
     (x, cache["k"], cache["v"]),

@@ -262,6 +262,7 @@ class _Plan:
   num_stop_ids: int
   pad_id: int
   cache_dtype: Any
+  activation_dtype: Any = None  # None: the embedding's dtype
   mesh: Any = None  # a Mesh: the KV caches are constrained to its layout
 
 
@@ -323,7 +324,14 @@ def _generate_chunk(
   # Position 0 at each row's first real token, as `models.forward` numbers it.
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
   logits, prefix = models.forward_with_cache(
-    config, params, prompt_tokens, positions, prefix, 0, prompt_mask
+    config,
+    params,
+    prompt_tokens,
+    positions,
+    prefix,
+    0,
+    prompt_mask,
+    activation_dtype=plan.activation_dtype,
   )
   # Left padding puts every prompt's last token in the last column.
   last_logits = logits[:, -1]
@@ -367,6 +375,7 @@ def _generate_chunk(
       cache,
       write_index,
       kv_mask,
+      activation_dtype=plan.activation_dtype,
     )
     tok, logp = sample(logits[:, 0], step_keys(step))
     tok = jnp.where(done, plan.pad_id, tok)
@@ -579,7 +588,8 @@ class JaxSampler:
       config: the decoder config (`rljax.models`), hashable.
       params: full-precision params; may be given later by `update_weights`.
       quant: weights the rollout runs on: "none"/"f32" (params as given),
-        "bf16" (float leaves cast to bfloat16), "int8" (W8A8), "int8_wo"
+        "bf16" (float leaves cast to bfloat16; see `activation_dtype`),
+        "int8" (W8A8), "int8_wo"
         (weight-only INT8) or "fp8" (e4m3 W8A8), the last three through
         `rljax.quant.quantize_params`.
       fake_quant: quantize-dequantize emulation of int8/fp8 matmuls in float.
@@ -589,7 +599,8 @@ class JaxSampler:
       max_batch: most sequences (prompts x samples) decoded in one program;
         larger rollouts run in chunks of whole prompt groups.
       pad_id: token id used for padding (never attended to).
-      cache_dtype: KV cache dtype; default float32, or bfloat16 for "bf16".
+      cache_dtype: KV cache dtype; default float32, or bfloat16 for "bf16"
+        off the CPU (see `activation_dtype`).
       show_progress: tqdm bar over chunks.
       head_quant: "none" keeps the LM head as given (the tied embedding in
         f32 for SmolLM2); "int8" samples through a W8A8 copy of it
@@ -818,10 +829,27 @@ class JaxSampler:
       f"{self.prompt_buckets[-1]}"
     )
 
+  @property
+  def activation_dtype(self) -> jnp.dtype | None:
+    """The rollout's activation dtype; None: the embedding's (the weights').
+
+    "bf16" weights on the CPU backend run with float32 activations: each
+    matmul is then a bf16 x bf16 -> f32 dot (`qdot`), ~2x the f32 dot with
+    AVX512-BF16 or AMX, while bf16 elementwise work and attention are
+    slower than f32 there (no bf16 arithmetic outside the dot units;
+    docs/performance.md). On an accelerator they run in bf16 throughout
+    (the tensor-core path), as do params given in bf16 under "none".
+    """
+    if self._quant == "bf16" and jax.default_backend() == "cpu":
+      return jnp.dtype(jnp.float32)
+    return None
+
   def _default_cache_dtype(self):
     if self._cache_dtype is not None:
       return jnp.dtype(self._cache_dtype)
-    return jnp.dtype(jnp.bfloat16 if self._quant == "bf16" else jnp.float32)
+    if self._quant == "bf16" and self.activation_dtype is None:
+      return jnp.dtype(jnp.bfloat16)
+    return jnp.dtype(jnp.float32)
 
   def _run_chunk(
     self,
@@ -861,6 +889,7 @@ class JaxSampler:
       num_stop_ids=len(stop_ids),
       pad_id=self.pad_id,
       cache_dtype=self._default_cache_dtype(),
+      activation_dtype=self.activation_dtype,
       mesh=self.mesh,
     )
     self._signatures.add((plan, _weight_layout(self._params)))

@@ -10,7 +10,9 @@ from rljax.quant.qtensor import QTensor
 
 CONFIG = models.tiny_config()
 forward = jax.jit(
-  models.forward, static_argnums=0, static_argnames=("remat", "return_hidden")
+  models.forward,
+  static_argnums=0,
+  static_argnames=("remat", "return_hidden", "activation_dtype"),
 )
 
 
@@ -87,6 +89,34 @@ def test_bf16_params_run_in_bf16_and_return_f32(params):
   assert hidden.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
   ref = forward(CONFIG, params, _tokens())
   assert np.abs(logits - ref).max() < 0.2  # bf16 rounding, not garbage
+
+
+def test_bf16_params_with_f32_activations(params):
+  # bf16 weights under float32 activations (the CPU "bf16" rollout): the
+  # residual stream stays float32 (another function than the all-bf16
+  # forward of the same weights), near the float32 model.
+  p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  logits, hidden = forward(
+    CONFIG, p16, _tokens(), return_hidden=True, activation_dtype=jnp.float32
+  )
+  assert hidden.dtype == jnp.float32 and logits.dtype == jnp.float32
+  ref = forward(CONFIG, params, _tokens())
+  all_bf16 = forward(CONFIG, p16, _tokens())
+  assert 0 < float(np.abs(logits - ref).max()) < 0.2
+  assert float(np.abs(logits - all_bf16).max()) > 1e-3
+
+
+def test_bf16_head_rounds_f32_hidden_states():
+  # Hand-computed: hidden 1 + 2^-10 is not a bf16 value (8 significant
+  # bits); the bf16 kernel's dot takes bf16(hidden) = 1, accumulating in f32.
+  config = models.tiny_config(hidden_size=2, tie_word_embeddings=False)
+  hidden = jnp.array([[1.0 + 2.0**-10, 1.0]], jnp.float32)
+  kernel = jnp.ones((2, config.vocab_size), jnp.bfloat16)
+  logits = models.logits_from_hidden(
+    config, {"lm_head": {"kernel": kernel}}, hidden
+  )
+  assert logits.dtype == jnp.float32
+  np.testing.assert_array_equal(logits, np.full((1, config.vocab_size), 2.0))
 
 
 def test_tied_embeddings(random_params):

@@ -177,6 +177,18 @@ class QdotTest(parameterized.TestCase):
       qtensor.qdot(self.x, self.w), self.ref, rtol=1e-6
     )
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_bf16_kernel_under_f32_activations_is_a_bf16_dot(self):
+    # Hand-computed: 1 + 2^-10 rounds to bf16 1.0 (8 significant bits), so
+    # the mixed dot gives 1·1 + 1·1 = 2 exactly, accumulated in float32.
+    x = jnp.array([[1.0 + 2.0**-10, 1.0]], jnp.float32)
+    w = jnp.ones((2, 3), jnp.bfloat16)
+    y = self.variant(qtensor.qdot)(x, w)
+    self.assertEqual(y.dtype, jnp.float32)
+    np.testing.assert_array_equal(y, np.full((1, 3), 2.0, np.float32))
+    hlo = jax.jit(qtensor.qdot).lower(x, w).as_text()
+    self.assertRegex(hlo, r"dot_general.*xbf16>.*xbf16>.*->.*xf32>")
+
   def test_keeps_activation_dtype(self):
     y = qtensor.qdot(
       self.x.astype(jnp.bfloat16), quantizers.quantize_int8(self.w)

@@ -547,6 +547,32 @@ class TestJaxSamplerWeights:
     # bf16 rounding may flip a late argmax; the first token must agree.
     assert [r[0] for r in got] == [r[0] for r in want]
 
+  def test_bf16_on_cpu_runs_float32_activations(self, tiny):
+    # CPU "bf16": bf16 weights, float32 activations and cache; the behavior
+    # log-probs are those of that forward pass (bf16 x bf16 -> f32 dots).
+    config, params = tiny
+    bf16 = JaxSampler(config, params, quant="bf16", max_prompt_len=32)
+    assert jax.default_backend() == "cpu"
+    assert bf16.activation_dtype == jnp.float32
+    assert bf16._default_cache_dtype() == jnp.float32
+    batch = bf16.generate(
+      PROMPTS, base.SamplingConfig(n=2, max_new_tokens=6, seed=3)
+    )
+    packed = batch.pack()
+    logits = models.forward(
+      config,
+      bf16.params,
+      jnp.asarray(packed["tokens"]),
+      jnp.asarray(packed["attention_mask"]),
+      activation_dtype=jnp.float32,
+    )
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    ref = np.take_along_axis(
+      np.asarray(logp), packed["tokens"][:, 1:, None], axis=-1
+    )[..., 0]
+    mask = packed["response_mask"] > 0
+    np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask], atol=2e-3)
+
   def test_is_a_rollout_engine(self, sampler):
     assert isinstance(sampler, base.RolloutEngine)
 
