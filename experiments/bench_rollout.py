@@ -403,6 +403,9 @@ def machine_info() -> dict:
       f: info.has(f)
       for f in ("avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
     },
+    # What the flags predict for the INT8 / bf16 ratios of the table.
+    "fast_bf16_dot": info.fast_bf16_dot,
+    "int8_dot_beats_bf16": info.int8_dot_beats_bf16,
     "cores": os.cpu_count(),
     "python": platform.python_version(),
     "jax": jax.__version__,
@@ -508,6 +511,13 @@ def report(machine: dict, by_shape: dict[str, list[dict]]) -> list[str]:
   ]
   if not machine["gpu"]:
     lines += ["No GPU in this run: CPU numbers only.", ""]
+    if "int8_dot_beats_bf16" in machine:  # absent from older JSON
+      lines += [
+        "Dot units (`rljax.quant.cpu`): fast bf16 dot "
+        f"{'yes' if machine['fast_bf16_dot'] else 'no'}, int8 dot faster "
+        f"than bf16 {'yes' if machine['int8_dot_beats_bf16'] else 'no'}.",
+        "",
+      ]
   for shape, rows in by_shape.items():
     lines += [f"### {shape} (prompts x samples x new tokens)", ""]
     lines += format_table(rows) + [""]

@@ -3,8 +3,10 @@
 XLA:CPU reaches different kernels on different x86 machines, and the gap is
 large (docs/performance.md): on Intel Sapphire Rapids, AMX makes bf16 x bf16
 -> f32 dots ~5x and int8 x int8 -> int32 dots ~10x faster than f32; on an AMD
-EPYC with AVX-512 VNNI but no AMX, int8 is only ~1.2-1.5x f32 and bf16 inputs
-gain little. Code that picks a compute path asks here instead of assuming.
+EPYC with AVX512-BF16 and AVX-512 VNNI but no AMX, bf16 x bf16 -> f32 dots
+are ~1.7-2x f32 and int8 ~1.4-1.6x f32, so int8 is *slower* than bf16 there
+(XLA 0.10, 2 cores, SmolLM2 decode shapes). Code that picks a compute path
+asks here instead of assuming.
 """
 
 from __future__ import annotations
@@ -44,9 +46,19 @@ class CpuInfo:
 
   @property
   def fast_bf16_dot(self) -> bool:
-    """bf16 x bf16 -> f32 dots beat f32 by a wide margin (AMX-BF16 only:
-    measured ~5x on Sapphire Rapids, ~1x with AVX512-BF16 alone)."""
-    return self.has("amx_bf16")
+    """bf16 x bf16 -> f32 dots beat f32 by a wide margin: ~5x with AMX-BF16
+    (Sapphire Rapids), ~1.7-2x with AVX512-BF16 alone (AMD EPYC; XLA
+    converts bf16 to f32 inside the kernel on CPUs with neither)."""
+    return self.has("amx_bf16") or self.has("avx512_bf16")
+
+  @property
+  def int8_dot_beats_bf16(self) -> bool:
+    """int8 x int8 -> int32 dots outrun bf16 x bf16 -> f32 ones: with AMX
+    (~2x), or with VNNI on a CPU without bf16 dot units. With AVX-512 VNNI
+    and AVX512-BF16 both (AMD EPYC) XLA's int8 dot is ~0.8x the bf16 one."""
+    if self.has("amx_int8"):
+      return True
+    return self.fast_int8_dot and not self.fast_bf16_dot
 
   def summary(self) -> str:
     shown = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")]
