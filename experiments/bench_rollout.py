@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import models
+from rljax import quant as quant_lib
 from rljax.quant import cpu as cpu_lib
 from rljax.rollout import base
 from rljax.rollout.jax_sampler import JaxSampler
@@ -312,7 +313,24 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
     extra_args=("--max-num-batched-tokens", str(args["vllm_batched_tokens"])),
   )
   with vllm_sidecar.VLLMSidecar(ckpt, config, model_config=model.config) as eng:
-    sync = eng.update_weights(model.params)
+    # As the trainer syncs (`train.actor`): Q(θ) (or the bf16 cast) on the
+    # device, then the engine's update; the first sync also traces the
+    # conversion, so the second one is timed, as for the JAX engine.
+    def synced():
+      start = time.perf_counter()
+      rparams = quant_lib.prepare_rollout_weights(
+        model.config, model.params, quant
+      )
+      jax.block_until_ready(rparams)
+      quantize_s = time.perf_counter() - start
+      stats = eng.update_weights(rparams)
+      total = base.SyncStats(
+        seconds=quantize_s + stats.seconds, bytes=stats.bytes
+      )
+      return total, quantize_s
+
+    synced()
+    sync, quantize_s = synced()
     start = time.perf_counter()
     eng.generate(prompts[:1], base.SamplingConfig(n=1, max_new_tokens=4))
     compile_s = time.perf_counter() - start
@@ -323,6 +341,7 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
     load = max(load, os.getloadavg()[0])
     startup_s = eng.startup_seconds
     phases = dict(getattr(eng, "last_sync_timing", None) or {})
+    phases = {"quantize_s": quantize_s, **phases}
   _, k1 = policy_mismatch(
     model.config,
     None,

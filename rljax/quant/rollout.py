@@ -7,6 +7,7 @@ exactly the tree every engine then loads as given (no engine converts).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -46,8 +47,18 @@ def prepare_rollout_weights(
     raise ValueError(
       f"prepare_rollout_weights: mode={mode!r}; expected one of {ROLLOUT_MODES}"
     )
-  if is_quantized(mode):
-    return qparams_lib.quantize_params(config, params, mode=mode, fake=fake)
+  if is_quantized(mode) or mode == "bf16":
+    return _converted(config, mode, fake, params)
+  # Eager on purpose: jit forwards an unchanged input buffer to its output,
+  # and this copy must not alias θ.
+  return jax.tree.map(jnp.copy, params)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _converted(config: Any, mode: str, fake: bool, params: Any) -> Any:
+  # One program per (config, mode): eager quantization dispatches a dozen ops
+  # per kernel (1.5 s per sync for SmolLM2-135M INT8 on 2 CPU cores, against
+  # ~0.1 s jitted), and the trainer pays it at every step.
   if mode == "bf16":
     return jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-  return jax.tree.map(jnp.copy, params)
+  return qparams_lib.quantize_params(config, params, mode=mode, fake=fake)

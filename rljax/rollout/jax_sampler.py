@@ -499,27 +499,6 @@ def _weight_layout(tree: Any) -> Any:
   return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
-def _cast_floats(tree: Any, dtype) -> Any:
-  def cast(x):
-    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
-      return jnp.asarray(x, dtype)
-    return x
-
-  return jax.tree_util.tree_map(cast, tree)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _convert_weights(config, mode: str, fake: bool, params):
-  """bf16 cast or `quant.quantize_params`, as one fused program.
-
-  Eager quantization dispatches a dozen ops per kernel (seconds for a 135M
-  model on CPU); jitted it is one pass over the weights.
-  """
-  if mode == "bf16":
-    return _cast_floats(params, jnp.bfloat16)
-  return quant_lib.quantize_params(config, params, mode=mode, fake=fake)
-
-
 _HEAD_QUANT_MODES = ("none", "int8")
 
 
@@ -696,7 +675,9 @@ class JaxSampler:
     if mode == "none":
       new_params = params
     else:
-      new_params = _convert_weights(self.config, mode, self.fake_quant, params)
+      new_params = quant_lib.prepare_rollout_weights(
+        self.config, params, mode, fake=self.fake_quant
+      )
     if self.head_quant != "none":
       new_params = _with_head(
         self.config, self.head_quant, self.fake_quant, new_params
@@ -833,16 +814,21 @@ class JaxSampler:
   def activation_dtype(self) -> jnp.dtype | None:
     """The rollout's activation dtype; None: the embedding's (the weights').
 
-    "bf16" weights on the CPU backend run with float32 activations: each
-    matmul is then a bf16 x bf16 -> f32 dot (`qdot`), ~2x the f32 dot with
-    AVX512-BF16 or AMX, while bf16 elementwise work and attention are
-    slower than f32 there (no bf16 arithmetic outside the dot units;
-    docs/performance.md). On an accelerator they run in bf16 throughout
-    (the tensor-core path), as do params given in bf16 under "none".
+    bf16 weights on the CPU backend ("bf16", or bf16 params given to a
+    "none" sampler, as the trainer's prepared weights) run with float32
+    activations: each matmul is then a bf16 x bf16 -> f32 dot (`qdot`), ~2x
+    the f32 dot with AVX512-BF16 or AMX, while bf16 elementwise work and
+    attention are slower than f32 there (no bf16 arithmetic outside the dot
+    units; docs/performance.md). On an accelerator they run in bf16
+    throughout (the tensor-core path).
     """
-    if self._quant == "bf16" and jax.default_backend() == "cpu":
-      return jnp.dtype(jnp.float32)
-    return None
+    if jax.default_backend() != "cpu":
+      return None
+    if self._params is None:
+      bf16 = self._quant == "bf16"
+    else:
+      bf16 = models.compute_dtype(self._params) == jnp.bfloat16
+    return jnp.dtype(jnp.float32) if bf16 else None
 
   def _default_cache_dtype(self):
     if self._cache_dtype is not None:

@@ -555,6 +555,13 @@ class TestJaxSamplerWeights:
     assert jax.default_backend() == "cpu"
     assert bf16.activation_dtype == jnp.float32
     assert bf16._default_cache_dtype() == jnp.float32
+    # The trainer's way: a "none" sampler given prepared bf16 weights.
+    given = JaxSampler(config, bf16.params, max_prompt_len=32)
+    assert given.activation_dtype == jnp.float32
+    # f32 weights keep the embedding's dtype: no cast is inserted.
+    assert (
+      JaxSampler(config, params, max_prompt_len=32).activation_dtype is None
+    )
     batch = bf16.generate(
       PROMPTS, base.SamplingConfig(n=2, max_new_tokens=6, seed=3)
     )
