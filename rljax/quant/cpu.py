@@ -4,8 +4,9 @@ XLA:CPU reaches different kernels on different x86 machines, and the gap is
 large (docs/performance.md): on Intel Sapphire Rapids, AMX makes bf16 x bf16
 -> f32 dots ~5x and int8 x int8 -> int32 dots ~10x faster than f32; on an AMD
 EPYC with AVX512-BF16 and AVX-512 VNNI but no AMX, bf16 x bf16 -> f32 dots
-are ~1.7-2x f32 and int8 ~1.4-1.6x f32, so int8 is *slower* than bf16 there
-(XLA 0.10, 2 cores, SmolLM2 decode shapes). Code that picks a compute path
+are ~1.6-1.9x f32 and int8 -> int32 ~0.8-1.05x bf16 (W8A8 with its activation
+quantization 0.7-0.95x), so int8 does not beat bf16 there (XLA 0.10, 2
+cores, SmolLM2 decode shapes). Code that picks a compute path
 asks here instead of assuming.
 """
 
