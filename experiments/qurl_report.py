@@ -192,6 +192,12 @@ def verdict(
     return "supported", f"the interval excludes a loss of {margin:g}"
   if high < -margin:
     return "not supported", f"the interval lies below -{margin:g}"
+  if high < 0:
+    # B is worse than A, but whether by more than the margin is open.
+    return (
+      "not resolved at this scale",
+      f"the interval lies below 0 and holds a loss of {margin:g}",
+    )
   return (
     "not resolved at this scale",
     f"the interval holds both 0 and a loss of {margin:g}",

@@ -78,6 +78,15 @@ class TestVerdict:
   def test_rule(self, low, high, kind, seeds, expected):
     assert _report().verdict(low, high, kind, seeds)[0] == expected
 
+  def test_reasons_name_what_the_interval_holds(self):
+    # Every bound below 0, the lower one past the margin: worse, by an open
+    # amount; the reason must not say the interval holds 0.
+    v, why = _report().verdict(-0.113, -0.027, "non_inferiority", 3)
+    assert v == "not resolved at this scale"
+    assert "below 0" in why and "both 0" not in why
+    _, why = _report().verdict(-0.06, 0.01, "non_inferiority", 3)
+    assert "both 0" in why
+
   def test_bad_kind(self):
     with pytest.raises(ValueError, match="kind='better'"):
       _report().verdict(0.0, 1.0, "better", 3)
