@@ -567,7 +567,8 @@ class JaxSampler:
       config: the decoder config (`rljax.models`), hashable.
       params: full-precision params; may be given later by `update_weights`.
       quant: weights the rollout runs on: "none"/"f32" (params as given),
-        "bf16" (float leaves cast to bfloat16; see `activation_dtype`),
+        "bf16" (every leaf cast to bfloat16, as
+        `quant.prepare_rollout_weights`; see `activation_dtype`),
         "int8" (W8A8), "int8_wo"
         (weight-only INT8) or "fp8" (e4m3 W8A8), the last three through
         `rljax.quant.quantize_params`.
