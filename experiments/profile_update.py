@@ -22,6 +22,9 @@ TensorBoard's profile plugin or ui.perfetto.dev). `--out=FILE.json` writes
 
 from __future__ import annotations
 
+import collections
+import glob
+import gzip
 import json
 import os
 import resource
@@ -197,14 +200,45 @@ def main_aot():
   return result
 
 
+def top_ops(trace_dir: str, n: int = 12) -> list[list]:
+  """The `n` XLA ops that took longest in the newest perfetto trace under
+  `trace_dir`, as [name, total ms, calls] (ops inside a layer scan are
+  summed over its iterations). Reads the JSON trace that
+  `jax.profiler.trace(create_perfetto_trace=True)` writes, so no profiler
+  plugin is needed to see what bounds the step."""
+  paths = glob.glob(
+    os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True
+  )
+  if not paths:
+    return []
+  with gzip.open(max(paths, key=os.path.getmtime)) as f:
+    trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  total, calls = collections.Counter(), collections.Counter()
+  for e in events:
+    name = e.get("name", "")
+    # Complete events of XLA ops; "$..." are Python frames and Thunk* the
+    # executor's own spans, which enclose the ops.
+    if e.get("ph") == "X" and not name.startswith(("$", "Thunk")):
+      total[name] += e.get("dur", 0)
+      calls[name] += 1
+  return [[k, v / 1e3, calls[k]] for k, v in total.most_common(n)]
+
+
 def _print(result: dict) -> None:
   width = max(len(k) for k in result)
   for k, v in result.items():
+    if k == "top_ops":
+      continue
     if isinstance(v, float):
       v = f"{v:.4g}"
     elif isinstance(v, int) and k.endswith("_bytes"):
       v = f"{v} ({v / 2**30:.2f} GiB)"
     print(f"{k:<{width}}  {v}")
+  if result.get("top_ops"):
+    print("longest XLA ops in the traced step (ms, calls):")
+    for name, ms, n in result["top_ops"]:
+      print(f"  {ms:10.1f}  {n:5d}  {name}")
   if _OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, "w") as f:
@@ -269,7 +303,7 @@ def main(argv):
   step_s = float(np.median(times))
   if _TRACE.value:
     os.makedirs(_TRACE.value, exist_ok=True)
-    with jax.profiler.trace(_TRACE.value):
+    with jax.profiler.trace(_TRACE.value, create_perfetto_trace=True):
       state, m = compiled(state, batch)
       jax.block_until_ready(m)
   # The decoder's matmuls run in the compute dtype: that is the peak to beat.
@@ -304,6 +338,7 @@ def main(argv):
     "peak_memory_bytes": peak_memory_bytes(compiled),
     **compiled_memory(compiled),
     "trace_dir": _TRACE.value,
+    "top_ops": top_ops(_TRACE.value) if _TRACE.value else [],
   }
   _print(result)
 

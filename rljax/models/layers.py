@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from rljax.models.config import ModelConfig
-from rljax.quant.qtensor import qdot
+from rljax.quant.qtensor import contract_last, qdot
 
 # Added to the scores of masked keys. Finite, so that a query with no valid key
 # (a left-pad position) yields a uniform average instead of NaN; such outputs
@@ -113,8 +113,8 @@ def linear(
   """
   y = qdot(x, p["kernel"])
   if "lora_a" in p:
-    low = jnp.matmul(x, p["lora_a"].astype(x.dtype))
-    y = y + jnp.matmul(low, p["lora_b"].astype(x.dtype)).astype(y.dtype)
+    low = contract_last(x, p["lora_a"].astype(x.dtype))
+    y = y + contract_last(low, p["lora_b"].astype(x.dtype)).astype(y.dtype)
   if "bias" in p:
     y = y + p["bias"].astype(y.dtype)
   return y

@@ -78,10 +78,23 @@ def quantize_activations_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return q.astype(jnp.float8_e4m3fn), s
 
 
-def _contract_last(x: jax.Array, w: jax.Array, out_dtype) -> jax.Array:
-  return jax.lax.dot_general(
-    x, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=out_dtype
+def contract_last(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
+  """x [..., in] · w [in, out] as one 2-D [rows, in] x [in, out] dot.
+
+  Why 2-D: the weight gradient of a dot with leading (batch, time) axes
+  contracts both at once, and XLA:CPU feeds it a strided 3-D transpose of
+  the [b, t, out] cotangent that cost as much as the dots themselves in the
+  update step (~35% of a small decoder's step; docs/performance.md). On 2-D
+  operands it is a tiled 2-D transpose. Forward values are unchanged.
+  """
+  lead = x.shape[:-1]
+  y = jax.lax.dot_general(
+    x.reshape(-1, x.shape[-1]),
+    w,
+    (((1,), (0,)), ((), ())),
+    preferred_element_type=out_dtype,
   )
+  return y.reshape(*lead, w.shape[-1])
 
 
 def _has_native_fp8_dot() -> bool:
@@ -123,8 +136,8 @@ def qdot(x: jax.Array, w: Any) -> jax.Array:
   """
   if not isinstance(w, QTensor):
     if w.dtype == jnp.bfloat16 and x.dtype == jnp.float32:
-      return _contract_last(x.astype(jnp.bfloat16), w, jnp.float32)
-    return jnp.matmul(x, w.astype(x.dtype))
+      return contract_last(x.astype(jnp.bfloat16), w, jnp.float32)
+    return contract_last(x, w.astype(x.dtype))
   if w.value.ndim != 2 or x.shape[-1] != w.value.shape[0]:
     raise ValueError(
       f"qdot: x has shape {tuple(x.shape)} and the QTensor value "
@@ -133,23 +146,23 @@ def qdot(x: jax.Array, w: Any) -> jax.Array:
     )
   out_dtype = x.dtype
   if w.mode == "int8_wo":
-    return jnp.matmul(x, w.dequantize(x.dtype))
+    return contract_last(x, w.dequantize(x.dtype))
   if w.mode == "int8":
     xq, sx = quantize_activations_int8(x)
     if w.fake:
-      y = _contract_last(
+      y = contract_last(
         xq.astype(jnp.float32), w.value.astype(jnp.float32), jnp.float32
       )
     else:
-      y = _contract_last(xq, w.value, jnp.int32).astype(jnp.float32)
+      y = contract_last(xq, w.value, jnp.int32).astype(jnp.float32)
   elif w.mode == "fp8":
     xq, sx = quantize_activations_fp8(x)
     if w.fake or not _has_native_fp8_dot():
-      y = _contract_last(
+      y = contract_last(
         xq.astype(jnp.float32), w.value.astype(jnp.float32), jnp.float32
       )
     else:
-      y = _contract_last(xq, w.value, jnp.float32)
+      y = contract_last(xq, w.value, jnp.float32)
   else:
     raise ValueError(f"QTensor.mode={w.mode!r}; expected one of {MODES}")
   return (y * sx * w.scale[0, :]).astype(out_dtype)

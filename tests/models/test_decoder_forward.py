@@ -83,6 +83,20 @@ def test_remat_same_values_and_grads(params):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
 
 
+@pytest.mark.parametrize("num_layers, loops", [(4, False), (5, True)])
+def test_small_decoders_unroll_the_layer_loop(num_layers, loops):
+  # Up to 4 layers the layer scan is unrolled (no stacked residual buffers
+  # in the update step); deeper models keep the loop (compile time).
+  config = models.tiny_config(num_layers=num_layers)
+  params = models.init_params(config, jax.random.PRNGKey(0))
+  hlo = (
+    jax.jit(models.forward, static_argnums=0)
+    .lower(config, params, _tokens())
+    .as_text()
+  )
+  assert ("stablehlo.while" in hlo) == loops
+
+
 def test_bf16_params_run_in_bf16_and_return_f32(params):
   p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   logits, hidden = forward(CONFIG, p16, _tokens(), return_hidden=True)

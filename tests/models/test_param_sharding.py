@@ -103,7 +103,7 @@ def test_sharded_forward_and_logprobs_match_single_device(params, mesh):
   g = grad(sharded, sbatch["tokens"], sbatch["mask"])
   # Sharded reductions sum in another order: float32 rounding only.
   jax.tree.map(
-    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=5e-5, atol=1e-5),
     g,
     g_ref,
   )

@@ -6,6 +6,7 @@ import hypothesis
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -142,6 +143,47 @@ class ActivationQuantTest(parameterized.TestCase):
     np.testing.assert_array_equal(
       jnp.max(jnp.abs(q.astype(jnp.float32)), -1), [448.0, 448.0]
     )
+
+
+def _dot_operand_ranks(jaxpr) -> list[tuple[int, ...]]:
+  """Operand ranks of every dot_general in `jaxpr`, nested ones included."""
+  ranks = [
+    tuple(len(v.aval.shape) for v in eqn.invars)
+    for eqn in jaxpr.eqns
+    if eqn.primitive.name == "dot_general"
+  ]
+  for sub in jax.extend.core.subjaxprs(jaxpr):
+    ranks += _dot_operand_ranks(sub)
+  return ranks
+
+
+class ContractLastTest(chex.TestCase):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_hand_computed(self):
+    # x [2, 1, 2] rows (1, 2) and (3, 4); w = [[1, 0, 2], [0, 1, 1]]:
+    # (1, 2) -> (1, 2, 4), (3, 4) -> (3, 4, 10).
+    x = jnp.array([[[1.0, 2.0]], [[3.0, 4.0]]])
+    w = jnp.array([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0]])
+    y = self.variant(qtensor.contract_last)(x, w)
+    np.testing.assert_array_equal(y, [[[1.0, 2.0, 4.0]], [[3.0, 4.0, 10.0]]])
+
+  def test_out_dtype_and_2d_input(self):
+    x = jnp.ones((3, 4), jnp.bfloat16)
+    w = jnp.ones((4, 5), jnp.bfloat16)
+    y = qtensor.contract_last(x, w, jnp.float32)
+    self.assertEqual((y.shape, y.dtype), ((3, 5), jnp.float32))
+    np.testing.assert_array_equal(y, np.full((3, 5), 4.0))
+
+  def test_weight_gradient_is_a_2d_dot(self):
+    # The reason for the function: with [b, t, in] activations the weight
+    # gradient must contract one flattened rows axis (a 2-D dot), not
+    # (b, t) together, which XLA:CPU fed with a slow strided 3-D transpose.
+    x = jnp.ones((4, 6, 8))
+    w = jnp.ones((8, 5))
+    grad = jax.grad(lambda w: jnp.sum(qtensor.qdot(x, w) ** 2))
+    ranks = _dot_operand_ranks(jax.make_jaxpr(grad)(w).jaxpr)
+    self.assertNotEmpty(ranks)
+    self.assertTrue(all(r == (2, 2) for r in ranks), ranks)
 
 
 class QdotTest(parameterized.TestCase):
