@@ -127,6 +127,10 @@ def main(argv):
   if not runs:
     raise app.UsageError("give --grid and/or --configs for the RL study")
   shared = dict(shared, model=f"instrument:{_DIR.value}")
+  # The QuRL instrument studies run float32 end to end, whatever the CPU:
+  # their "fp32" arms mean it, and every archived run was computed so
+  # (`--model.compute_dtype` still overrides it).
+  shared.setdefault("model.compute_dtype", "float32")
   ablate.run_study(runs, shared, seeds, ablate._OUT_DIR.value)
 
 

@@ -19,7 +19,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from rljax.models import layers
 from rljax.models.config import ModelConfig
-from rljax.quant.qtensor import QTensor, contract_last, qdot
+from rljax.quant.qtensor import QTensor, bf16_dot, contract_last, qdot
 
 Params = Mapping[str, Any]
 KVCache = dict[str, jax.Array]
@@ -324,15 +324,19 @@ def logits_from_hidden(
   kernel = lm_head_kernel(config, params)
   if isinstance(kernel, QTensor):
     return qdot(hidden.astype(jnp.float32), kernel)
-  # Products of bf16 values are exact in float32, so a float32-accumulated dot
-  # of the bf16 operands equals the float32 dot of their upcasts, without a
-  # float32 copy of the [D, V] weight. A bf16 kernel under float32 hidden
-  # states (bf16 weights, f32 activations) rounds the hidden states to bf16
-  # as `qdot` does: upcasting the kernel would convert all D x V weights at
-  # every decode step.
-  dtype = jnp.promote_types(hidden.dtype, kernel.dtype)
+  # A bf16 kernel: bf16 operands, float32 accumulation (`bf16_dot`, whose
+  # backward dots are bf16 too). Products of bf16 values are exact in
+  # float32, so this equals the float32 dot of their upcasts without a
+  # float32 copy of the [D, V] weight; float32 hidden states (bf16 weights,
+  # f32 activations) are rounded to bf16 as `qdot` rounds them: upcasting
+  # the kernel would convert all D x V weights at every decode step.
   if kernel.dtype == jnp.bfloat16:
-    dtype = jnp.bfloat16
+    if config.tie_word_embeddings:
+      # The [V, D] embedding itself, not its transpose: a transposed operand
+      # sends the dot off XLA:CPU's bf16 kernels (`bf16_dot`).
+      return bf16_dot(hidden, params["embed"]["embedding"], w_transposed=True)
+    return bf16_dot(hidden, kernel)
+  dtype = jnp.promote_types(hidden.dtype, kernel.dtype)
   return contract_last(hidden.astype(dtype), kernel.astype(dtype), jnp.float32)
 
 

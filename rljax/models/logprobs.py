@@ -95,6 +95,7 @@ def token_logprobs(
   *,
   positions: Int[Array, "b t"] | None = None,
   remat: bool = False,
+  activation_dtype=None,
 ) -> tuple[Float[Array, "b t-1"], Float[Array, "b t-1"]]:
   """Log-prob of each next token and the entropy of its distribution.
 
@@ -113,6 +114,9 @@ def token_logprobs(
       pass), so [B, T, V] logits never exist at once.
     positions: RoPE positions (see `decoder.final_hidden_states`).
     remat: per-layer rematerialization of the decoder blocks.
+    activation_dtype: the forward pass's activation dtype (default the
+      embedding's; float32 under bf16 weights is the CPU's mixed precision:
+      bf16 x bf16 -> f32 dots, everything else in float32).
 
   Returns:
     (logp, entropy), both float32 [B, T−1]. Differentiable w.r.t. params.
@@ -129,7 +133,13 @@ def token_logprobs(
       f"chunk_size={chunk_size!r}; expected a positive int or None"
     )
   hidden = decoder.final_hidden_states(
-    config, params, tokens, attention_mask, positions, remat=remat
+    config,
+    params,
+    tokens,
+    attention_mask,
+    positions,
+    remat=remat,
+    activation_dtype=activation_dtype,
   )[:, :-1]
   targets = tokens[:, 1:]
 

@@ -63,10 +63,12 @@ def value_forward(
   positions: Int[Array, "b t"] | None = None,
   *,
   remat: bool = False,
+  activation_dtype=None,
 ) -> Float[Array, "b t"]:
   """Values [B, T] (float32): the head applied to each final hidden state.
 
-  For a separate critic pass `critic["backbone"], critic["head"]`.
+  For a separate critic pass `critic["backbone"], critic["head"]`;
+  `activation_dtype` as `decoder.final_hidden_states`.
   """
   if value_params["kernel"].shape != (config.hidden_size, 1):
     raise ValueError(
@@ -75,7 +77,13 @@ def value_forward(
       f"[{config.hidden_size}, 1]"
     )
   hidden = decoder.final_hidden_states(
-    config, params, tokens, attention_mask, positions, remat=remat
+    config,
+    params,
+    tokens,
+    attention_mask,
+    positions,
+    remat=remat,
+    activation_dtype=activation_dtype,
   )
   h = hidden.astype(jnp.float32)
   values = h @ value_params["kernel"].astype(jnp.float32)

@@ -21,6 +21,7 @@ from rljax.quant.params import kernel_paths
 from rljax.quant.params import quantize_params
 from rljax.quant.qtensor import MODES
 from rljax.quant.qtensor import QTensor
+from rljax.quant.qtensor import bf16_dot
 from rljax.quant.qtensor import contract_last
 from rljax.quant.qtensor import qdot
 from rljax.quant.qtensor import quantize_activations_fp8

@@ -12,6 +12,7 @@ layers), and per-output-channel scales are `[..., 1, out]`, so that
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.struct
@@ -97,6 +98,85 @@ def contract_last(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
   return y.reshape(*lead, w.shape[-1])
 
 
+def bf16_dot(x: jax.Array, w: jax.Array, w_transposed: bool = False):
+  """x [..., in] · w [in, out] with bfloat16 operands and float32
+  accumulation, in the forward pass and both backward dots:
+
+    y  = f32(bf16(x) @ bf16(w))
+    dx = f32(bf16(g) @ bf16(w)ᵀ),   dw = f32(bf16(x)ᵀ @ bf16(g))
+
+  with g = ∂L/∂y rounded to bf16 as a bf16 engine rounds its gradients
+  (the mixed-precision recipe of Micikevicius et al., 2018, "Mixed Precision
+  Training", with bf16 in place of fp16 so no loss scaling is needed).
+  Returns float32; dx comes back in x's dtype and dw in w's. With
+  `w_transposed`, w is stored [out, in] (a tied embedding used as the LM
+  head) and y = x · wᵀ.
+
+  Why a custom gradient: autodiff of a bf16 x bf16 -> f32 dot transposes
+  into float32 dots (the bf16 operand upcast), so the backward pass, two
+  thirds of a step's matmul FLOPs, would miss the bf16 dot units
+  (AVX512-BF16, AMX, tensor cores; docs/performance.md). Why the explicit
+  layouts: XLA:CPU runs a bf16 dot on its bf16 kernels (YNNPACK) only when
+  the lhs contracts its last axis and neither operand is a transpose;
+  any other bf16 dot is upcast to float32 (the rounding kept) and runs at
+  the f32 rate. Products of bf16 values are exact in float32, so the
+  forward equals the float32 dot of the rounded operands up to
+  accumulation order.
+  """
+  return _bf16_dot(w_transposed, x, w)
+
+
+_F32 = jnp.float32
+
+
+def _rows(a: jax.Array) -> jax.Array:
+  return a.reshape(-1, a.shape[-1])
+
+
+def _dot(a, b, a_axis: int, b_axis: int):
+  return jax.lax.dot_general(
+    a, b, (((a_axis,), (b_axis,)), ((), ())), preferred_element_type=_F32
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bf16_dot(w_transposed, x, w):
+  y = _dot(
+    _rows(x.astype(jnp.bfloat16)),
+    w.astype(jnp.bfloat16),
+    1,
+    1 if w_transposed else 0,
+  )
+  return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _bf16_dot_fwd(w_transposed, x, w):
+  xb, wb = _rows(x.astype(jnp.bfloat16)), w.astype(jnp.bfloat16)
+  y = _dot(xb, wb, 1, 1 if w_transposed else 0)
+  # The residual is x rounded to bf16 and already transposed, [in, rows],
+  # so the weight gradient is a canonical [in, rows] x [rows, out] dot
+  # (contracting the lhs's leading axis would be upcast, see above).
+  # Zero-size arrays remember the primal dtypes.
+  probes = (jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
+  res = (xb.T, wb, x.shape, probes)
+  return y.reshape(*x.shape[:-1], y.shape[-1]), res
+
+
+def _bf16_dot_bwd(w_transposed, res, g):
+  xbt, wb, x_shape, (x_probe, w_probe) = res
+  gb = _rows(g.astype(jnp.bfloat16))
+  # dx = g · wᵀ: w [out, in] is contracted on its leading axis (canonical);
+  # w [in, out] on its last, the NT form that the bf16 kernels also take.
+  dx = _dot(gb, wb, 1, 0 if w_transposed else 1).reshape(x_shape)
+  dw = _dot(xbt, gb, 1, 0)  # [in, out]
+  if w_transposed:
+    dw = dw.T
+  return dx.astype(x_probe.dtype), dw.astype(w_probe.dtype)
+
+
+_bf16_dot.defvjp(_bf16_dot_fwd, _bf16_dot_bwd)
+
+
 def _has_native_fp8_dot() -> bool:
   # XLA lowers an f8 x f8 dot to cuBLASLt FP8 GEMMs on Hopper-class GPUs; the
   # CPU backend would upcast anyway, so the emulation is the honest path there.
@@ -118,9 +198,10 @@ def qdot(x: jax.Array, w: Any) -> jax.Array:
   with the native path up to float32 accumulation order. Weight-only
   ("int8_wo") dequantizes the kernel and runs the dot in `x.dtype`.
 
-  A bfloat16 float kernel under float32 activations (mixed precision, the
-  JAX sampler's "bf16" format on CPUs) multiplies bf16 operands with float32
-  accumulation,
+  A bfloat16 float kernel under float32 activations (mixed precision: the
+  JAX sampler's "bf16" format and the update step's bf16 compute on CPUs)
+  multiplies bf16 operands with float32 accumulation (`bf16_dot`, its
+  backward dots too),
 
     y = float32(bf16(x) @ w),
 
@@ -136,7 +217,7 @@ def qdot(x: jax.Array, w: Any) -> jax.Array:
   """
   if not isinstance(w, QTensor):
     if w.dtype == jnp.bfloat16 and x.dtype == jnp.float32:
-      return contract_last(x.astype(jnp.bfloat16), w, jnp.float32)
+      return bf16_dot(x, w)
     return contract_last(x, w.astype(x.dtype))
   if w.value.ndim != 2 or x.shape[-1] != w.value.shape[0]:
     raise ValueError(

@@ -28,9 +28,15 @@ from rljax.train.collect import Collected
 from rljax.train.config import TrainConfig
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
 def sequence_logprobs(
-  config, params, tokens, attention_mask, temperature, chunk_size
+  config,
+  params,
+  tokens,
+  attention_mask,
+  temperature,
+  chunk_size,
+  activation_dtype=None,
 ):
   """log π_θ(y_t | ...) [B, T-1] of a packed batch (no entropy)."""
   return models.token_logprobs(
@@ -40,11 +46,14 @@ def sequence_logprobs(
     attention_mask=attention_mask,
     temperature=temperature,
     chunk_size=chunk_size,
+    activation_dtype=activation_dtype,
   )[0]
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def sequence_values(config, critic_params, tokens, attention_mask):
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def sequence_values(
+  config, critic_params, tokens, attention_mask, activation_dtype=None
+):
   """The critic's V(s_t) [B, T-1] of a packed batch."""
   return models.value_forward(
     config,
@@ -52,6 +61,7 @@ def sequence_values(config, critic_params, tokens, attention_mask):
     critic_params["head"],
     tokens,
     attention_mask,
+    activation_dtype=activation_dtype,
   )[:, :-1]
 
 
@@ -266,6 +276,7 @@ def make_batch(
   tokens = jnp.asarray(packed["tokens"])
   attn = jnp.asarray(packed["attention_mask"])
   chunk = cfg.update.logprob_chunk or None
+  act = spec.activation_dtype  # as the update step's forward (precision.md)
   put, gather = (
     (placement.put_batch, placement.gather) if placement else (_same, _same)
   )
@@ -281,16 +292,25 @@ def make_batch(
         attn,
         cfg.rollout.temperature,
         chunk,
+        act,
       )
     )
   if cfg.uses_reference:
     ref = gather(
       sequence_logprobs(
-        model_config, ref_params, tokens, attn, cfg.rollout.temperature, chunk
+        model_config,
+        ref_params,
+        tokens,
+        attn,
+        cfg.rollout.temperature,
+        chunk,
+        act,
       )
     )
   if cfg.uses_critic:
-    values = gather(sequence_values(model_config, critic_params, tokens, attn))
+    values = gather(
+      sequence_values(model_config, critic_params, tokens, attn, act)
+    )
   out, metrics = build_batch(
     cfg,
     packed,

@@ -168,6 +168,7 @@ class Trainer:
       value_coef=cfg.critic.value_coef,
       param_transform=param_transform,
       compute_dtype=compute_dtype,
+      activation_dtype=placement_lib.activation_dtype(cfg),
     )
     self.optimizer, critic_opt, self.update_step = _compiled_update(
       self.spec, cfg.optim_config(), critic_optim

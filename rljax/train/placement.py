@@ -35,10 +35,12 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rljax.models import sharding as sharding_lib
+from rljax.quant import cpu as cpu_lib
 from rljax.train import sharded
 
 # Sharded update steps shared by the Trainers of a process (an ablation, the
@@ -52,12 +54,37 @@ def compute_dtype(cfg) -> str:
   """The dtype the forward passes run in: `cfg.model.compute_dtype`, with
   "auto" resolved here and nowhere else: "bfloat16" on an accelerator (GPU,
   TPU: bf16 matmuls run at the tensor-core rate and activations take half
-  the memory), "float32" on the CPU backend (the default CPU job stays
-  exactly what it was). See docs/precision.md."""
+  the memory) and on a CPU with bf16 dot units (AVX512-BF16 or AMX-BF16:
+  bf16 x bf16 -> f32 dots ~1.7-5x the f32 dot, `quant.cpu`), "float32" on
+  other CPUs. See docs/precision.md."""
   name = cfg.model.compute_dtype
   if name != "auto":
     return name
-  return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+  if jax.default_backend() != "cpu":
+    return "bfloat16"
+  return "bfloat16" if cpu_lib.host_cpu().fast_bf16_dot else "float32"
+
+
+def activation_dtype(cfg) -> str | None:
+  """The activation dtype of the forward passes (`UpdateSpec.
+  activation_dtype`); None = the compute dtype. Under bf16 compute on the
+  CPU backend it is "float32": the weights are bf16 and every matmul a bf16
+  x bf16 -> f32 dot (`quant.bf16_dot`, backward too), while norms, RoPE,
+  attention scores and the residual stream stay float32, because CPUs run
+  bf16 only in their dot units (elementwise bf16 is converted to f32 and
+  back, slower than f32 throughout). The JAX sampler's bf16 format on CPUs
+  runs the same way (`JaxSampler.activation_dtype`)."""
+  return activation_dtype_for(compute_dtype(cfg))
+
+
+def activation_dtype_for(compute: str) -> str | None:
+  """`activation_dtype` of a resolved compute dtype on this backend, for
+  specs built without a TrainConfig (`experiments/profile_update.py`).
+  The memory planner leaves it None: it plans bf16 activations for an
+  accelerator, even when it compiles on fake CPU devices."""
+  if jnp.dtype(compute) == jnp.bfloat16 and jax.default_backend() == "cpu":
+    return "float32"
+  return None
 
 
 def parse_mesh_shape(text: str) -> tuple[int, int, int]:

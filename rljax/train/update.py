@@ -79,6 +79,12 @@ class UpdateSpec:
   # cast from the master params inside the step (gradients and optimizer
   # state stay in the params' dtype); None = the params' own dtype.
   compute_dtype: str | None = None
+  # The activation dtype of those passes; None = compute_dtype. "float32"
+  # under a bfloat16 compute dtype is the CPU's mixed precision: bf16 x bf16
+  # -> f32 dots (`quant.bf16_dot`, backward too) with float32 activations,
+  # since CPUs have bf16 dot units but no fast bf16 elementwise arithmetic
+  # (`placement.activation_dtype`, docs/precision.md).
+  activation_dtype: str | None = None
 
 
 def cast_floating(tree: Any, dtype: Any) -> Any:
@@ -210,6 +216,7 @@ def _policy_logp(spec: UpdateSpec, params, batch: Batch):
     temperature=spec.temperature,
     chunk_size=spec.logprob_chunk or None,
     remat=spec.remat,
+    activation_dtype=spec.activation_dtype,
   )
   return logp, entropy
 
@@ -309,6 +316,7 @@ def value_loss_sum(spec: UpdateSpec, critic_params, mb: Batch, denoms: dict):
     critic_params["head"],
     mb["tokens"],
     mb["attention_mask"],
+    activation_dtype=spec.activation_dtype,
   )[:, :-1]
   s, _, metrics = objectives.value_loss_terms(
     values,

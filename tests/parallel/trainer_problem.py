@@ -95,6 +95,11 @@ def config(run_dir, mesh_shape, **overrides):
     ppo_epochs=2,
     mesh_shape=mesh_shape,
   )
+  # float32 compute on every CPU: these tests compare sharded, multi-process
+  # and resumed runs with the one-device run up to float32 reassociation,
+  # and `auto` is bf16 on CPUs with bf16 dot units, where one reassociated
+  # sum can move a bf16 rounding (docs/precision.md).
+  base["model.compute_dtype"] = "float32"
   algorithm = overrides.pop("algorithm", "grpo")
   base.update(overrides)
   return apply_preset(algorithm, **base)

@@ -186,6 +186,105 @@ class ContractLastTest(chex.TestCase):
     self.assertTrue(all(r == (2, 2) for r in ranks), ranks)
 
 
+def _dot_operand_dtypes(jaxpr) -> list[tuple[str, ...]]:
+  """Operand dtypes of every dot_general in `jaxpr`, nested ones included."""
+  out = [
+    tuple(str(v.aval.dtype) for v in eqn.invars)
+    for eqn in jaxpr.eqns
+    if eqn.primitive.name == "dot_general"
+  ]
+  for sub in jax.extend.core.subjaxprs(jaxpr):
+    out += _dot_operand_dtypes(sub)
+  return out
+
+
+_EPS10 = 2.0**-10  # 1 + 2^-10 rounds to 1 in bf16 (7 mantissa bits)
+
+
+class Bf16DotTest(chex.TestCase):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_hand_computed_forward(self):
+    # x = (1 + 2^-10, 2) rounds to (1, 2); w = (2, 3)ᵀ: y = 1·2 + 2·3 = 8,
+    # where the float32 dot would give 8.00195.
+    x = jnp.array([[[1.0 + _EPS10, 2.0]]], jnp.float32)
+    w = jnp.array([[2.0], [3.0]], jnp.bfloat16)
+    y = self.variant(qtensor.bf16_dot)(x, w)
+    self.assertEqual((y.shape, y.dtype), ((1, 1, 1), jnp.float32))
+    np.testing.assert_array_equal(y, [[[8.0]]])
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_hand_computed_gradients(self):
+    # L = c·y with c = 1 + 2^-10, which rounds to 1 in bf16:
+    #   dx = bf16(c)·wᵀ = (2, 3)      (float32 autodiff: 2.002, 3.003)
+    #   dw = bf16(x)ᵀ·bf16(c) = (1, 2)ᵀ, in w's dtype bf16.
+    x = jnp.array([[1.0 + _EPS10, 2.0]], jnp.float32)
+    w = jnp.array([[2.0], [3.0]], jnp.bfloat16)
+    c = 1.0 + _EPS10
+    loss = lambda x, w: c * jnp.sum(qtensor.bf16_dot(x, w))
+    dx, dw = self.variant(jax.grad(loss, argnums=(0, 1)))(x, w)
+    self.assertEqual((dx.dtype, dw.dtype), (jnp.float32, jnp.bfloat16))
+    np.testing.assert_array_equal(dx, [[2.0, 3.0]])
+    np.testing.assert_array_equal(dw.astype(jnp.float32), [[1.0], [2.0]])
+
+  def test_bf16_inputs_give_bf16_input_gradient(self):
+    x = jnp.ones((2, 4), jnp.bfloat16)
+    w = jnp.ones((4, 3), jnp.bfloat16)
+    dx = jax.grad(lambda x: jnp.sum(qtensor.bf16_dot(x, w)))(x)
+    self.assertEqual(dx.dtype, jnp.bfloat16)
+    np.testing.assert_array_equal(dx.astype(jnp.float32), np.full((2, 4), 3.0))
+
+  def test_every_dot_of_the_gradient_is_bf16_and_2d(self):
+    # The reason for the custom gradient: autodiff of the mixed dot turned
+    # both backward dots into float32 dots, off the bf16 dot units. Through
+    # qdot, as the decoder calls it (bf16 kernel, float32 activations).
+    x = jnp.ones((4, 6, 8), jnp.float32)
+    w = jnp.ones((8, 5), jnp.bfloat16)
+    grad = jax.grad(
+      lambda x, w: jnp.sum(qtensor.qdot(x, w) ** 2), argnums=(0, 1)
+    )
+    jaxpr = jax.make_jaxpr(grad)(x, w).jaxpr
+    dtypes = _dot_operand_dtypes(jaxpr)
+    self.assertLen(dtypes, 3)  # forward, dx, dw
+    self.assertTrue(all(d == ("bfloat16",) * 2 for d in dtypes), dtypes)
+    ranks = _dot_operand_ranks(jaxpr)
+    self.assertTrue(all(r == (2, 2) for r in ranks), ranks)
+
+  @hypothesis.settings(max_examples=10, deadline=None)
+  @hypothesis.given(
+    rows=st.integers(1, 5),
+    d_in=st.integers(1, 9),
+    d_out=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
+  )
+  def test_equals_float32_math_on_rounded_operands(
+    self, rows, d_in, d_out, seed
+  ):
+    # Products of bf16 values are exact in float32, so the forward and both
+    # gradients equal float32 dots of the bf16-rounded x, w and g up to
+    # accumulation order.
+    kx, kw, kg = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(kx, (rows, d_in)) * 3.0
+    w = jax.random.normal(kw, (d_in, d_out)).astype(jnp.bfloat16)
+    g = jax.random.normal(kg, (rows, d_out))
+    y, vjp = jax.vjp(qtensor.bf16_dot, x, w)
+    dx, dw = vjp(g)
+    r = lambda a: a.astype(jnp.bfloat16).astype(jnp.float32)
+    hi = jax.lax.Precision.HIGHEST
+    np.testing.assert_allclose(
+      y, jnp.dot(r(x), r(w), precision=hi), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(
+      dx, jnp.dot(r(g), r(w).T, precision=hi), rtol=1e-5, atol=1e-5
+    )
+    # dw is rounded to w's bf16 at the end: 2^-8 relative.
+    np.testing.assert_allclose(
+      dw.astype(jnp.float32),
+      jnp.dot(r(x).T, r(g), precision=hi),
+      rtol=2.0**-8,
+      atol=1e-5,
+    )
+
+
 class QdotTest(parameterized.TestCase):
   def setUp(self):
     super().setUp()

@@ -2,7 +2,11 @@
 `model.param_dtype`, forward passes in `model.compute_dtype`, log-probs and
 the loss in float32, the default float32 program unchanged."""
 
+import collections
+import dataclasses
+
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -51,6 +55,18 @@ def float_dtypes(tree):
     for x in jax.tree.leaves(tree)
     if jnp.issubdtype(x.dtype, jnp.floating)
   }
+
+
+def _dot_kinds(jaxpr):
+  """(lhs dtype, rhs dtype) of every dot_general, nested jaxprs included."""
+  out = [
+    tuple(str(v.aval.dtype) for v in eqn.invars)
+    for eqn in jaxpr.eqns
+    if eqn.primitive.name == "dot_general"
+  ]
+  for sub in jax.extend.core.subjaxprs(jaxpr):
+    out += _dot_kinds(sub)
+  return out
 
 
 def spec_of(config, compute_dtype, full=False):
@@ -123,6 +139,33 @@ class TestUpdateStepPrecision:
     np.testing.assert_allclose(metrics["grad_norm"], f32["grad_norm"], rtol=0.1)
     assert metrics["loss"] != f32["loss"]  # really ran in bf16
 
+  def test_mixed_bfloat16_runs_every_projection_as_a_bf16_dot(self, tiny):
+    # CPU mixed precision (activation_dtype float32 under bf16 compute):
+    # the forward and both backward dots of every linear layer and of the
+    # LM head take bf16 operands; attention scores stay float32.
+    config, params = tiny
+    batch = make_batch(config)
+    opt = optax.adam(1e-3)
+    spec = dataclasses.replace(
+      spec_of(config, "bfloat16"), activation_dtype="float32"
+    )
+    step = update_lib.make_update_step(spec, opt, donate=False)
+    state = update_lib.init_train_state(params, opt)
+    jaxpr = jax.make_jaxpr(step)(state, batch).jaxpr
+    kinds = collections.Counter(_dot_kinds(jaxpr))
+    # The layer loop's body is traced once: 7 projections and the head,
+    # 3 dots each (y, dx, dw); the float32 ones are attention's 2 + 4.
+    assert kinds == {("bfloat16", "bfloat16"): 24, ("float32", "float32"): 6}
+    state, metrics = step(state, batch)
+    f32_step = update_lib.make_update_step(
+      spec_of(config, "float32"), opt, donate=False
+    )
+    _, f32 = f32_step(update_lib.init_train_state(params, opt), batch)
+    # Only the dot operands are rounded: closer to float32 than the
+    # all-bf16 path's 5% (test above).
+    np.testing.assert_allclose(metrics["loss"], f32["loss"], rtol=0.02)
+    assert metrics["applied"] == 1.0
+
   def test_bfloat16_params_step_with_the_trainers_optimizer(self, tiny):
     # optim.make_optimizer injects float32 hyperparameters: in the params'
     # bfloat16, b2 = 0.999 rounds to 1 and every update was NaN.
@@ -178,6 +221,7 @@ def small_config(run_dir, **model):
   """The mesh tests' GRPO problem (KL to the reference, two epochs: the
   reference and proximal passes run) on one device."""
   cfg = trainer_problem.config(run_dir, "1,1,1")
+  model = {"compute_dtype": "auto", **model}  # the default, not the pin
   return cfg.replace({f"model.{k}": v for k, v in model.items()})
 
 
@@ -192,18 +236,42 @@ def make_trainer(cfg):
   )
 
 
+def _host_flags(monkeypatch, *flags):
+  info = quant.cpu.CpuInfo(model="test CPU", flags=tuple(flags))
+  monkeypatch.setattr(quant.cpu, "host_cpu", lambda: info)
+
+
 class TestTrainerPrecision:
-  def test_default_is_float32_on_cpu(self, tmp_path):
+  def test_auto_on_a_cpu_without_bf16_dot_units_is_float32(
+    self, tmp_path, monkeypatch
+  ):
+    _host_flags(monkeypatch, "avx512f", "avx512_vnni")
     cfg = small_config(tmp_path)
     assert (cfg.model.param_dtype, cfg.model.compute_dtype) == (
       "float32",
       "auto",
     )
     assert placement_lib.compute_dtype(cfg) == "float32"
+    assert placement_lib.activation_dtype(cfg) is None
+
+  @pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16"])
+  def test_auto_on_a_cpu_with_bf16_dot_units_is_mixed_bfloat16(
+    self, tmp_path, monkeypatch, flag
+  ):
+    # bf16 weights, float32 activations: bf16 x bf16 -> f32 dots only.
+    _host_flags(monkeypatch, "avx512f", flag)
+    cfg = small_config(tmp_path)
+    assert placement_lib.compute_dtype(cfg) == "bfloat16"
+    assert placement_lib.activation_dtype(cfg) == "float32"
+    cfg = small_config(tmp_path, compute_dtype="float32")
+    assert placement_lib.compute_dtype(cfg) == "float32"
+    assert placement_lib.activation_dtype(cfg) is None
 
   def test_auto_is_bfloat16_on_accelerators(self, tmp_path, monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert placement_lib.compute_dtype(small_config(tmp_path)) == "bfloat16"
+    # bf16 activations throughout: the tensor-core path.
+    assert placement_lib.activation_dtype(small_config(tmp_path)) is None
     cfg = small_config(tmp_path, compute_dtype="float32")
     assert placement_lib.compute_dtype(cfg) == "float32"
 
@@ -222,6 +290,7 @@ class TestTrainerPrecision:
     finally:
       t.close()
     assert t.spec.compute_dtype == "bfloat16"
+    assert t.spec.activation_dtype == "float32"  # CPU: mixed bf16 dots
     assert float_dtypes(t.state.params) == {np.dtype("float32")}
     assert float_dtypes(t.state.opt_state) == {np.dtype("float32")}
     assert float_dtypes(t.ref_params) == {np.dtype(jnp.bfloat16)}
@@ -237,4 +306,4 @@ class TestTrainerPrecision:
     assert float_dtypes(t.state.params) == {np.dtype(jnp.bfloat16)}
     moments = [x for x in jax.tree.leaves(t.state.opt_state) if x.ndim >= 2]
     assert moments and {x.dtype for x in moments} == {np.dtype(jnp.bfloat16)}
-    assert t.spec.compute_dtype == "float32"  # auto, on CPU
+    assert t.spec.compute_dtype == placement_lib.compute_dtype(t.cfg)
