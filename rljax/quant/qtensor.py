@@ -141,13 +141,8 @@ def _dot(a, b, a_axis: int, b_axis: int):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _bf16_dot(w_transposed, x, w):
-  y = _dot(
-    _rows(x.astype(jnp.bfloat16)),
-    w.astype(jnp.bfloat16),
-    1,
-    1 if w_transposed else 0,
-  )
-  return y.reshape(*x.shape[:-1], y.shape[-1])
+  # One forward for both uses; without a gradient XLA drops the residuals.
+  return _bf16_dot_fwd(w_transposed, x, w)[0]
 
 
 def _bf16_dot_fwd(w_transposed, x, w):

@@ -6,11 +6,11 @@ import hypothesis
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxpr_util
 from rljax.quant import qtensor
 from rljax.quant import quantizers
 from rljax.quant.qtensor import QTensor
@@ -147,14 +147,7 @@ class ActivationQuantTest(parameterized.TestCase):
 
 def _dot_operand_ranks(jaxpr) -> list[tuple[int, ...]]:
   """Operand ranks of every dot_general in `jaxpr`, nested ones included."""
-  ranks = [
-    tuple(len(v.aval.shape) for v in eqn.invars)
-    for eqn in jaxpr.eqns
-    if eqn.primitive.name == "dot_general"
-  ]
-  for sub in jax.extend.core.subjaxprs(jaxpr):
-    ranks += _dot_operand_ranks(sub)
-  return ranks
+  return [tuple(a.ndim for a in ops) for ops in jaxpr_util.dot_operands(jaxpr)]
 
 
 class ContractLastTest(chex.TestCase):
@@ -188,14 +181,9 @@ class ContractLastTest(chex.TestCase):
 
 def _dot_operand_dtypes(jaxpr) -> list[tuple[str, ...]]:
   """Operand dtypes of every dot_general in `jaxpr`, nested ones included."""
-  out = [
-    tuple(str(v.aval.dtype) for v in eqn.invars)
-    for eqn in jaxpr.eqns
-    if eqn.primitive.name == "dot_general"
+  return [
+    tuple(str(a.dtype) for a in ops) for ops in jaxpr_util.dot_operands(jaxpr)
   ]
-  for sub in jax.extend.core.subjaxprs(jaxpr):
-    out += _dot_operand_dtypes(sub)
-  return out
 
 
 _EPS10 = 2.0**-10  # 1 + 2^-10 rounds to 1 in bf16 (7 mantissa bits)

@@ -6,12 +6,12 @@ import collections
 import dataclasses
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+import jaxpr_util
 from parallel import trainer_problem
 from rljax import models
 from rljax import quant
@@ -59,14 +59,9 @@ def float_dtypes(tree):
 
 def _dot_kinds(jaxpr):
   """(lhs dtype, rhs dtype) of every dot_general, nested jaxprs included."""
-  out = [
-    tuple(str(v.aval.dtype) for v in eqn.invars)
-    for eqn in jaxpr.eqns
-    if eqn.primitive.name == "dot_general"
+  return [
+    tuple(str(a.dtype) for a in ops) for ops in jaxpr_util.dot_operands(jaxpr)
   ]
-  for sub in jax.extend.core.subjaxprs(jaxpr):
-    out += _dot_kinds(sub)
-  return out
 
 
 def spec_of(config, compute_dtype, full=False):
@@ -201,15 +196,11 @@ class TestUpdateStepPrecision:
     # No [B, T-1, V] array anywhere in the program (forward and backward):
     # a vocabulary-wide array has at most `chunk` positions.
     grad = jax.grad(lambda p: f(p)[0].sum())
-    shapes = []
-
-    def walk(jaxpr):
-      for eqn in jaxpr.eqns:
-        shapes.extend(v.aval.shape for v in eqn.outvars)
-        for sub in jax.core.jaxprs_in_params(eqn.params):
-          walk(sub)
-
-    walk(jax.make_jaxpr(grad)(bf16).jaxpr)
+    shapes = [
+      v.aval.shape
+      for eqn in jaxpr_util.equations(jax.make_jaxpr(grad)(bf16).jaxpr)
+      for v in eqn.outvars
+    ]
     vocab_wide = [s for s in shapes if s and s[-1] == config.vocab_size]
     assert vocab_wide  # the head is in there...
     assert max(int(np.prod(s[:-1])) for s in vocab_wide) <= max(
