@@ -12,7 +12,6 @@ not a wrong number. The timeouts are raised for the tests only.
 """
 
 import os
-import tempfile
 
 os.environ.setdefault(
   "XLA_FLAGS",
@@ -22,18 +21,3 @@ os.environ.setdefault(
 )
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-# One persistent XLA compilation cache for the whole run, both xdist
-# workers and the scripts the tests start: many tests compile the same
-# tiny-model programs (update steps, samplers) in new Trainers, and a
-# cache hit skips XLA's compile (tests/train/test_trainer.py alone: 179 ->
-# 140 s from an empty cache; the whole suite from an empty cache, 2 cores:
-# 23:18 -> 23:10, no gain beyond noise, since most of its time is vLLM
-# engines and scripts). Keyed by the program, jax version and flags, so a
-# stale entry is never used; capped at 2 GB.
-os.environ.setdefault(
-  "JAX_COMPILATION_CACHE_DIR",
-  os.path.join(tempfile.gettempdir(), f"rljax-tests-jax-cache-{os.getuid()}"),
-)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 * 10**9))
