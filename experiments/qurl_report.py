@@ -51,7 +51,8 @@ _STUDIES = flags.DEFINE_list(
   "studies",
   [],
   "NAME:DIR of each study (an ablate.py / long_horizon.py "
-  "--out_dir, or its archive).",
+  "--out_dir, or its archive); NAME:DIR+DIR+... pools studies of the same "
+  "configs run with disjoint seeds (e.g. on two machines) into one.",
 )
 _ABLATION = flags.DEFINE_string(
   "ablation_dir",
@@ -575,11 +576,27 @@ CLAIMS += [
   for c in ("tis", "acr")
 ]
 # The same claims on runs made on a GPU (study `<name>_gpu`): another machine
-# and other seeds, so a separate study, never pooled with the CPU runs.
+# and other seeds, so a separate study.
 CLAIMS += [
   (q, f"{study}_gpu", f"{claim} (H100 runs)", a, b, kind)
   for q, study, claim, a, b, kind in CLAIMS
   if study in ("q2_instrument", "q4_long_horizon")
+]
+# Q4's 1,000-step runs cost ~25 CPU-minutes each: its seeds were split over
+# two machines (`<name>_pooled`, `pool_studies`). Each seed's arms ran on one
+# machine, so every paired difference is within a machine; the pooled claim
+# treats the machine as part of the seed's draw, and the page says so.
+CLAIMS += [
+  (
+    q,
+    f"{study}_pooled",
+    f"{claim} (seeds pooled over H100 and CPU)",
+    a,
+    b,
+    kind,
+  )
+  for q, study, claim, a, b, kind in CLAIMS
+  if study == "q4_long_horizon"
 ]
 
 QUESTIONS = {
@@ -605,6 +622,7 @@ def load_study(study_dir: str) -> dict:
   names = [r["name"] for r in setup.get("runs", [])]
   runs: dict[str, dict[int, str]] = {n: {} for n in names}
   status: dict[str, str] = {}
+  paths: dict[str, str] = {}
   for entry in (
     sorted(os.listdir(study_dir)) if os.path.isdir(study_dir) else []
   ):
@@ -617,6 +635,7 @@ def load_study(study_dir: str) -> dict:
     runs.setdefault(name, {})[int(seed)] = run_dir
     done = os.path.exists(os.path.join(run_dir, "summary.json"))
     status[entry] = "done" if done else "partial"
+    paths[entry] = run_dir
   cpu_log = os.path.join(study_dir, "cpu_log.jsonl")
   cpu = []
   if os.path.exists(cpu_log):
@@ -627,9 +646,74 @@ def load_study(study_dir: str) -> dict:
     "setup": setup,
     "runs": runs,
     "status": status,
+    "paths": paths,
     "progress": _read_json(os.path.join(study_dir, "progress.json"), {}),
     "cpu_s": sum(c.get("cpu_s", 0.0) for c in cpu),
     "wall_s": sum(c.get("wall_s", 0.0) for c in cpu),
+    # CPU seconds per study directory, so that a page listing a directory
+    # both on its own and inside a pooled study counts it once.
+    "cpu_by_dir": {
+      os.path.abspath(study_dir): sum(c.get("cpu_s", 0.0) for c in cpu)
+    },
+  }
+
+
+def pool_studies(parts: list[dict]) -> dict:
+  """One study from several studies of the same configs whose seeds are
+  disjoint, e.g. seed 0 run on a GPU and seeds 1-2 on a CPU.
+
+  A paired claim compares configs within a seed, so every seed must have
+  all of its runs in one part (one machine): a (config, seed) found in two
+  parts is an error, and so is a part whose configs differ from the first
+  part's. The pooled setup is the first part's, with the seeds of all parts
+  and a `machine` line naming which seeds ran where.
+  """
+  if not parts:
+    raise ValueError("pool_studies: no studies to pool")
+  names = [r["name"] for r in parts[0]["setup"].get("runs", [])]
+  runs: dict[str, dict[int, str]] = {n: {} for n in names}
+  status, paths, cpu_by_dir, machines, seeds = {}, {}, {}, [], []
+  for part in parts:
+    part_names = [r["name"] for r in part["setup"].get("runs", [])]
+    if sorted(part_names) != sorted(names):
+      raise ValueError(
+        f"pool_studies: {part['dir']} runs configs {sorted(part_names)}; "
+        f"expected those of {parts[0]['dir']}: {sorted(names)}"
+      )
+    part_seeds = sorted(
+      {s for by_seed in part["runs"].values() for s in by_seed}
+    )
+    for name, by_seed in part["runs"].items():
+      for seed, run_dir in by_seed.items():
+        if seed in runs.setdefault(name, {}):
+          raise ValueError(
+            f"pool_studies: {name} seed {seed} is in both "
+            f"{os.path.dirname(runs[name][seed])} and {part['dir']}; "
+            "pooled studies need disjoint seeds"
+          )
+        runs[name][seed] = run_dir
+    status.update(part["status"])
+    paths.update(part["paths"])
+    cpu_by_dir.update(part["cpu_by_dir"])
+    seeds += part_seeds
+    machine = part["setup"].get("machine", "").split(",")[0] or "CPU"
+    machines.append(
+      f"seed{'s' if len(part_seeds) != 1 else ''} "
+      f"{', '.join(map(str, part_seeds))}: {machine}"
+    )
+  setup = dict(parts[0]["setup"])
+  setup["seeds"] = sorted(set(seeds))
+  setup["machine"] = "pooled (" + "; ".join(machines) + ")"
+  return {
+    "dir": "+".join(p["dir"] for p in parts),
+    "setup": setup,
+    "runs": runs,
+    "status": status,
+    "paths": paths,
+    "progress": {},
+    "cpu_s": sum(p["cpu_s"] for p in parts),
+    "wall_s": sum(p["wall_s"] for p in parts),
+    "cpu_by_dir": cpu_by_dir,
   }
 
 
@@ -909,7 +993,7 @@ def status_section(studies: dict[str, dict]) -> list[str]:
     planned = len(setup.get("runs", [])) * len(setup.get("seeds", []) or [0])
     done = sum(v == "done" for v in st["status"].values())
     partial = [
-      f"{e} ({len(_train_rows(os.path.join(st['dir'], e)))})"
+      f"{e} ({len(_train_rows(st['paths'][e]))})"
       for e, v in st["status"].items()
       if v == "partial"
     ]
@@ -926,8 +1010,11 @@ def status_section(studies: dict[str, dict]) -> list[str]:
       f"{get('run.steps')} steps × {get('rollout.prompts_per_step')}"
       f"×{get('rollout.group_size')}, {get('task.eval_size')} held-out"
     )
-    if st["setup"].get("machine"):
-      scale += f"; {st['setup']['machine'].split(',')[0]}"
+    machine = st["setup"].get("machine", "")
+    if machine.startswith("pooled"):
+      scale += f"; {machine}"
+    elif machine:
+      scale += f"; {machine.split(',')[0]}"
     lines.append(
       f"| {name} | {scale} | {done}/{planned} | "
       f"{', '.join(partial) or '–'} | {planned - done - len(partial)} | "
@@ -1068,15 +1155,26 @@ def main(argv):
   archive = _ARCHIVE.value
   studies = {}
   for spec in _STUDIES.value:
-    name, _, path = spec.partition(":")
-    if not path or not os.path.isdir(path):
+    name, _, joined = spec.partition(":")
+    paths = joined.split("+") if joined else []
+    if not paths or not all(os.path.isdir(p) for p in paths):
       raise app.UsageError(
-        f"--studies entry {spec!r}: expected NAME:DIR with an existing DIR"
+        f"--studies entry {spec!r}: expected NAME:DIR or NAME:DIR+DIR+... "
+        "(a pooled study) with existing DIRs"
       )
     if archive:
-      archive_study(path, os.path.join(archive, name))
-      path = os.path.join(archive, name)
-    studies[name] = load_study(path)
+      # A pooled study's parts are archived as studies of their own names.
+      dests = [
+        os.path.join(
+          archive, name if len(paths) == 1 else os.path.basename(p.rstrip("/"))
+        )
+        for p in paths
+      ]
+      for path, dest in zip(paths, dests):
+        archive_study(path, dest)
+      paths = dests
+    parts = [load_study(p) for p in paths]
+    studies[name] = parts[0] if len(parts) == 1 else pool_studies(parts)
   instrument_record = None
   if _INSTRUMENT.value and os.path.exists(_INSTRUMENT.value):
     instrument_record = _read_json(_INSTRUMENT.value)
@@ -1116,7 +1214,12 @@ def main(argv):
     "```",
     "",
   ]
-  total_cpu = sum(st["cpu_s"] for st in studies.values())
+  # Per directory: a pooled study shares its parts' directories.
+  total_cpu = sum(
+    {
+      d: c for st in studies.values() for d, c in st["cpu_by_dir"].items()
+    }.values()
+  )
   lines += [
     "## Where the study stands",
     "",

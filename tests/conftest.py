@@ -13,6 +13,8 @@ not a wrong number. The timeouts are raised for the tests only.
 
 import os
 
+import pytest
+
 os.environ.setdefault(
   "XLA_FLAGS",
   "--xla_force_host_platform_device_count=8"
@@ -21,3 +23,36 @@ os.environ.setdefault(
 )
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _return_freed_memory_to_the_os() -> None:
+  """glibc keeps freed heap pages in its arenas; `malloc_trim` hands them
+  back, so that a worker's RSS reflects what it still holds."""
+  import ctypes  # pylint: disable=g-import-not-at-top
+
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):  # not glibc
+    pass
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops every compiled program after each test file.
+
+  An xdist worker lives for the whole suite (~700 tests each under
+  `-n 2`), and JAX keeps every executable it compiled, and the buffers
+  those hold, for the life of the process: a worker grew past 10 GiB RSS by
+  the end of the suite, and two such workers with other jobs beside them
+  exhausted the 24 GiB machine (the kernel's OOM killer ended a worker at
+  99%). Each file starts from an empty cache: a file that calls a program
+  an earlier file compiled compiles it again; within a file nothing changes.
+  """
+  yield
+  import gc  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.clear_caches()
+  gc.collect()
+  _return_freed_memory_to_the_os()

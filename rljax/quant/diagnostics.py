@@ -244,6 +244,18 @@ class SyncDiagnostics:
       out["quant/quantized_change_fraction"] = quantized_change_fraction(
         self._prev_qparams, qparams
       )
-    self._prev_params = jax.tree.map(jnp.copy, params)
-    self._prev_qparams = jax.tree.map(jnp.copy, qparams)
+    # Copies, because the trainer donates its buffers. Taken once the
+    # inputs are computed, as one compiled program: an eager per-leaf copy
+    # of mesh-sharded params is one multi-device launch per leaf, issued
+    # while the (collective) programs that produce them may still run, and
+    # on 8 fake CPU devices such a copy was twice seen to never return
+    # (BUILD_NOTES, "Known hang").
+    self._prev_params, self._prev_qparams = _copy_trees(
+      jax.block_until_ready((params, qparams))
+    )
     return {k: float(v) for k, v in jax.device_get(out).items()}
+
+
+@jax.jit
+def _copy_trees(trees):
+  return jax.tree.map(jnp.copy, trees)

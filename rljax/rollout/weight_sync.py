@@ -173,8 +173,38 @@ def prepare_tensors(
   return out
 
 
+# Float dtype -> (unsigned view, |x| bit mask, exponent mask): a value is
+# NaN/inf exactly when its exponent bits are all ones.
+_FLOAT_BITS = {
+  np.dtype(ml_dtypes.bfloat16): (np.uint16, 0x7FFF, 0x7F80),
+  np.dtype(np.float16): (np.uint16, 0x7FFF, 0x7C00),
+  np.dtype(np.float32): (np.uint32, 0x7FFFFFFF, 0x7F800000),
+  np.dtype(np.float64): (np.uint64, 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000),
+}
+_FINITE_CHUNK = 1 << 20
+
+
+def _all_finite(array: np.ndarray) -> bool:
+  """np.isfinite(array).all() for float arrays, ~10x faster (integer bit
+  tests in cache-sized chunks; ml_dtypes' bf16 isfinite converts each
+  value): this check runs on every weight of every sync."""
+  bits = _FLOAT_BITS.get(array.dtype)
+  if bits is None or not array.flags.c_contiguous:
+    return bool(np.isfinite(array).all())
+  uint, magnitude, exponent = bits
+  flat = array.reshape(-1).view(uint)
+  tmp = np.empty(min(flat.size, _FINITE_CHUNK), uint)
+  for i in range(0, flat.size, _FINITE_CHUNK):
+    chunk = flat[i : i + _FINITE_CHUNK]
+    out = tmp[: chunk.size]
+    np.bitwise_and(chunk, uint(magnitude), out=out)
+    if out.max() >= exponent:
+      return False
+  return True
+
+
 def _check_finite(name: str, array: np.ndarray, context: str) -> None:
-  if not np.isfinite(array).all():
+  if array.size and not _all_finite(array):
     bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
     raise ValueError(
       f"{context}: tensor {name!r} has {bad} non-finite "

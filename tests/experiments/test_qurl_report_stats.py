@@ -171,3 +171,60 @@ def test_claims_from_run_files(tmp_path):
   png = tmp_path / "fig.png"
   assert report.study_figure(studies["q2_instrument"], str(png))
   assert png.stat().st_size > 10_000
+
+
+def _fake_study(study, seeds, tis, acr, machine=None):
+  for seed in seeds:
+    _fake_run(study, "int8_tis", seed, tis)
+    _fake_run(study, "int8_acr", seed, acr)
+  setup = {
+    "base": {"steps": 2},
+    "seeds": list(seeds),
+    "runs": [{"name": "int8_tis"}, {"name": "int8_acr"}],
+  }
+  if machine:
+    setup["machine"] = machine
+  (study / "ablation.json").write_text(json.dumps(setup))
+  (study / "cpu_log.jsonl").write_text(
+    "".join(json.dumps({"run": "x", "cpu_s": 10.0}) + "\n" for _ in seeds)
+  )
+
+
+def test_pooled_study_pairs_within_each_part(tmp_path):
+  """Seed 0 from one machine, seeds 1-2 from another: three paired seeds,
+  each pair from one part; neither part alone reaches the rule's three."""
+  report = _report()
+  gpu, cpu = tmp_path / "q4_gpu", tmp_path / "q4_cpu"
+  _fake_study(gpu, [0], [0, 0, 1, 1], [1, 1, 1, 1], machine="H100, jax")
+  _fake_study(cpu, [1, 2], [0, 0, 1, 1], [1, 1, 1, 1])
+  parts = [report.load_study(str(gpu)), report.load_study(str(cpu))]
+  pooled = report.pool_studies(parts)
+  assert pooled["setup"]["seeds"] == [0, 1, 2]
+  assert pooled["setup"]["machine"] == "pooled (seed 0: H100; seeds 1, 2: CPU)"
+  result = report.compare(pooled, "int8_tis", "int8_acr")
+  assert (result["seeds"], result["delta"]) == ([0, 1, 2], 0.5)
+  _, claims = report.claims_section(
+    {"q4_long_horizon_pooled": pooled, "q4_long_horizon": parts[1]}
+  )
+  by = {(c["study"], c["a"], c["b"]): c for c in claims}
+  assert by[("q4_long_horizon_pooled", "int8_tis", "int8_acr")]["verdict"] == (
+    "supported"
+  )
+  alone = by[("q4_long_horizon", "int8_tis", "int8_acr")]
+  assert alone["verdict"] == "not resolved at this scale"
+  # The parts' CPU seconds are counted once per directory.
+  assert sum(pooled["cpu_by_dir"].values()) == 30.0
+  assert "seeds 1, 2: CPU" in "\n".join(report.status_section({"p": pooled}))
+
+
+def test_pooling_refuses_a_seed_in_two_parts_and_other_configs(tmp_path):
+  report = _report()
+  a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+  _fake_study(a, [0, 1], [0, 1], [1, 1])
+  _fake_study(b, [1], [0, 1], [1, 1])
+  with pytest.raises(ValueError, match="int8_tis seed 1 is in both"):
+    report.pool_studies([report.load_study(str(a)), report.load_study(str(b))])
+  _fake_run(c, "fp32", 2, [1, 1])
+  (c / "ablation.json").write_text(json.dumps({"runs": [{"name": "fp32"}]}))
+  with pytest.raises(ValueError, match=r"runs configs \['fp32'\]"):
+    report.pool_studies([report.load_study(str(a)), report.load_study(str(c))])

@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import jax
-import numpy as np
 import pytest
 
 from parallel import trainer_problem
@@ -81,31 +80,15 @@ def test_two_process_trainer_equals_one_process(tmp_path):
   # test_trainer_mesh.py in the same process) an 8-device program of the
   # reference, the quantizer diagnostics' copy of θ, twice never finished.
   rows, params, _ = trainer_problem.run(tmp_path / "one", MESH)
-  got = np.load(out)
+  got_rows, got_params, restored, got = trainer_problem.read_result(out)
   assert int(got["process_count"]) == 2
   assert int(got["device_count"]) == 8
   steps = trainer_problem.STEPS
-  got_rows = [
-    {
-      k.split("/row/", 1)[1]: float(got[k])
-      for k in got.files
-      if k.startswith(f"{i}/row/")
-    }
-    for i in range(steps)
-  ]
   trainer_problem.assert_rows_close(got_rows, rows)
   for i in range(steps):
-    got_params = {
-      k[len(f"{i}/params") :]: got[k]
-      for k in got.files
-      if k.startswith(f"{i}/params")
-    }
-    trainer_problem.assert_params_close_flat(got_params, params[i])
+    trainer_problem.assert_params_close_flat(got_params[i], params[i])
   # The resume restored exactly the last step's params.
   assert int(got["resumed_step"]) == steps
-  restored = {
-    k[len("restored") :]: got[k] for k in got.files if k.startswith("restored")
-  }
   trainer_problem.assert_params_close_flat(restored, params[-1])
   # One writer: process 0's metrics, one row per step, no lock left behind.
   with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:

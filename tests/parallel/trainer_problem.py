@@ -187,9 +187,50 @@ def assert_params_close_flat(got, want, what=""):
     assert np.mean(np.abs(got[k] - want[k])) < 1e-6, what + k
 
 
+def layout(t) -> dict[str, np.ndarray]:
+  """How the trainer's q_proj kernel (params and reference params) is laid
+  out: the number of devices it spans and the shape of one shard."""
+  out = {}
+  for name, tree in (("params", t.state.params), ("ref", t.ref_params)):
+    q = tree["layers"]["q_proj"]["kernel"]
+    out[f"layout/{name}/devices"] = np.asarray(len(q.sharding.device_set))
+    out[f"layout/{name}/shard_shape"] = np.asarray(
+      q.sharding.shard_shape(q.shape)
+    )
+  return out
+
+
+def read_result(path, steps=STEPS):
+  """(rows, flat params after each step, flat restored params, arrays) of an
+  OUT.npz that `main` wrote."""
+  got = np.load(path)
+  rows = [
+    {
+      k.split("/row/", 1)[1]: float(got[k])
+      for k in got.files
+      if k.startswith(f"{i}/row/")
+    }
+    for i in range(steps)
+  ]
+  params = [
+    {
+      k[len(f"{i}/params") :]: got[k]
+      for k in got.files
+      if k.startswith(f"{i}/params")
+    }
+    for i in range(steps)
+  ]
+  restored = {
+    k[len("restored") :]: got[k] for k in got.files if k.startswith("restored")
+  }
+  return rows, params, restored, got
+
+
 def main(argv):
-  """One process of a multi-process run: STEPS steps with a checkpoint each,
-  then a resume from the last checkpoint; process 0 writes OUT.npz."""
+  """One process of a multi-process run (or, without the distributed
+  flags, a whole run on this process's devices): STEPS steps with a
+  checkpoint each, then a resume from the last checkpoint; process 0 writes
+  OUT.npz (`read_result` reads it)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   import jax
   from rljax import distributed  # defines the flags
@@ -206,6 +247,7 @@ def main(argv):
     arrays = {"process_count": np.asarray(jax.process_count())}
     arrays["device_count"] = np.asarray(jax.device_count())
     arrays["resumed_step"] = np.asarray(resumed_step)
+    arrays.update(layout(resumed))
     for i, (row, p) in enumerate(zip(rows, params)):
       arrays.update({f"{i}/row/{k}": np.asarray(v) for k, v in row.items()})
       arrays.update({f"{i}/params{k}": v for k, v in flat(p).items()})

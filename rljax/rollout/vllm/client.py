@@ -11,6 +11,7 @@ were sent to (`process.Server.failure`).
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import time
 from typing import Any
@@ -49,6 +50,8 @@ class EngineClient:
     broken: why the engine is unusable until restarted (a failed weight
       reload leaves layers without data), or None.
     has_extension: the server loaded rljax's worker extension.
+    extension_version: its `EXTENSION_VERSION` (0 without it); 2 and up
+      apply shared-memory weights in place (`apply_shared`).
   """
 
   def __init__(
@@ -60,6 +63,7 @@ class EngineClient:
     )
     self.broken: str | None = None
     self.has_extension = False
+    self.extension_version = 0
     self._vocab_size: int | None = None
 
   def wait_healthy(self, deadline: float) -> None:
@@ -119,10 +123,12 @@ class EngineClient:
         ) from None
       raise self.server.failure(action, e) from None
     self.has_extension = False
+    self.extension_version = 0
     if self.config.worker_extension:
       try:
-        self.http.collective_rpc("rljax_extension_info", timeout_s=60)
+        info = self.http.collective_rpc("rljax_extension_info", timeout_s=60)
         self.has_extension = True
+        self.extension_version = _extension_version(info)
       except VLLMRequestError as e:
         if not attached:
           raise self.server.failure(
@@ -260,6 +266,52 @@ class EngineClient:
       raise self.server.failure(
         action, f"{e}; the engine is unusable until restart()"
       ) from None
+    self._after_reload(action, path)
+
+  def apply_shared(
+    self, file: str, changed: list[str] | None
+  ) -> dict[str, Any]:
+    """Has the worker extension (version 2+) apply the shared-memory weights
+    file in place, only the modules of the `changed` tensors (None: all);
+    then resets the prefix cache and probes, as `reload`.
+
+    Returns:
+      The extension's report (modules, handlers, seconds), or
+      {"unsupported": reason} when this engine or file is not one it
+      handles: nothing was changed then, and the caller reloads the file
+      the usual way (`reload`).
+    """
+    action = f"applying shared weights from {file!r}"
+    kwargs = {"path": file}
+    if changed is not None:
+      kwargs["changed"] = json.dumps(changed)
+    try:
+      answer = self.http.collective_rpc(
+        "rljax_apply_shared_weights",
+        kwargs,
+        timeout_s=self.config.sync_timeout_s,
+      )
+    except VLLMRequestError as e:
+      self.broken = f"a failed weight sync from {file!r}"
+      raise self.server.failure(
+        action, f"{e}; the engine is unusable until restart()"
+      ) from None
+    results = answer.get("results") if isinstance(answer, dict) else None
+    if not (
+      isinstance(results, list) and results and isinstance(results[0], dict)
+    ):
+      self.broken = f"a weight sync from {file!r} with an unknown outcome"
+      raise self.server.failure(
+        action,
+        f"the worker answered {answer!r:.200}; expected "
+        '{"results": [{...}]}; the engine is unusable until restart()',
+      )
+    report = results[0]
+    if "unsupported" not in report:
+      self._after_reload(action, file)
+    return report
+
+  def _after_reload(self, action: str, path: str) -> None:
     for _ in range(20):
       try:
         if self.http.reset_prefix_cache(timeout_s=60):
@@ -281,6 +333,14 @@ class EngineClient:
       except SidecarError:
         self.broken = f"weights from {path!r} that break the engine"
         raise
+
+
+def _extension_version(info: Any) -> int:
+  """EXTENSION_VERSION from an `rljax_extension_info` answer (0: unknown)."""
+  results = info.get("results") if isinstance(info, dict) else None
+  first = results[0] if isinstance(results, list) and results else None
+  version = first.get("extension_version") if isinstance(first, dict) else 0
+  return version if isinstance(version, int) else 0
 
 
 def _explain(error: Exception) -> str:

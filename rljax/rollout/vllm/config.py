@@ -123,7 +123,9 @@ class VLLMSidecarConfig:
       VLLM_API_KEY environment variable, if set).
     sync_root: where weight syncs are written; default /dev/shm (tmpfs). Must
       be readable by the server (the same host, or a shared filesystem).
-    shard_bytes: safetensors shard size of a weight sync.
+    shard_bytes: safetensors shard size of a weight sync written as a
+      directory of shards (`VLLMSidecarPool`); a sidecar's own syncs rewrite
+      one file in place (`sync.SharedWeights`).
     check_finite: refuse NaN/inf weights at sync.
     startup_timeout_s: launch (or restart) until healthy.
     request_timeout_s: one generation request (socket read timeout).

@@ -8,6 +8,7 @@ state a restart needs (the weights of the last sync).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import threading
@@ -29,8 +30,9 @@ from rljax.rollout.vllm.client import to_batch
 from rljax.rollout.vllm.config import VLLMSidecarConfig
 from rljax.rollout.vllm.process import LaunchedServer
 from rljax.rollout.vllm.process import Server
+from rljax.rollout.vllm.sync import SharedWeights
 from rljax.rollout.vllm.sync import WeightSync
-from rljax.rollout.vllm.sync import timed_sync
+from rljax.rollout.vllm.sync import timed_shared_sync
 
 
 class VLLMSidecar:
@@ -74,6 +76,8 @@ class VLLMSidecar:
     max_model_len: longest prompt + response the server accepts.
     startup_seconds: wall time of the last (re)start until healthy.
     last_sync_timing: phases of the last `update_weights`.
+    fast_sync_unsupported: why the running server's worker extension cannot
+      apply shared weights in place (syncs then use vLLM's reload), or None.
   """
 
   def __init__(
@@ -108,6 +112,9 @@ class VLLMSidecar:
     self._lock = threading.RLock()
     self._closed = False
     self._last_weights_dir: str | None = None
+    # The weights file the engine syncs from (made at the first sync).
+    self._shared: SharedWeights | None = None
+    self.fast_sync_unsupported: str | None = None
     self._sync_dirs = weight_sync.SyncDirs(
       self.config.sync_root, prefix="rljax-vllm-sync"
     )
@@ -246,11 +253,16 @@ class VLLMSidecar:
           f"VLLMSidecar {self.describe()}: restart after close()"
         )
       self._server.stop()
+      if self._shared is not None:
+        self._shared.in_sync = False  # the new engine runs model_dir
       start = time.perf_counter()
       self._server.start(self._connect)
       self.startup_seconds = time.perf_counter() - start
+      self.fast_sync_unsupported = None
       if self._last_weights_dir is not None:
         self._client.reload(self._last_weights_dir)
+        if self._shared is not None:
+          self._shared.in_sync = self._last_weights_dir == self._shared.path
 
   def close(self) -> None:
     """Stops a launched server (its whole process group) and deletes sync
@@ -258,6 +270,8 @@ class VLLMSidecar:
     with self._lock:
       if not self._closed:
         self._closed = True
+        if self._shared is not None:
+          self._shared.close()
         self._finalizer()
 
   def __enter__(self) -> "VLLMSidecar":
@@ -321,7 +335,14 @@ class VLLMSidecar:
     return self._weights.prepare(params, f"VLLMSidecar {self.describe()}")
 
   def update_weights(self, params: Any) -> SyncStats:
-    """Pushes new weights: check, write shards to tmpfs, reload, reset cache.
+    """Pushes new weights: check, copy the tensors that changed into the
+    sidecar's weights file in tmpfs, have the engine apply them, reset the
+    prefix cache.
+
+    The engine applies them in place with rljax's worker extension
+    (`rljax_apply_shared_weights`: no loader, only the modules whose tensors
+    changed); where the extension is older or answers that it cannot (see
+    `fast_sync_unsupported`), it reloads the same file with vLLM's reload.
 
     Args:
       params: prepared rollout weights (`quant.prepare_rollout_weights` for
@@ -330,8 +351,9 @@ class VLLMSidecar:
 
     Returns:
       SyncStats: wall seconds of the whole sync (conversion included) and
-      bytes of weights written for the engine. The breakdown is in
-      `last_sync_timing`.
+      bytes of weights written for the engine (the tensors that changed
+      since the last sync it applied; all of them at the first). The
+      breakdown is in `last_sync_timing`.
 
     Raises:
       ValueError / TypeError: the weights do not match the engine's
@@ -340,13 +362,33 @@ class VLLMSidecar:
     """
     with self._lock:
       self._require_usable("syncing weights")
-      stats, self.last_sync_timing = timed_sync(
-        lambda: self.prepare_weights(params),
-        self._sync_dirs,
-        self.config.shard_bytes,
-        self.load_weights_dir,
+      if self._shared is None:
+        self._shared = SharedWeights(self._sync_dirs, self._weights.manifest)
+      stats, self.last_sync_timing = timed_shared_sync(
+        lambda: self.prepare_weights(params), self._shared, self._apply_shared
       )
       return stats
+
+  def _apply_shared(self, changed: list[str]) -> dict[str, Any]:
+    """The engine takes the shared file's weights: in place where the worker
+    extension can, else by vLLM's reload of the file."""
+    shared = self._shared
+    # Recorded first: if this sidecar is down, restart() loads these.
+    self._last_weights_dir = shared.path
+    client = self._client
+    if client.extension_version >= 2 and self.fast_sync_unsupported is None:
+      report = client.apply_shared(shared.file, changed)
+      if "unsupported" not in report:
+        return report
+      self.fast_sync_unsupported = str(report["unsupported"])
+      logging.warning(
+        "vLLM sidecar %s: in-place weight sync unsupported (%s); reloading "
+        "through vLLM's loader instead (slower)",
+        self.describe(),
+        self.fast_sync_unsupported,
+      )
+    client.reload(shared.path)
+    return {"vllm_reload": 1}
 
   def load_weights_dir(self, path: str) -> None:
     """Reloads weights from a checkpoint-format dir (the server must be able
@@ -355,4 +397,10 @@ class VLLMSidecar:
       # Recorded first: if this sidecar is down, restart() loads these.
       self._last_weights_dir = path
       self._require_usable("syncing weights")
+      if self._shared is not None:
+        # The engine then runs what it reloads (the shared file's bytes
+        # only when that is the path).
+        self._shared.in_sync = False
       self._client.reload(path)
+      if self._shared is not None and path == self._shared.path:
+        self._shared.in_sync = True

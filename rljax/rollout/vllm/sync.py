@@ -4,12 +4,20 @@
 weight format and vocabulary) and turns new weights into exactly those
 tensors; `timed_sync` writes them as safetensors shards to a fresh tmpfs
 dir, has the server(s) reload it and times each phase.
+
+`SharedWeights` is the fast path of one sidecar: a single checkpoint-format
+safetensors file in tmpfs, laid out once and rewritten in place at every
+sync (only the tensors that changed), that rljax's worker extension maps and
+applies to the live model without vLLM's loader
+(`third_party/vllm_ext/rljax_vllm_ext/shared_weights.py`); it stays a valid
+checkpoint dir, so vLLM's reload (the fallback, and restarts) reads it too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 import time
 from typing import Any, Callable, Mapping
 
@@ -213,4 +221,160 @@ def timed_sync(
     "seconds": end - start,
     "bytes": nbytes,
   }
+  return SyncStats(seconds=end - start, bytes=nbytes), timing
+
+
+# The HF projections that vLLM fuses into one module (qkv_proj, gate_up_proj
+# in Llama/Qwen), in vLLM's order: `SharedWeights` stores them adjacent so the
+# worker reads the fused weight as one view. Only a speed-up: the worker
+# checks adjacency and concatenates otherwise.
+_FUSED_PARTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def shared_order(specs: Mapping[str, safetensors_io.TensorSpec]) -> list[str]:
+  """Tensor names in `SharedWeights` file order: wider dtypes first (with a
+  64-byte aligned data start, every tensor is then aligned to its element
+  size), the parts of each fused vLLM module adjacent and in vLLM's order."""
+
+  def key(name):
+    module, _, param = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    group, index = name, 0
+    for g, parts in enumerate(_FUSED_PARTS):
+      if leaf in parts:
+        group, index = f"{parent}.<fused{g}>.{param}", parts.index(leaf)
+    return (-specs[name].dtype.itemsize, group, index)
+
+  return sorted(specs, key=key)
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+  """Bitwise equality (so -0.0 != 0.0 and NaN payloads count), checking a
+  leading slice first: weights that changed almost always differ there."""
+  a8 = a.reshape(-1).view(np.uint8)
+  b8 = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+  head = min(a8.size, 4096)
+  if not np.array_equal(a8[:head], b8[:head]):
+    return False
+  return bool(np.array_equal(a8, b8))
+
+
+class SharedWeights:
+  """The weights one server runs, as one safetensors file in tmpfs.
+
+  Created once per sidecar (in a 0700 dir of its `SyncDirs`), with the
+  manifest's tensors in `shared_order`; each sync copies into it only the
+  tensors whose bytes differ from the last sync the engine applied, and
+  names them to the engine, which rebuilds only the modules they touch.
+
+  Attributes:
+    path: the dir (a checkpoint dir vLLM's reload can read).
+    file: the safetensors file in it.
+    in_sync: the engine runs exactly the file's bytes (set by the caller
+      after a successful apply; a write clears it until then). When False,
+      the next write names every tensor as changed.
+  """
+
+  def __init__(
+    self,
+    sync_dirs: weight_sync.SyncDirs,
+    manifest: weight_sync.CheckpointManifest,
+  ):
+    specs = manifest.specs
+    order = shared_order(specs)
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in order:
+      spec = specs[name]
+      header[name] = {
+        # pylint: disable-next=protected-access
+        "dtype": safetensors_io._DTYPE_NAMES[np.dtype(spec.dtype)],
+        "shape": list(spec.shape),
+        "data_offsets": [offset, offset + spec.nbytes],
+      }
+      offset += spec.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-(8 + len(blob)) % 64)  # data starts 64-byte aligned
+    start = 8 + len(blob)
+    self.path = sync_dirs.new(offset)
+    self.file = os.path.join(self.path, safetensors_io.SINGLE_FILE)
+    try:
+      with open(self.file, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        f.truncate(start + offset)
+      self._map = np.memmap(self.file, dtype=np.uint8, mode="r+")
+    except BaseException:
+      sync_dirs.discard(self.path)
+      raise
+    sync_dirs.commit(self.path)
+    self.nbytes = offset
+    self.views: dict[str, np.ndarray] = {}
+    for name in order:
+      spec = specs[name]
+      begin, end = header[name]["data_offsets"]
+      raw = self._map[start + begin : start + end]
+      self.views[name] = raw.view(spec.dtype).reshape(spec.shape)
+    self.in_sync = False
+
+  def write(self, tensors: Mapping[str, np.ndarray]) -> tuple[list[str], int]:
+    """Copies the tensors that changed into the file.
+
+    Args:
+      tensors: `WeightSync.prepare` output (every manifest tensor, in its
+        dtype and shape).
+
+    Returns:
+      (names of the tensors written, bytes written); every name when the
+      engine was not in sync with the file.
+    """
+    full = not self.in_sync
+    self.in_sync = False
+    changed, nbytes = [], 0
+    for name, view in self.views.items():
+      src = tensors[name]
+      if not full and _same_bytes(view, src):
+        continue
+      np.copyto(view, src, casting="no")
+      changed.append(name)
+      nbytes += view.nbytes
+    return changed, nbytes
+
+  def close(self) -> None:
+    """Unmaps the file (its dir is removed with the sidecar's sync dirs)."""
+    self.views = {}
+    self._map = None
+
+
+def timed_shared_sync(
+  prepare: Callable[[], Mapping[str, np.ndarray]],
+  shared: SharedWeights,
+  apply: Callable[[list[str]], dict[str, Any]],
+) -> tuple[SyncStats, dict[str, Any]]:
+  """prepare() -> write the changed tensors into `shared` -> apply(changed);
+  returns the stats (bytes: those written) and the phases (prepare_s,
+  write_s, reload_s, seconds, bytes, changed_tensors; apply's report as
+  `engine_*`, its "seconds" as engine_apply_s, part of reload_s).
+
+  `shared.in_sync` is set only once apply returned: after a failed apply the
+  next sync names every tensor again."""
+  start = time.perf_counter()
+  tensors = prepare()
+  prepared = time.perf_counter()
+  changed, nbytes = shared.write(tensors)
+  written = time.perf_counter()
+  report = dict(apply(changed))
+  shared.in_sync = True
+  end = time.perf_counter()
+  timing = {
+    "prepare_s": prepared - start,
+    "write_s": written - prepared,
+    "reload_s": end - written,
+    "seconds": end - start,
+    "bytes": nbytes,
+    "changed_tensors": len(changed),
+  }
+  if "seconds" in report:  # the engine's own time, inside reload_s
+    timing["engine_apply_s"] = report.pop("seconds")
+  timing.update({f"engine_{k}": v for k, v in report.items()})
   return SyncStats(seconds=end - start, bytes=nbytes), timing

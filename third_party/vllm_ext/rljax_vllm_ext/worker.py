@@ -13,7 +13,15 @@ were created, during re-processing, from the temporary tensors. The reloaded
 model then computes garbage (inf/NaN logits; greedy decoding emits token 0).
 `rljax_reload_weights` runs vLLM's reload and then rebuilds those handlers
 from the live scale parameters and the new int8 codes, which restores
-bit-identical outputs for identical weights (see README.md).
+bit-identical outputs for identical weights (see README.md). It also
+rebuilds the oneDNN handler of an LM head tied to the embeddings, which
+vLLM's reload leaves packed with the old embedding.
+
+`rljax_apply_shared_weights` is the fast path (`shared_weights.py`): it
+updates the live parameters and handlers in place from a shared-memory
+safetensors file, only for modules whose tensors changed, and answers
+`{"unsupported": reason}` (having changed nothing) where it cannot, so that
+the sidecar falls back to `rljax_reload_weights` on the same file.
 
 Only imports vLLM and torch: this file must not import rljax or JAX.
 """
@@ -21,9 +29,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
-EXTENSION_VERSION = 1
+from rljax_vllm_ext import shared_weights
+
+# 2: rljax_apply_shared_weights; tied LM heads rebuilt after a reload.
+EXTENSION_VERSION = 2
 
 
 def _weight_files(weights_path: str) -> dict[str, str]:
@@ -133,7 +145,58 @@ class RljaxWorkerExtension:
     plus the repairs the installed vLLM needs afterwards."""
     self.reload_weights(weights_path=weights_path)
     config = self.vllm_config  # pylint: disable=no-member
+    model = self.model_runner.model  # pylint: disable=no-member
     rebuilt = rebuild_onednn_int8_handlers(
-        self.model_runner.model, weights_path,  # pylint: disable=no-member
-        config.model_config.dtype, config.parallel_config.tensor_parallel_size)
-    return {"rebuilt_int8_handlers": rebuilt}
+        model, weights_path, config.model_config.dtype,
+        config.parallel_config.tensor_parallel_size)
+    heads = _rebuild_heads_on_cpu(model)
+    return {"rebuilt_int8_handlers": rebuilt, "rebuilt_lm_heads": heads}
+
+  def rljax_apply_shared_weights(self, path: str,
+                                 changed: str | list[str] | None = None
+                                 ) -> dict[str, Any]:
+    """Updates the weights in place from the safetensors file `path`
+    (rewritten in place by the sidecar at every sync).
+
+    Args:
+      path: the file.
+      changed: names of the tensors that differ from what the engine runs,
+        as a list or its JSON text (the HTTP route passes strings); None:
+        all. Modules none of whose tensors changed are left as they
+        are: their state was built from the same bytes.
+
+    Returns:
+      {"modules", "handlers", "skipped_modules", "seconds"}, or
+      {"unsupported": reason} when this engine or file is not one the fast
+      path handles; nothing was changed then.
+    """
+    start = time.perf_counter()
+    config = self.vllm_config  # pylint: disable=no-member
+    model = self.model_runner.model  # pylint: disable=no-member
+    try:
+      shared_weights.check_engine(config)
+      shared = shared_weights.open_shared(path)
+      steps = shared_weights.plan(model, shared)
+    except shared_weights.Unsupported as e:
+      return {"unsupported": str(e)}
+    if isinstance(changed, str):
+      changed = json.loads(changed)
+    if changed is not None:
+      unknown = sorted(set(changed) - set(shared.entries))
+      if unknown:
+        raise ValueError(
+            f"rljax_apply_shared_weights: changed={unknown[:3]} are not "
+            f"tensors of {path!r}; expected names from its header")
+    counts = shared_weights.apply(model, shared, steps, changed,
+                                  config.model_config.dtype)
+    for reset in ("reset_encoder_cache", "reset_mm_cache"):
+      getattr(self.model_runner, reset, lambda: None)()  # pylint: disable=no-member
+    counts["seconds"] = time.perf_counter() - start
+    return counts
+
+
+def _rebuild_heads_on_cpu(model) -> int:
+  from vllm.platforms import current_platform  # pylint: disable=g-import-not-at-top
+  if not current_platform.is_cpu():
+    return 0
+  return shared_weights.rebuild_lm_heads(model)
