@@ -140,6 +140,18 @@ def _alone(engine, prompts, sampling):
   )
 
 
+def _assert_vllm_reload_matches(engine, prompts, fast_ids, fast_logp):
+  """vLLM's own reload of the sidecar's shared weights file (the fallback
+  path) gives what the in-place apply gave: the same greedy tokens and
+  log-probs."""
+  shared_dir = engine._shared.path  # pylint: disable=protected-access
+  engine.load_weights_dir(shared_dir)
+  slow_ids, slow_logp = _alone(engine, prompts, GREEDY)
+  assert slow_ids == fast_ids
+  for a, b in zip(slow_logp, fast_logp):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def _scale_mlps(params, layers=range(0, 30, 3), factor=3.0):
   """The params tree with the down projections of some blocks scaled."""
   down = np.array(params["layers"]["down_proj"]["kernel"])
@@ -414,12 +426,7 @@ class TestBF16Sidecar:
     )
     assert err < 0.5 * err_stale
     # vLLM's own reload of the same file (the fallback path).
-    shared_dir = bf16_engine._shared.path  # pylint: disable=protected-access
-    bf16_engine.load_weights_dir(shared_dir)
-    slow_ids, slow_logp = _alone(bf16_engine, prompts, GREEDY)
-    assert slow_ids == fast_ids
-    for a, b in zip(slow_logp, fast_logp):
-      np.testing.assert_allclose(a, b, atol=1e-6)
+    _assert_vllm_reload_matches(bf16_engine, prompts, fast_ids, fast_logp)
     stats = bf16_engine.update_weights(changed)
     assert stats.bytes == 0
     assert bf16_engine.last_sync_timing["engine_modules"] == 0
@@ -600,12 +607,7 @@ class TestInt8Sidecar:
     assert 20 <= timing["changed_tensors"] <= 40, timing
     fast_ids, fast_logp = _alone(int8_engine, prompts, GREEDY)
     assert fast_ids not in (base_ids, first_ids)
-    shared_dir = int8_engine._shared.path  # pylint: disable=protected-access
-    int8_engine.load_weights_dir(shared_dir)
-    slow_ids, slow_logp = _alone(int8_engine, prompts, GREEDY)
-    assert slow_ids == fast_ids
-    for a, b in zip(slow_logp, fast_logp):
-      np.testing.assert_allclose(a, b, atol=1e-6)
+    _assert_vllm_reload_matches(int8_engine, prompts, fast_ids, fast_logp)
     int8_engine.update_weights(params)
     restored_ids, restored_logp = _alone(int8_engine, prompts, GREEDY)
     assert restored_ids == base_ids

@@ -214,14 +214,20 @@ def timed_sync(
   finally:
     sync_dirs.commit(path)
   end = time.perf_counter()
-  timing = {
+  timing = _phases(start, prepared, written, end, nbytes)
+  return SyncStats(seconds=end - start, bytes=nbytes), timing
+
+
+def _phases(start, prepared, written, end, nbytes) -> dict[str, float]:
+  """A sync's phases from its four clock readings (prepare -> write ->
+  engine ready)."""
+  return {
     "prepare_s": prepared - start,
     "write_s": written - prepared,
     "reload_s": end - written,
     "seconds": end - start,
     "bytes": nbytes,
   }
-  return SyncStats(seconds=end - start, bytes=nbytes), timing
 
 
 # The HF projections that vLLM fuses into one module (qkv_proj, gate_up_proj
@@ -366,14 +372,8 @@ def timed_shared_sync(
   report = dict(apply(changed))
   shared.in_sync = True
   end = time.perf_counter()
-  timing = {
-    "prepare_s": prepared - start,
-    "write_s": written - prepared,
-    "reload_s": end - written,
-    "seconds": end - start,
-    "bytes": nbytes,
-    "changed_tensors": len(changed),
-  }
+  timing = _phases(start, prepared, written, end, nbytes)
+  timing["changed_tensors"] = len(changed)
   if "seconds" in report:  # the engine's own time, inside reload_s
     timing["engine_apply_s"] = report.pop("seconds")
   timing.update({f"engine_{k}": v for k, v in report.items()})
