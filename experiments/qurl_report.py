@@ -641,6 +641,7 @@ def load_study(study_dir: str) -> dict:
   if os.path.exists(cpu_log):
     with open(cpu_log) as f:
       cpu = [json.loads(line) for line in f if line.strip()]
+  cpu_s = sum(c.get("cpu_s", 0.0) for c in cpu)
   return {
     "dir": study_dir,
     "setup": setup,
@@ -648,13 +649,11 @@ def load_study(study_dir: str) -> dict:
     "status": status,
     "paths": paths,
     "progress": _read_json(os.path.join(study_dir, "progress.json"), {}),
-    "cpu_s": sum(c.get("cpu_s", 0.0) for c in cpu),
+    "cpu_s": cpu_s,
     "wall_s": sum(c.get("wall_s", 0.0) for c in cpu),
     # CPU seconds per study directory, so that a page listing a directory
     # both on its own and inside a pooled study counts it once.
-    "cpu_by_dir": {
-      os.path.abspath(study_dir): sum(c.get("cpu_s", 0.0) for c in cpu)
-    },
+    "cpu_by_dir": {os.path.abspath(study_dir): cpu_s},
   }
 
 

@@ -176,7 +176,19 @@ def _classes():
           UnquantizedEmbeddingMethod, VocabParallelEmbedding)
 
 
-def _onednn_int8_kernel(module):
+def build_int8_handler(module, kernel, weight, scale, out_dtype) -> None:
+  """Gives `kernel` a new oneDNN INT8 GEMM handler for the [N, K] int8 codes
+  `weight` (unit stride along K) and the live per-channel `scale` (the
+  handler reads it by pointer), as vLLM's own processing builds it."""
+  from vllm import _custom_ops as ops  # pylint: disable=g-import-not-at-top
+  _, _, input_scale_name, _, _ = kernel.layer_param_names
+  kernel.dnnl_handler = ops.create_onednn_scaled_mm(
+      weight.t(), scale, out_dtype,
+      getattr(module, input_scale_name, None) is None,
+      not kernel.config.input_symmetric, 32)
+
+
+def onednn_int8_kernel(module):
   """The module's CPU INT8 kernel when it runs the oneDNN path, else None."""
   try:
     # pylint: disable-next=g-import-not-at-top
@@ -251,7 +263,7 @@ def plan(model, shared: SharedFile) -> list[Step]:
       tensors[param] = [slots[i] for i in range(parts)]
     method = getattr(module, "quant_method", None)
     if isinstance(module, linear_base):
-      kernel = _onednn_int8_kernel(module)
+      kernel = onednn_int8_kernel(module)
       if isinstance(method, unquantized_linear):
         kind = "linear"
         _check_linear(module_name, module, tensors, shared, {"weight"})
@@ -373,7 +385,6 @@ def apply(model, shared: SharedFile, steps: list[Step], changed, out_dtype
   """Runs the steps of modules with a changed tensor (all when changed is
   None); returns counts."""
   import torch  # pylint: disable=g-import-not-at-top
-  from vllm import _custom_ops as ops  # pylint: disable=g-import-not-at-top
   changed = None if changed is None else set(changed)
   counts = {"modules": 0, "handlers": 0, "skipped_modules": 0}
   new_embeddings = []
@@ -406,7 +417,7 @@ def apply(model, shared: SharedFile, steps: list[Step], changed, out_dtype
                                              requires_grad=False)
       else:
         kernel = module.scheme.kernel
-        _, scale_name, input_scale_name, _, azp_name = kernel.layer_param_names
+        _, scale_name, _, _, azp_name = kernel.layer_param_names
         scale = getattr(module, scale_name)
         scale.data.copy_(shared.fused(step.tensors["weight_scale"], rows, 1)
                          .reshape(scale.shape))
@@ -416,10 +427,7 @@ def apply(model, shared: SharedFile, steps: list[Step], changed, out_dtype
           # codes (exact in float32 for int8 rows) times the scales.
           adj = weight.sum(dim=1, dtype=torch.float32).unsqueeze(0)
           azp_adj.data.copy_(adj * scale.squeeze())
-        kernel.dnnl_handler = ops.create_onednn_scaled_mm(
-            weight.t(), scale, out_dtype,
-            getattr(module, input_scale_name, None) is None,
-            not kernel.config.input_symmetric, 32)
+        build_int8_handler(module, kernel, weight, scale, out_dtype)
       counts["handlers"] += 1
     if new_embeddings:
       counts["handlers"] += rebuild_lm_heads(model, new_embeddings)

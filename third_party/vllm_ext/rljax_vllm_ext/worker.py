@@ -59,21 +59,10 @@ def _weight_files(weights_path: str) -> dict[str, str]:
 
 def _onednn_int8_layers(model) -> list[tuple[str, Any, Any]]:
   """(module name, module, kernel) of every INT8 linear on the oneDNN path."""
-  try:
-    # pylint: disable-next=g-import-not-at-top
-    from vllm.model_executor.kernels.linear.scaled_mm.cpu import (
-        CPUInt8ScaledMMLinearKernel)
-  except ImportError:  # not the CPU backend of this vLLM version
-    return []
-  # pylint: disable-next=protected-access
-  onednn = CPUInt8ScaledMMLinearKernel._apply_weights_onednn
   layers = []
   for name, module in model.named_modules():
-    kernel = getattr(getattr(module, "scheme", None), "kernel", None)
-    if not isinstance(kernel, CPUInt8ScaledMMLinearKernel):
-      continue
-    if getattr(getattr(kernel, "linear_method", None), "__func__",
-               None) is onednn:
+    kernel = shared_weights.onednn_int8_kernel(module)
+    if kernel is not None:
       layers.append((name, module, kernel))
   return layers
 
@@ -88,8 +77,6 @@ def rebuild_onednn_int8_handlers(model, weights_path: str, out_dtype,
   """
   import torch  # pylint: disable=g-import-not-at-top
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-  from vllm import _custom_ops as ops  # pylint: disable=g-import-not-at-top
-
   layers = _onednn_int8_layers(model)
   if not layers:
     return 0
@@ -115,7 +102,7 @@ def rebuild_onednn_int8_handlers(model, weights_path: str, out_dtype,
     if weight.dtype != torch.int8:
       raise TypeError(f"rljax_reload_weights: {name!r} codes have dtype "
                       f"{weight.dtype}; expected torch.int8")
-    _, scale_name, input_scale_name, _, _ = kernel.layer_param_names
+    _, scale_name, _, _, _ = kernel.layer_param_names
     scale = getattr(module, scale_name)
     if weight.shape[0] != scale.shape[0]:
       raise ValueError(
@@ -123,10 +110,8 @@ def rebuild_onednn_int8_handlers(model, weights_path: str, out_dtype,
           f"channels in {weights_path!r} but {scale.shape[0]} scales loaded")
     # The handler wants [K, N] with unit stride along K, i.e. the transpose of
     # the contiguous [N, K] checkpoint tensor (as vLLM's own processing does).
-    kernel.dnnl_handler = ops.create_onednn_scaled_mm(
-        weight.contiguous().t(), scale, out_dtype,
-        getattr(module, input_scale_name, None) is None,
-        not kernel.config.input_symmetric, 32)
+    shared_weights.build_int8_handler(module, kernel, weight.contiguous(),
+                                      scale, out_dtype)
   return len(layers)
 
 
