@@ -1,10 +1,11 @@
-"""The statistics of experiments/qurl_report.py (issue 17) on hand-computed
-cases: the paired bootstrap over seeds × problems, the verdict rule, the
-mean ± std over seeds, and a page built from two fake-free study dirs."""
+"""The statistics of experiments/qurl_report.py (issue 17; its pieces in
+experiments/qurl_report_lib/) on hand-computed cases: the paired bootstrap
+over seeds × problems, the verdict rule, the mean ± std over seeds, and a
+page built from two fake-free study dirs."""
 
-import functools
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -12,30 +13,26 @@ import pytest
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
+# experiments/ is not a package: its scripts import qurl_report_lib from
+# their own directory.
+if os.path.join(ROOT, "experiments") not in sys.path:
+  sys.path.append(os.path.join(ROOT, "experiments"))
 
-
-@functools.lru_cache(maxsize=None)
-def _report():
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location(
-    "qurl_report_under_test",
-    os.path.join(ROOT, "experiments", "qurl_report.py"),
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from qurl_report_lib import claims as claims_lib  # noqa: E402
+from qurl_report_lib import sections  # noqa: E402
+from qurl_report_lib import stats  # noqa: E402
+from qurl_report_lib import studies as studies_lib  # noqa: E402
 
 
 class TestPairedBootstrap:
   def test_constant_difference_has_a_point_interval(self):
-    delta, low, high = _report().paired_bootstrap([[0, 0, 0]], [[1, 1, 1]])
+    delta, low, high = stats.paired_bootstrap([[0, 0, 0]], [[1, 1, 1]])
     assert (delta, low, high) == (1.0, 1.0, 1.0)
 
   def test_two_problems_one_seed(self):
     # d = (0, 1): a resampled mean is 0, 1/2 or 1 with probability 1/4, 1/2,
     # 1/4, so the 2.5% and 97.5% quantiles are 0 and 1.
-    delta, low, high = _report().paired_bootstrap([[1, 0]], [[1, 1]])
+    delta, low, high = stats.paired_bootstrap([[1, 0]], [[1, 1]])
     assert (delta, low, high) == (0.5, 0.0, 1.0)
 
   def test_seeds_are_resampled_not_only_problems(self):
@@ -44,22 +41,22 @@ class TestPairedBootstrap:
     # the two seeds gives 0, 1/2, 1 with probability 1/4, 1/2, 1/4.
     a = np.zeros((2, 50))
     b = np.stack([np.zeros(50), np.ones(50)])
-    delta, low, high = _report().paired_bootstrap(a, b)
+    delta, low, high = stats.paired_bootstrap(a, b)
     assert (delta, low, high) == (0.5, 0.0, 1.0)
 
   def test_fixed_rng_and_spread(self):
     rng = np.random.default_rng(1)
     a = rng.integers(0, 2, (3, 64))
     b = rng.integers(0, 2, (3, 64))
-    r = _report().paired_bootstrap(a, b)
-    assert r == _report().paired_bootstrap(a, b)
+    r = stats.paired_bootstrap(a, b)
+    assert r == stats.paired_bootstrap(a, b)
     assert r[1] < r[0] < r[2]
 
   def test_shapes_are_checked(self):
     with pytest.raises(ValueError, match=r"a \(1, 2\) and b \(1, 3\)"):
-      _report().paired_bootstrap([[0, 1]], [[0, 1, 1]])
+      stats.paired_bootstrap([[0, 1]], [[0, 1, 1]])
     with pytest.raises(ValueError, match="confidence=1.5"):
-      _report().paired_bootstrap([[0]], [[1]], confidence=1.5)
+      stats.paired_bootstrap([[0]], [[1]], confidence=1.5)
 
 
 class TestVerdict:
@@ -76,26 +73,26 @@ class TestVerdict:
     ],
   )
   def test_rule(self, low, high, kind, seeds, expected):
-    assert _report().verdict(low, high, kind, seeds)[0] == expected
+    assert stats.verdict(low, high, kind, seeds)[0] == expected
 
   def test_reasons_name_what_the_interval_holds(self):
     # Every bound below 0, the lower one past the margin: worse, by an open
     # amount; the reason must not say the interval holds 0.
-    v, why = _report().verdict(-0.113, -0.027, "non_inferiority", 3)
+    v, why = stats.verdict(-0.113, -0.027, "non_inferiority", 3)
     assert v == "not resolved at this scale"
     assert "below 0" in why and "both 0" not in why
-    _, why = _report().verdict(-0.06, 0.01, "non_inferiority", 3)
+    _, why = stats.verdict(-0.06, 0.01, "non_inferiority", 3)
     assert "both 0" in why
 
   def test_bad_kind(self):
     with pytest.raises(ValueError, match="kind='better'"):
-      _report().verdict(0.0, 1.0, "better", 3)
+      stats.verdict(0.0, 1.0, "better", 3)
 
 
 def test_sample_mean_std():
-  assert _report().sample_mean_std([1.0, 2.0, 3.0, None]) == (2.0, 1.0, 3)
-  assert _report().sample_mean_std([0.5]) == (0.5, None, 1)
-  assert _report().sample_mean_std([]) == (None, None, 0)
+  assert stats.sample_mean_std([1.0, 2.0, 3.0, None]) == (2.0, 1.0, 3)
+  assert stats.sample_mean_std([0.5]) == (0.5, None, 1)
+  assert stats.sample_mean_std([]) == (None, None, 0)
 
 
 def _fake_run(study, name, seed, correct, steps=2):
@@ -131,7 +128,6 @@ def _fake_run(study, name, seed, correct, steps=2):
 def test_claims_from_run_files(tmp_path):
   """q2: ACR right on every problem TIS misses, three seeds: supported, with
   the interval of a constant difference; q1 has one seed: not resolved."""
-  report = _report()
   q2 = tmp_path / "q2"
   for seed in range(3):
     _fake_run(q2, "int8_tis", seed, [0, 0, 1, 1])
@@ -149,10 +145,10 @@ def test_claims_from_run_files(tmp_path):
   _fake_run(q1, "fp32", 0, [1, 1, 0, 0])
   _fake_run(q1, "int8_naive", 0, [0, 0, 0, 0])
   studies = {
-    "q2_instrument": report.load_study(str(q2)),
-    "q1_instrument": report.load_study(str(q1)),
+    "q2_instrument": studies_lib.load_study(str(q2)),
+    "q1_instrument": studies_lib.load_study(str(q1)),
   }
-  _, claims = report.claims_section(studies)
+  _, claims = claims_lib.claims_section(studies)
   by = {(c["study"], c["a"], c["b"]): c for c in claims}
   acr = by[("q2_instrument", "int8_tis", "int8_acr")]
   assert (acr["delta"], acr["seeds"], acr["problems"], acr["verdict"]) == (
@@ -166,10 +162,10 @@ def test_claims_from_run_files(tmp_path):
   assert "1 paired seed" in naive["why"]
   missing = by[("q4_long_horizon", "int8_tis", "fp32")]
   assert missing["why"] == "no runs of this study are archived"
-  table = "\n".join(report.study_table(studies["q2_instrument"]))
+  table = "\n".join(sections.study_table(studies["q2_instrument"]))
   assert "| `int8_acr` | 3 | 2 | 0.250 ± 0.000 | 1.000 ± 0.000 |" in table
   png = tmp_path / "fig.png"
-  assert report.study_figure(studies["q2_instrument"], str(png))
+  assert sections.study_figure(studies["q2_instrument"], str(png))
   assert png.stat().st_size > 10_000
 
 
@@ -193,17 +189,16 @@ def _fake_study(study, seeds, tis, acr, machine=None):
 def test_pooled_study_pairs_within_each_part(tmp_path):
   """Seed 0 from one machine, seeds 1-2 from another: three paired seeds,
   each pair from one part; neither part alone reaches the rule's three."""
-  report = _report()
   gpu, cpu = tmp_path / "q4_gpu", tmp_path / "q4_cpu"
   _fake_study(gpu, [0], [0, 0, 1, 1], [1, 1, 1, 1], machine="H100, jax")
   _fake_study(cpu, [1, 2], [0, 0, 1, 1], [1, 1, 1, 1])
-  parts = [report.load_study(str(gpu)), report.load_study(str(cpu))]
-  pooled = report.pool_studies(parts)
+  parts = [studies_lib.load_study(str(gpu)), studies_lib.load_study(str(cpu))]
+  pooled = studies_lib.pool_studies(parts)
   assert pooled["setup"]["seeds"] == [0, 1, 2]
   assert pooled["setup"]["machine"] == "pooled (seed 0: H100; seeds 1, 2: CPU)"
-  result = report.compare(pooled, "int8_tis", "int8_acr")
+  result = claims_lib.compare(pooled, "int8_tis", "int8_acr")
   assert (result["seeds"], result["delta"]) == ([0, 1, 2], 0.5)
-  _, claims = report.claims_section(
+  _, claims = claims_lib.claims_section(
     {"q4_long_horizon_pooled": pooled, "q4_long_horizon": parts[1]}
   )
   by = {(c["study"], c["a"], c["b"]): c for c in claims}
@@ -214,17 +209,20 @@ def test_pooled_study_pairs_within_each_part(tmp_path):
   assert alone["verdict"] == "not resolved at this scale"
   # The parts' CPU seconds are counted once per directory.
   assert sum(pooled["cpu_by_dir"].values()) == 30.0
-  assert "seeds 1, 2: CPU" in "\n".join(report.status_section({"p": pooled}))
+  assert "seeds 1, 2: CPU" in "\n".join(sections.status_section({"p": pooled}))
 
 
 def test_pooling_refuses_a_seed_in_two_parts_and_other_configs(tmp_path):
-  report = _report()
   a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
   _fake_study(a, [0, 1], [0, 1], [1, 1])
   _fake_study(b, [1], [0, 1], [1, 1])
   with pytest.raises(ValueError, match="int8_tis seed 1 is in both"):
-    report.pool_studies([report.load_study(str(a)), report.load_study(str(b))])
+    studies_lib.pool_studies(
+      [studies_lib.load_study(str(a)), studies_lib.load_study(str(b))]
+    )
   _fake_run(c, "fp32", 2, [1, 1])
   (c / "ablation.json").write_text(json.dumps({"runs": [{"name": "fp32"}]}))
   with pytest.raises(ValueError, match=r"runs configs \['fp32'\]"):
-    report.pool_studies([report.load_study(str(a)), report.load_study(str(c))])
+    studies_lib.pool_studies(
+      [studies_lib.load_study(str(a)), studies_lib.load_study(str(c))]
+    )

@@ -1,0 +1,14 @@
+"""The pieces of experiments/qurl_report.py, one concern a module.
+
+Lowest first; a module imports only those before it:
+  stats     mean ± std over seeds, the paired bootstrap, the verdict rule,
+            number formatting;
+  studies   a study's run files on disk: loading, pooling, archiving,
+            per-run summaries;
+  claims    the claims table: which configs each question compares, and the
+            verdict of each;
+  sections  the page's other sections and its figures.
+
+experiments/qurl_report.py (flags and main) puts experiments/ on sys.path
+and imports them as `qurl_report_lib.<module>`.
+"""

@@ -1,0 +1,208 @@
+"""A study's run files on disk: loading a study directory, pooling studies
+of disjoint seeds, archiving the small files, and per-run summaries of
+`metrics.jsonl` and the held-out records."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from rljax.train.metrics import read_metrics
+
+
+def run_quant_curves(run_dir: str) -> dict:
+  """Means over steps of the QuRL Fig. 9 quantities for one run."""
+  train = [r for r in read_metrics(run_dir) if "reward_mean" in r]
+  out = {}
+  for key in (
+    "quant/normalized_weight_update",
+    "quant/normalized_quant_error",
+    "quant/update_to_quant_error",
+    "quant/quantized_change_fraction",
+  ):
+    vals = [r[key] for r in train if isinstance(r.get(key), (int, float))]
+    out[key] = float(np.mean(vals)) if vals else None
+  return out
+
+
+def read_json(path, default=None):
+  if not os.path.exists(path):
+    return default
+  with open(path) as f:
+    return json.load(f)
+
+
+def load_study(study_dir: str) -> dict:
+  """{setup, progress, cpu_s, runs: {name: {seed: run_dir}}, status} of a
+  study directory, from what is on disk."""
+  setup = read_json(os.path.join(study_dir, "ablation.json"), {})
+  names = [r["name"] for r in setup.get("runs", [])]
+  runs: dict[str, dict[int, str]] = {n: {} for n in names}
+  status: dict[str, str] = {}
+  paths: dict[str, str] = {}
+  for entry in (
+    sorted(os.listdir(study_dir)) if os.path.isdir(study_dir) else []
+  ):
+    run_dir = os.path.join(study_dir, entry)
+    if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
+      continue
+    name, _, seed = entry.rpartition("_s")
+    if not seed.isdigit():
+      continue
+    runs.setdefault(name, {})[int(seed)] = run_dir
+    done = os.path.exists(os.path.join(run_dir, "summary.json"))
+    status[entry] = "done" if done else "partial"
+    paths[entry] = run_dir
+  cpu_log = os.path.join(study_dir, "cpu_log.jsonl")
+  cpu = []
+  if os.path.exists(cpu_log):
+    with open(cpu_log) as f:
+      cpu = [json.loads(line) for line in f if line.strip()]
+  cpu_s = sum(c.get("cpu_s", 0.0) for c in cpu)
+  return {
+    "dir": study_dir,
+    "setup": setup,
+    "runs": runs,
+    "status": status,
+    "paths": paths,
+    "progress": read_json(os.path.join(study_dir, "progress.json"), {}),
+    "cpu_s": cpu_s,
+    "wall_s": sum(c.get("wall_s", 0.0) for c in cpu),
+    # CPU seconds per study directory, so that a page listing a directory
+    # both on its own and inside a pooled study counts it once.
+    "cpu_by_dir": {os.path.abspath(study_dir): cpu_s},
+  }
+
+
+def pool_studies(parts: list[dict]) -> dict:
+  """One study from several studies of the same configs whose seeds are
+  disjoint, e.g. seed 0 run on a GPU and seeds 1-2 on a CPU.
+
+  A paired claim compares configs within a seed, so every seed must have
+  all of its runs in one part (one machine): a (config, seed) found in two
+  parts is an error, and so is a part whose configs differ from the first
+  part's. The pooled setup is the first part's, with the seeds of all parts
+  and a `machine` line naming which seeds ran where.
+  """
+  if not parts:
+    raise ValueError("pool_studies: no studies to pool")
+  names = [r["name"] for r in parts[0]["setup"].get("runs", [])]
+  runs: dict[str, dict[int, str]] = {n: {} for n in names}
+  status, paths, cpu_by_dir, machines, seeds = {}, {}, {}, [], []
+  for part in parts:
+    part_names = [r["name"] for r in part["setup"].get("runs", [])]
+    if sorted(part_names) != sorted(names):
+      raise ValueError(
+        f"pool_studies: {part['dir']} runs configs {sorted(part_names)}; "
+        f"expected those of {parts[0]['dir']}: {sorted(names)}"
+      )
+    part_seeds = sorted(
+      {s for by_seed in part["runs"].values() for s in by_seed}
+    )
+    for name, by_seed in part["runs"].items():
+      for seed, run_dir in by_seed.items():
+        if seed in runs.setdefault(name, {}):
+          raise ValueError(
+            f"pool_studies: {name} seed {seed} is in both "
+            f"{os.path.dirname(runs[name][seed])} and {part['dir']}; "
+            "pooled studies need disjoint seeds"
+          )
+        runs[name][seed] = run_dir
+    status.update(part["status"])
+    paths.update(part["paths"])
+    cpu_by_dir.update(part["cpu_by_dir"])
+    seeds += part_seeds
+    machine = part["setup"].get("machine", "").split(",")[0] or "CPU"
+    machines.append(
+      f"seed{'s' if len(part_seeds) != 1 else ''} "
+      f"{', '.join(map(str, part_seeds))}: {machine}"
+    )
+  setup = dict(parts[0]["setup"])
+  setup["seeds"] = sorted(set(seeds))
+  setup["machine"] = "pooled (" + "; ".join(machines) + ")"
+  return {
+    "dir": "+".join(p["dir"] for p in parts),
+    "setup": setup,
+    "runs": runs,
+    "status": status,
+    "paths": paths,
+    "progress": {},
+    "cpu_s": sum(p["cpu_s"] for p in parts),
+    "wall_s": sum(p["wall_s"] for p in parts),
+    "cpu_by_dir": cpu_by_dir,
+  }
+
+
+def final_scores(run_dir: str) -> dict[str, int] | None:
+  """{problem uid: correct} of a finished run's last held-out records."""
+  if not os.path.exists(os.path.join(run_dir, "summary.json")):
+    return None
+  from rljax.study import read_eval_records
+
+  recs = read_eval_records(run_dir)
+  if not recs:
+    return None
+  last = recs[max(recs)]
+  return {r["uid"]: int(r["correct"]) for r in last}
+
+
+def train_rows(run_dir: str) -> list[dict]:
+  return [r for r in read_metrics(run_dir) if "loss" in r]
+
+
+def run_summary(run_dir: str) -> dict:
+  rows = read_metrics(run_dir)
+  train = [r for r in rows if "loss" in r]
+  evals = [r for r in rows if "eval_accuracy" in r]
+  q = max(1, len(train) // 4)
+
+  def mean(key, part):
+    vals = [r[key] for r in part if isinstance(r.get(key), (int, float))]
+    return float(np.mean(vals)) if vals else None
+
+  return {
+    "steps": len(train),
+    "eval_before": evals[0]["eval_accuracy"] if evals else None,
+    "eval_final": evals[-1]["eval_accuracy"] if evals else None,
+    "reward_last_q": mean("reward_mean", train[-q:]),
+    "behav_prox_kl": mean("behav_prox_kl", train),
+    "max_rho": max(
+      (r.get("max_prox_behav_ratio", 0.0) for r in train), default=None
+    ),
+    "clip_high": mean("clip_fraction_high", train),
+    "tis_truncated": mean("tis_truncated_fraction", train),
+    "acr_active": mean("acr_active_fraction", train),
+    "changed_codes": mean("quant/quantized_change_fraction", train),
+    "update_to_error": mean("quant/update_to_quant_error", train),
+    "s_per_step": mean("time_step", train),
+  }
+
+
+def archive_study(study_dir: str, dest: str) -> None:
+  """Copies a study's small files (no checkpoints) into `dest`."""
+  import shutil
+
+  if os.path.abspath(study_dir) == os.path.abspath(dest):
+    return
+  os.makedirs(dest, exist_ok=True)
+  for name in (
+    "ablation.json",
+    "table.json",
+    "table.md",
+    "progress.json",
+    "cpu_log.jsonl",
+  ):
+    if os.path.exists(os.path.join(study_dir, name)):
+      shutil.copy(os.path.join(study_dir, name), os.path.join(dest, name))
+  for entry in sorted(os.listdir(study_dir)):
+    run = os.path.join(study_dir, entry)
+    if not os.path.isfile(os.path.join(run, "metrics.jsonl")):
+      continue
+    os.makedirs(os.path.join(dest, entry), exist_ok=True)
+    for name in os.listdir(run):
+      if name in ("metrics.jsonl", "config.json", "summary.json") or (
+        name.startswith("eval_step") and name.endswith(".jsonl")
+      ):
+        shutil.copy(os.path.join(run, name), os.path.join(dest, entry, name))
