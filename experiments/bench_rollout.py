@@ -731,7 +731,7 @@ def decode_ab(
   )
   runs = {
     "repeated_cache": (old, (params, full)),
-    "shared_prefix": (new, (params, prefix, cache)),
+    "shared_prefix": (new, (params, prefix, decoder.to_decode_cache(cache))),
   }
   outs = {k: jax.block_until_ready(f(*a))[0] for k, (f, a) in runs.items()}
   times = {k: [] for k in runs}

@@ -389,6 +389,30 @@ def init_cache(
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
+def init_decode_cache(
+  config: ModelConfig, batch: int, slots: int, dtype=jnp.float32
+) -> KVCache:
+  """Zeroed own-slot cache of `decode_with_prefix_cache`:
+  {"k": [L, B, Hkv, hd, S], "v": [L, B, Hkv, S, hd]}.
+
+  Laid out as its two attention matmuls read it (q·Kᵀ contracts hd, p·V
+  contracts S), so that no step transposes a cache: in the [L, B, S, Hkv, hd]
+  layout of `init_cache`, XLA:CPU copied every layer's K and V to these
+  layouts at every decode step, half of a step at B = 512, S = 256
+  (docs/performance.md, "Decode attention layout").
+  """
+  return to_decode_cache(init_cache(config, batch, slots, dtype))
+
+
+def to_decode_cache(cache: KVCache) -> KVCache:
+  """An `init_cache`-layout cache [L, B, S, Hkv, hd] in the layout of
+  `init_decode_cache`."""
+  return {
+    "k": jnp.transpose(cache["k"], (0, 1, 3, 4, 2)),
+    "v": jnp.transpose(cache["v"], (0, 1, 3, 2, 4)),
+  }
+
+
 def forward_with_cache(
   config: ModelConfig,
   params: Params,
@@ -510,7 +534,8 @@ def decode_with_prefix_cache(
     tokens: int [B, 1] new tokens; positions: their RoPE positions.
     prefix_cache: {"k", "v"} [L, P, Sp, Hkv, hd] from a prefill.
     prefix_mask: bool/int [P, Sp] valid prompt slots.
-    cache: {"k", "v"} [L, B, S, Hkv, hd], the generated tokens' slots.
+    cache: the generated tokens' S slots, in the layout of
+      `init_decode_cache` (k [L, B, Hkv, hd, S], v [L, B, Hkv, S, hd]).
     write_index: slot of the new token in `cache`; may be traced.
     kv_mask: bool/int [B, S] valid own slots, including the one written.
     activation_dtype: as `final_hidden_states`.
@@ -522,7 +547,7 @@ def decode_with_prefix_cache(
   _check_same_shape(positions, tokens, "positions")
   b, t = tokens.shape
   num_layers, p, sp = prefix_cache["k"].shape[:3]
-  s = cache["k"].shape[2]
+  s = cache["v"].shape[3]
   if t != 1:
     raise ValueError(
       f"decode_with_prefix_cache: tokens has {t} columns; expected 1"
@@ -538,10 +563,17 @@ def decode_with_prefix_cache(
       f"prefix_mask has shape {tuple(prefix_mask.shape)}; "
       f"expected [P={p}, Sp={sp}]"
     )
-  if cache["k"].shape[:2] != (config.num_layers, b):
+  want = (config.num_layers, b, config.num_kv_heads)
+  hd = config.head_dim
+  if (
+    cache["v"].shape[:3] != want
+    or cache["v"].shape[4:] != (hd,)
+    or tuple(cache["k"].shape) != (*want, hd, s)
+  ):
     raise ValueError(
-      f"cache k has shape {cache['k'].shape}; expected "
-      f"[L={config.num_layers}, B={b}, S, Hkv, hd]"
+      f"cache has k {cache['k'].shape}, v {cache['v'].shape}; expected "
+      f"k [L={config.num_layers}, B={b}, Hkv={config.num_kv_heads}, "
+      f"hd={hd}, S] and v [L, B, Hkv, S, hd] (`init_decode_cache`)"
     )
   if tuple(kv_mask.shape) != (b, s):
     raise ValueError(
@@ -572,12 +604,17 @@ def decode_with_prefix_cache(
       k = layers.rms_norm(k, layer["k_norm"]["scale"], config.rms_norm_eps)
     q = layers.apply_rope(q, cos, sin)
     k = layers.apply_rope(k, cos, sin)
-    start = (i, zero, write_index, zero, zero)
+    # k [b, 1, Hkv, hd] -> column write_index of K [.., Hkv, hd, S];
+    # v -> row write_index of V [.., Hkv, S, hd].
     cache_k = jax.lax.dynamic_update_slice(
-      cache_k, k[None].astype(cache_k.dtype), start
+      cache_k,
+      jnp.moveaxis(k, 1, -1)[None].astype(cache_k.dtype),
+      (i, zero, zero, zero, write_index),
     )
     cache_v = jax.lax.dynamic_update_slice(
-      cache_v, v[None].astype(cache_v.dtype), start
+      cache_v,
+      jnp.swapaxes(v, 1, 2)[None].astype(cache_v.dtype),
+      (i, zero, zero, write_index, zero),
     )
     out = layers.shared_prefix_attention(
       q,

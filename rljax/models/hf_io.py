@@ -88,21 +88,43 @@ def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 # ------------------------------------------------------------------- export
-def _kernel_to_hf(name: str, kernel: Any, out: dict[str, np.ndarray]):
-  """[in, out] kernel -> HF [out, in]; a QTensor adds its `weight_scale`
-  [out, 1] (the compressed-tensors / vLLM per-channel layout)."""
+def _split_kernel(kernel: Any) -> tuple[Any, Any]:
+  """(codes or weights, scale or None) of a kernel."""
   if isinstance(kernel, QTensor):
-    out[name] = np.ascontiguousarray(np.asarray(kernel.value).T)
-    scale = np.asarray(kernel.scale, np.float32).reshape(-1)
+    return kernel.value, kernel.scale
+  return kernel, None
+
+
+@jax.jit
+def _out_in(kernels: Any) -> Any:
+  """Every [..., in, out] kernel of `kernels` (a QTensor: its codes) as
+  [..., out, in], its scale [..., 1, out] kept: {key: (weights, scale)}.
+
+  One compiled transpose on the device, so that each layer's HF [out, in]
+  slice of the result is a contiguous view: numpy's strided `.T` copy of
+  every layer was most of a vLLM sync's `prepare` phase (SmolLM2-135M on 2
+  CPU cores; docs/performance.md).
+  """
+
+  def one(kernel):
+    value, scale = _split_kernel(kernel)
+    return jnp.swapaxes(value, -1, -2), scale
+
+  return {k: one(v) for k, v in kernels.items()}
+
+
+def _kernel_to_hf(
+  name: str, value: Any, scale: Any, out: dict[str, np.ndarray]
+):
+  """HF [out, in] `value` (transposed by `_out_in`); a quantized kernel's
+  `scale` adds `weight_scale` [out, 1] (the compressed-tensors / vLLM
+  per-channel layout)."""
+  out[name] = np.ascontiguousarray(np.asarray(value))
+  if scale is not None:
+    scale = np.asarray(scale, np.float32).reshape(-1)
     if scale.size == 1:
-      scale = np.broadcast_to(scale, (kernel.value.shape[-1],))
+      scale = np.broadcast_to(scale, (value.shape[-2],))
     out[name + "_scale"] = np.ascontiguousarray(scale.reshape(-1, 1))
-  else:
-    out[name] = np.ascontiguousarray(np.asarray(kernel).T)
-
-
-def _layer_slice(leaf: Any, i: int) -> Any:
-  return jax.tree.map(lambda x: x[i], leaf)
 
 
 def to_hf_state_dict(
@@ -110,23 +132,33 @@ def to_hf_state_dict(
 ) -> dict[str, np.ndarray]:
   """HF name -> numpy array ([out, in] for linear weights), in the params'
   dtypes. A QTensor kernel exports its quantized `weight` plus
-  `weight_scale` [out, 1]; tied embeddings export no `lm_head.weight`."""
+  `weight_scale` [out, 1]; tied embeddings export no `lm_head.weight`.
+  The arrays may be read-only views of the device's buffers (copy one to
+  change it)."""
+  leaves = _layer_leaves(config)
+  kernels = {
+    proj: params["layers"][proj][kind]
+    for proj, kind in leaves
+    if kind == "kernel"
+  }
+  if not config.tie_word_embeddings:
+    kernels[_LM_HEAD] = decoder.lm_head_kernel(config, params)
+  kernels = jax.device_get(_out_in(kernels))
   params = jax.device_get(params)
   out: dict[str, np.ndarray] = {
     _EMBED: np.asarray(params["embed"]["embedding"]),
     _FINAL_NORM: np.asarray(params["final_norm"]["scale"]),
   }
   if not config.tie_word_embeddings:
-    _kernel_to_hf(_LM_HEAD, decoder.lm_head_kernel(config, params), out)
-  layers = params["layers"]
-  for proj, kind in _layer_leaves(config):
-    leaf = layers[proj][kind]
+    _kernel_to_hf(_LM_HEAD, *kernels[_LM_HEAD], out)
+  for proj, kind in leaves:
     for i in range(config.num_layers):
       name = f"model.layers.{i}.{_LAYER_NAMES[(proj, kind)]}"
       if kind == "kernel":
-        _kernel_to_hf(name, _layer_slice(leaf, i), out)
+        value, scale = kernels[proj]
+        _kernel_to_hf(name, value[i], None if scale is None else scale[i], out)
       else:
-        out[name] = np.asarray(leaf[i])
+        out[name] = np.asarray(params["layers"][proj][kind][i])
   return out
 
 

@@ -166,8 +166,8 @@ def shared_prefix_attention(
   k_prefix: Float[Array, "p sp hkv hd"],
   v_prefix: Float[Array, "p sp hkv hd"],
   prefix_mask: Bool[Array, "p sp"],
-  k: Float[Array, "b s hkv hd"],
-  v: Float[Array, "b s hkv hd"],
+  k: Float[Array, "b hkv hd s"],
+  v: Float[Array, "b hkv s hd"],
   mask: Bool[Array, "b 1 s"],
 ) -> Float[Array, "b 1 hq hd"]:
   """One-token `attention` over a prefix shared by groups of rows, then each
@@ -180,13 +180,14 @@ def shared_prefix_attention(
   equal to `attention` over the row's concatenated cache [prefix; own], but
   each prompt's prefix is read once for its n rows, as one [n·g, hd] x
   [hd, sp] matmul per (prompt, kv head) rather than n matrix-vector products
-  over n copies.
+  over n copies. The rows' own keys and values come in the layouts the two
+  matmuls read (k [b, hkv, hd, s], v [b, hkv, s, hd]; `init_decode_cache`).
   """
   chex.assert_rank(
     [q, k_prefix, v_prefix, prefix_mask, k, v, mask], [4, 4, 4, 2, 4, 4, 3]
   )
   chex.assert_equal_shape([k_prefix, v_prefix])
-  chex.assert_equal_shape([k, v])
+  chex.assert_shape(k, (*v.shape[:2], v.shape[3], v.shape[2]))
   b, t, hq, hd = q.shape
   p, sp, hkv, _ = k_prefix.shape
   if t != 1:
@@ -209,7 +210,7 @@ def shared_prefix_attention(
   pre = jnp.where(prefix_mask[:, None, None, None, :], pre, _MASK_VALUE)
   own = (
     jnp.einsum(
-      "bkgd,bskd->bkgs",
+      "bkgd,bkds->bkgs",
       q.reshape(b, hkv, g, hd),
       k,
       preferred_element_type=jnp.float32,
@@ -223,6 +224,6 @@ def shared_prefix_attention(
     "pnkgs,pskd->pnkgd", probs[..., :sp].reshape(p, n, hkv, g, sp), v_prefix
   )
   out = out.reshape(b, hkv, g, hd) + jnp.einsum(
-    "bkgs,bskd->bkgd", probs[..., sp:], v
+    "bkgs,bksd->bkgd", probs[..., sp:], v
   )
   return out.reshape(b, t, hq, hd)

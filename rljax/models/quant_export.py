@@ -165,7 +165,7 @@ def compressed_tensors_state_dict(
         )
       out[name] = tensor
     else:
-      out[name] = np.asarray(tensor).astype(_NP_DTYPES[dtype])
+      out[name] = np.asarray(tensor).astype(_NP_DTYPES[dtype], copy=False)
   return out
 
 

@@ -240,3 +240,16 @@ def cache_shardings(mesh: Mesh, cache):
     return NamedSharding(mesh, _fit(spec, np.shape(x), mesh))
 
   return jax.tree.map(leaf_sharding, cache)
+
+
+def decode_cache_shardings(mesh: Mesh, cache):
+  """`init_decode_cache` layout (k [L, B, Hkv, hd, S], v [L, B, Hkv, S,
+  hd]), sharded as `cache_shardings`."""
+  axes = {
+    "k": ("layers", "batch", "kv_heads", "head_dim", "length"),
+    "v": ("layers", "batch", "kv_heads", "length", "head_dim"),
+  }
+  return {
+    name: NamedSharding(mesh, _fit(mesh_axes(axes[name]), np.shape(x), mesh))
+    for name, x in cache.items()
+  }

@@ -311,13 +311,14 @@ def _generate_chunk(
   # The prompt's keys/values stay in one [P, Lp] prefix cache shared by its n
   # samples (`decoder.decode_with_prefix_cache`); only the generated tokens
   # get per-row slots, so decode attention never reads n copies of a prompt.
-  def laid_out(cache):
+  def laid_out(cache, shardings=sharding_lib.cache_shardings):
     if plan.mesh is None:
       return cache
-    return jax.lax.with_sharding_constraint(
-      cache, sharding_lib.cache_shardings(plan.mesh, cache)
-    )
+    return jax.lax.with_sharding_constraint(cache, shardings(plan.mesh, cache))
 
+  own_laid_out = functools.partial(
+    laid_out, shardings=sharding_lib.decode_cache_shardings
+  )
   prefix = laid_out(
     models.init_cache(config, num_prompts, prompt_len, plan.cache_dtype)
   )
@@ -337,8 +338,8 @@ def _generate_chunk(
   last_logits = logits[:, -1]
 
   # Sample j of prompt i is row i*n + j.
-  cache = laid_out(
-    models.init_cache(config, rows, segments[0], plan.cache_dtype)
+  cache = own_laid_out(
+    models.init_decode_cache(config, rows, segments[0], plan.cache_dtype)
   )
   kv_mask = jnp.zeros((rows, segments[0]), prompt_mask.dtype)
   last_logits = jnp.repeat(last_logits, n, axis=0)
@@ -415,12 +416,12 @@ def _generate_chunk(
     if i > 0:
       grow = segment_end - segments[i - 1]
       step, cache, prev_tok, pos, done, kv_mask, *outputs = state
-      cache = jax.tree_util.tree_map(
-        lambda c: jnp.pad(
-          c, [(0, 0), (0, 0), (0, grow)] + [(0, 0)] * (c.ndim - 3)
-        ),
-        cache,
-      )
+      # The slot axis: last of K [L, B, Hkv, hd, S], 3 of V [L, B, Hkv, S, hd].
+      pad = [(0, 0)] * 5
+      cache = {
+        "k": jnp.pad(cache["k"], pad[:4] + [(0, grow)]),
+        "v": jnp.pad(cache["v"], pad[:3] + [(0, grow), (0, 0)]),
+      }
       kv_mask = jnp.pad(kv_mask, ((0, 0), (0, grow)))
       state = (step, cache, prev_tok, pos, done, kv_mask, *outputs)
     limit = jnp.minimum(max_new_tokens, segment_end)

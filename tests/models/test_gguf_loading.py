@@ -218,7 +218,9 @@ class TestDamagedFiles:
   ):
     config = models.tiny_config()
     sd = models.to_hf_state_dict(config, random_params(config))
-    sd["model.layers.1.mlp.up_proj.weight"][3, :2] = bad
+    name = "model.layers.1.mlp.up_proj.weight"
+    sd[name] = np.array(sd[name])  # the export's arrays may be read-only
+    sd[name][3, :2] = bad
     path = write_gguf(tmp_path / "m.gguf", config, sd)
     kind = "NaN" if np.isnan(bad) else "inf"
     counts = "2 NaN, 0 inf" if kind == "NaN" else "0 NaN, 2 inf"

@@ -178,7 +178,7 @@ def test_shared_prefix_decode_equals_repeated_cache(params):
     prefix,
   )
   ref_mask = jnp.pad(jnp.repeat(mask, n, axis=0), ((0, 0), (0, own)))
-  cache = models.init_cache(CONFIG, p * n, own)
+  cache = models.init_decode_cache(CONFIG, p * n, own)
   kv_mask = jnp.zeros((p * n, own), jnp.int32)
   pos = jnp.repeat(positions[:, -1:] + 1, n, axis=0)
   rng = np.random.default_rng(1)
@@ -193,16 +193,57 @@ def test_shared_prefix_decode_equals_repeated_cache(params):
     )
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
     pos = pos + 1
-  np.testing.assert_allclose(
-    np.asarray(cache["k"]), np.asarray(ref["k"][:, :, lp:]), atol=2e-5
+  want = decoder.to_decode_cache(jax.tree.map(lambda c: c[:, :, lp:], ref))
+  for name in ("k", "v"):
+    np.testing.assert_allclose(
+      np.asarray(cache[name]), np.asarray(want[name]), atol=2e-5
+    )
+
+
+def test_decode_cache_layout():
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+
+  cache = models.init_decode_cache(CONFIG, batch=3, slots=5)
+  l, hkv, hd = CONFIG.num_layers, CONFIG.num_kv_heads, CONFIG.head_dim
+  assert cache["k"].shape == (l, 3, hkv, hd, 5)
+  assert cache["v"].shape == (l, 3, hkv, 5, hd)
+  full = jax.tree.map(
+    lambda c: jax.random.normal(jax.random.key(0), c.shape),
+    models.init_cache(CONFIG, 3, 5),
   )
+  moved = decoder.to_decode_cache(full)
+  # Slot s of row b, head h: the same vector in both layouts.
+  np.testing.assert_array_equal(
+    moved["k"][1, 2, 0, :, 4], full["k"][1, 2, 4, 0]
+  )
+  np.testing.assert_array_equal(
+    moved["v"][1, 2, 0, 4, :], full["v"][1, 2, 4, 0]
+  )
+
+
+def test_shared_prefix_decode_rejects_a_cache_in_the_prefill_layout(params):
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+
+  prefix = models.init_cache(CONFIG, 2, 5)
+  with pytest.raises(ValueError, match="init_decode_cache"):
+    decoder.decode_with_prefix_cache(
+      CONFIG,
+      params,
+      jnp.zeros((4, 1), jnp.int32),
+      jnp.zeros((4, 1), jnp.int32),
+      prefix,
+      jnp.ones((2, 5)),
+      models.init_cache(CONFIG, 4, 3),
+      0,
+      jnp.ones((4, 3)),
+    )
 
 
 def test_shared_prefix_decode_rejects_bad_shapes(params):
   from rljax.models import decoder  # pylint: disable=g-import-not-at-top
 
   prefix = models.init_cache(CONFIG, 2, 5)
-  cache = models.init_cache(CONFIG, 3, 4)  # 3 rows over 2 prompts
+  cache = models.init_decode_cache(CONFIG, 3, 4)  # 3 rows over 2 prompts
   with pytest.raises(ValueError, match="P dividing B=3"):
     decoder.decode_with_prefix_cache(
       CONFIG,
