@@ -274,21 +274,14 @@ def claims_section(studies: dict[str, dict]) -> tuple[list[str], list[dict]]:
   for q, study_name, claim, a, b, kind in CLAIMS:
     study = studies.get(study_name)
     result = compare(study, a, b) if study else None
+    ids = {"question": q, "study": study_name, "claim": claim, "a": a, "b": b}
     if result is None:
       why = (
         "no runs of this study are archived"
         if study is None
         else "no seed finished by both configs"
       )
-      row = {
-        "question": q,
-        "study": study_name,
-        "claim": claim,
-        "a": a,
-        "b": b,
-        "verdict": "not resolved at this scale",
-        "why": why,
-      }
+      row = {**ids, "verdict": "not resolved at this scale", "why": why}
       lines.append(
         f"| {q} | {study_name} | {claim} | `{a}` | `{b}` | 0 | – | "
         f"– | – | **not resolved at this scale** | {why} |"
@@ -298,11 +291,7 @@ def claims_section(studies: dict[str, dict]) -> tuple[list[str], list[dict]]:
         result["low"], result["high"], kind, len(result["seeds"])
       )
       row = {
-        "question": q,
-        "study": study_name,
-        "claim": claim,
-        "a": a,
-        "b": b,
+        **ids,
         "verdict": v,
         "why": why,
         **result,
