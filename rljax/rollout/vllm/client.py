@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from rljax.quant import cpu as cpu_lib
 from rljax.rollout.base import RolloutBatch
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.vllm.config import SidecarError
@@ -144,44 +145,76 @@ class EngineClient:
         EXTENSION_DIR,
         EXTENSION_CLASS,
       )
+    if quant_mode == "int8" and not attached:
+      info = cpu_lib.host_cpu()
+      if info.onednn_int8_saturates:
+        logging.warning(
+          "vLLM sidecar %s runs INT8 W8A8 on a CPU without VNNI or AMX-INT8 "
+          "(%s): vLLM-CPU's oneDNN int8 GEMM sums u8 x s8 products in "
+          "saturating int16 there, so codes |w| > 63 overflow (12.9%% "
+          "relative error measured on an AVX2-only AMD EPYC; "
+          "CpuInfo.onednn_int8_saturates). The behavior log-probs stay "
+          "honest, but the actor is not the W8A8 model: for INT8 rollouts "
+          "on this CPU use --rollout.engine=jax (XLA's int8 dot is exact)",
+          self.server.describe(),
+          info.summary(),
+        )
     # This request also warms the server up (its first request is several
     # times slower than the next ones).
     self.probe(action)
 
   def probe(self, action: str) -> None:
-    """One-token generation: finite output and processed log-probs.
+    """One-token generations: finite output and processed log-probs.
 
     With top_k=1 the distribution actually sampled from is a point mass, so
-    the processed log-prob of the sampled token is exactly 0; a raw log-prob
-    (vLLM's default mode) is log_softmax(logits) < 0.
+    the processed log-prob of the sampled token is 0; a raw log-prob (vLLM's
+    default mode) is log_softmax(logits) < 0. A tie of m top logits keeps
+    all m under top_k=1 and gives exactly -log m: bf16 logits tie often
+    (their spacing at |z| ~ 16 is 0.125; seen on an AVX2-only CPU after an
+    embedding change), so a tie asks again with another prompt instead of
+    failing (`probe_verdict`).
     """
     probe = SamplingConfig(n=1, temperature=1.0, top_k=1, max_new_tokens=1)
-    prompt = [min(1, (self._vocab_size or 2) - 1)] * 4
-    try:
-      answer = self.http.complete(
-        completion_request(
-          self.config.served_model_name, prompt, probe, seed=0
-        ),
-        timeout_s=self.config.request_timeout_s,
+    vocab = self._vocab_size or 2
+    seen = []
+    for token in range(1, 1 + _PROBE_PROMPTS):
+      prompt = [min(token, vocab - 1)] * 4
+      try:
+        answer = self.http.complete(
+          completion_request(
+            self.config.served_model_name, prompt, probe, seed=0
+          ),
+          timeout_s=self.config.request_timeout_s,
+        )
+        ((_, logp, _),) = parse_completion(answer, 1)
+      except (VLLMRequestError, ValueError) as e:
+        raise self.server.failure(
+          action + " (probe generation)", _explain(e)
+        ) from None
+      value = float(logp[0])
+      if not np.isfinite(value):
+        raise self.server.failure(
+          action + " (probe generation)", f"non-finite log-prob {value}"
+        )
+      verdict = probe_verdict(value)
+      if verdict == "processed":
+        return
+      seen.append(f"{value:.4f}")
+      if verdict == "raw":
+        break
+    if verdict == "tie":
+      cause = (
+        f"sampled-token log-probs {', '.join(seen)} under top_k=1: the "
+        "logits tied at the top on every probe prompt; sound weights almost "
+        "never do that, so the engine's weights are suspect"
       )
-      ((_, logp, _),) = parse_completion(answer, 1)
-    except (VLLMRequestError, ValueError) as e:
-      raise self.server.failure(
-        action + " (probe generation)", _explain(e)
-      ) from None
-    if not np.isfinite(logp[0]):
-      raise self.server.failure(
-        action + " (probe generation)", f"non-finite log-prob {logp[0]}"
+    else:
+      cause = (
+        f"sampled-token log-prob {seen[-1]} under top_k=1 is neither 0 nor "
+        "-log m (a tie of m top logits): the server does not return "
+        "processed log-probs; run it with --logprobs-mode processed_logprobs"
       )
-    if abs(float(logp[0])) > 1e-4:
-      raise self.server.failure(
-        action,
-        (
-          f"sampled-token log-prob {float(logp[0]):.4f} under top_k=1 is not "
-          "0: the server does not return processed log-probs; run it with "
-          "--logprobs-mode processed_logprobs"
-        ),
-      )
+    raise self.server.failure(action, cause)
 
   def generate_rows(
     self,
@@ -333,6 +366,28 @@ class EngineClient:
       except SidecarError:
         self.broken = f"weights from {path!r} that break the engine"
         raise
+
+
+# Prompts the probe tries before it calls a run of ties a failure.
+_PROBE_PROMPTS = 4
+# Ties of up to this many top logits are recognised as such.
+_MAX_TIE = 8
+
+
+def probe_verdict(logp: float, atol: float = 1e-4) -> str:
+  """What one top_k=1 probe's sampled-token log-prob says of the server.
+
+  "processed": |logp| <= atol, the point mass of processed log-probs.
+  "tie": logp = -log m for 2 <= m <= 8 (m tied top logits all survive
+    top_k=1, each with probability 1/m); the probe cannot tell, ask again.
+  "raw": anything else, a log_softmax of the unprocessed logits.
+  """
+  if abs(logp) <= atol:
+    return "processed"
+  m = round(float(np.exp(-logp)))
+  if 2 <= m <= _MAX_TIE and abs(logp + np.log(m)) <= atol:
+    return "tie"
+  return "raw"
 
 
 def _extension_version(info: Any) -> int:
