@@ -22,6 +22,7 @@ import safetensors.numpy
 from rljax.models import safetensors_io
 from rljax.rollout import base
 from rljax.rollout.vllm import api as vllm_api
+from rljax.rollout.vllm import client as vllm_client
 from rljax.rollout import vllm_sidecar
 from rljax.rollout import weight_sync
 from rljax.rollout.vllm import process as vllm_process
@@ -734,8 +735,6 @@ class _ScriptedHttp:
 
 
 def _probe(logps, vocab=100):
-  from rljax.rollout.vllm import client as vllm_client  # pylint: disable=g-import-not-at-top
-
   engine = vllm_client.EngineClient(_ProbeServer(), VLLMSidecarConfig(), None)
   engine._vocab_size = vocab
   engine.http = _ScriptedHttp(logps)
@@ -760,8 +759,6 @@ class TestProbe:
     ],
   )
   def test_verdict(self, logp, verdict):
-    from rljax.rollout.vllm import client as vllm_client  # pylint: disable=g-import-not-at-top
-
     assert vllm_client.probe_verdict(float(logp)) == verdict
 
   def test_a_tie_asks_again_with_another_prompt(self):
