@@ -65,6 +65,13 @@ _REMAT = flags.DEFINE_bool(
 _CHUNK = flags.DEFINE_integer(
   "logprob_chunk", 0, "Sequence chunk of the LM head."
 )
+_RESPONSE = flags.DEFINE_integer(
+  "response_len",
+  0,
+  "The batch's last N tokens are responses (UpdateSpec.response_len; the "
+  "trainer sets rollout.max_new_tokens): the LM head runs on those only. "
+  "0 = every position.",
+)
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up).")
 _TRACE = flags.DEFINE_string(
   "trace_dir",
@@ -292,6 +299,7 @@ def main(argv):
     # bf16 compute on a CPU: f32 activations, bf16 x bf16 -> f32 dots (the
     # Trainer's rule, placement.activation_dtype).
     activation_dtype=placement.activation_dtype_for(compute_dtype.name),
+    response_len=_RESPONSE.value or None,
   )
   optimizer = optim_lib.make_optimizer(optim_lib.OptimConfig(1e-6, 100))
   state = update_lib.init_train_state(params, optimizer)
@@ -305,8 +313,13 @@ def main(argv):
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops = float(cost.get("flops", 0.0))
   bytes_accessed = float(cost.get("bytes accessed", 0.0))
-  # Analytic count for comparison: 6·N·tokens (forward + backward).
-  analytic = 6.0 * n_params * _BATCH.value * _SEQ.value
+  # Analytic count for comparison: 6·N·tokens (forward + backward), the LM
+  # head (D·V of N) counted only on the columns it runs on.
+  head = config.hidden_size * config.vocab_size
+  head_cols = _SEQ.value - spec.logprob_start(_SEQ.value)
+  analytic = (
+    6.0 * _BATCH.value * ((n_params - head) * _SEQ.value + head * head_cols)
+  )
 
   state, m = compiled(state, batch)  # warm-up
   jax.block_until_ready(m)

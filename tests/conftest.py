@@ -56,3 +56,32 @@ def _release_compiled_programs():
   jax.clear_caches()
   gc.collect()
   _return_freed_memory_to_the_os()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  """Prints the files that took longest (setup + call + teardown of all
+  their tests).
+
+  Under `--dist loadfile` a file is the unit a worker takes, so the suite
+  can end no sooner than its slowest file; this is the list to read when
+  the suite grows past its time budget (see BUILD_NOTES, "Slow tests").
+  """
+  del exitstatus, config
+  seconds: dict[str, float] = {}
+  for reports in terminalreporter.stats.values():
+    for report in reports:
+      nodeid = getattr(report, "nodeid", "")
+      duration = getattr(report, "duration", None)
+      if not nodeid or duration is None:
+        continue
+      path = nodeid.split("::", 1)[0]
+      seconds[path] = seconds.get(path, 0.0) + duration
+  if len(seconds) < 2:
+    return
+  total = sum(seconds.values())
+  terminalreporter.write_sep("=", "slowest test files (summed test time)")
+  for path, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:15]:
+    terminalreporter.write_line(f"{s:8.1f} s  {100 * s / total:5.1f}%  {path}")
+  terminalreporter.write_line(
+    f"{total:8.1f} s  total over {len(seconds)} files"
+  )

@@ -96,11 +96,13 @@ def token_logprobs(
   positions: Int[Array, "b t"] | None = None,
   remat: bool = False,
   activation_dtype=None,
+  start: int = 0,
 ) -> tuple[Float[Array, "b t-1"], Float[Array, "b t-1"]]:
   """Log-prob of each next token and the entropy of its distribution.
 
-    logp[:, t]    = log softmax(logits[:, t] / τ)[tokens[:, t+1]]
-    entropy[:, t] = H(softmax(logits[:, t] / τ))
+    logp[:, t]    = log softmax(logits[:, t] / τ)[tokens[:, t+1]]   (t ≥ start)
+    entropy[:, t] = H(softmax(logits[:, t] / τ))                    (t ≥ start)
+    logp[:, t] = entropy[:, t] = 0                                  (t < start)
 
   Args:
     config: the architecture.
@@ -117,6 +119,12 @@ def token_logprobs(
     activation_dtype: the forward pass's activation dtype (default the
       embedding's; float32 under bf16 weights is the CPU's mixed precision:
       bf16 x bf16 -> f32 dots, everything else in float32).
+    start: the first column computed. Every position still runs through the
+      decoder (it is context), but the LM head and the log-softmax, a fifth
+      of a 135M model's FLOPs and most of its memory traffic, run only on
+      columns t >= start; the ones before are 0, with 0 gradient. An RL
+      batch packs prompts first (`RolloutBatch.pack`) and masks them out of
+      the loss, so its losses do not change (`UpdateSpec.response_len`).
 
   Returns:
     (logp, entropy), both float32 [B, T−1]. Differentiable w.r.t. params.
@@ -132,6 +140,11 @@ def token_logprobs(
     raise ValueError(
       f"chunk_size={chunk_size!r}; expected a positive int or None"
     )
+  if not isinstance(start, int) or not 0 <= start < tokens.shape[1] - 1:
+    raise ValueError(
+      f"start={start!r}; expected an int in [0, {tokens.shape[1] - 1}) for"
+      f" tokens of length {tokens.shape[1]}"
+    )
   hidden = decoder.final_hidden_states(
     config,
     params,
@@ -140,8 +153,20 @@ def token_logprobs(
     positions,
     remat=remat,
     activation_dtype=activation_dtype,
-  )[:, :-1]
-  targets = tokens[:, 1:]
+  )[:, start:-1]
+  targets = tokens[:, start + 1 :]
+  logp, entropy = _head_logprobs(
+    config, params, hidden, targets, temperature, chunk_size
+  )
+  if start:  # the skipped columns hold 0 (and pass no gradient)
+    logp, entropy = (jnp.pad(x, ((0, 0), (start, 0))) for x in (logp, entropy))
+  return logp, entropy
+
+
+def _head_logprobs(config, params, hidden, targets, temperature, chunk_size):
+  """(logp, entropy) [B, N] of `targets` [B, N] from final hidden states
+  [B, N, D]: the LM head and log-softmax, over chunks of `chunk_size`
+  positions when set."""
 
   def head(h, y):
     logits = decoder.logits_from_hidden(config, params, h)

@@ -28,7 +28,7 @@ from rljax.train.collect import Collected
 from rljax.train.config import TrainConfig
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7))
 def sequence_logprobs(
   config,
   params,
@@ -37,8 +37,11 @@ def sequence_logprobs(
   temperature,
   chunk_size,
   activation_dtype=None,
+  start=0,
 ):
-  """log π_θ(y_t | ...) [B, T-1] of a packed batch (no entropy)."""
+  """log π_θ(y_t | ...) [B, T-1] of a packed batch (no entropy); columns
+  before `start` are 0, as in the update step's own pass
+  (`UpdateSpec.logprob_start`)."""
   return models.token_logprobs(
     config,
     params,
@@ -47,6 +50,7 @@ def sequence_logprobs(
     temperature=temperature,
     chunk_size=chunk_size,
     activation_dtype=activation_dtype,
+    start=start,
   )[0]
 
 
@@ -277,6 +281,9 @@ def make_batch(
   attn = jnp.asarray(packed["attention_mask"])
   chunk = cfg.update.logprob_chunk or None
   act = spec.activation_dtype  # as the update step's forward (precision.md)
+  # prox/ref hold 0 where the update step's logp does (prompt columns), so
+  # every ratio and KL there is exactly 1 and 0 before the mask.
+  start = spec.logprob_start(tokens.shape[1])
   put, gather = (
     (placement.put_batch, placement.gather) if placement else (_same, _same)
   )
@@ -293,6 +300,7 @@ def make_batch(
         cfg.rollout.temperature,
         chunk,
         act,
+        start,
       )
     )
   if cfg.uses_reference:
@@ -305,6 +313,7 @@ def make_batch(
         cfg.rollout.temperature,
         chunk,
         act,
+        start,
       )
     )
   if cfg.uses_critic:

@@ -169,6 +169,8 @@ class Trainer:
       param_transform=param_transform,
       compute_dtype=compute_dtype,
       activation_dtype=placement_lib.activation_dtype(cfg),
+      # make_batch packs every response to max_new_tokens after its prompt.
+      response_len=cfg.rollout.max_new_tokens,
     )
     self.optimizer, critic_opt, self.update_step = _compiled_update(
       self.spec, cfg.optim_config(), critic_optim

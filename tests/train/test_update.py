@@ -341,6 +341,68 @@ class TestStepEqualsKernel:
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
 
 
+class TestResponseLen:
+  """UpdateSpec.response_len: the head runs on the response columns only
+  (`token_logprobs(start=...)`); the loss masks the prompt, so the step is
+  the same."""
+
+  RESPONSE = T - 1 - PROMPT  # make_batch's mask starts at column PROMPT
+
+  def test_logprob_start(self, tiny):
+    config, _ = tiny
+    spec = lambda n: update_lib.UpdateSpec(
+      model_config=config, loss=objectives.PolicyLossConfig(), response_len=n
+    )
+    assert spec(None).logprob_start(T) == 0
+    assert spec(self.RESPONSE).logprob_start(T) == PROMPT
+    assert spec(T + 5).logprob_start(T) == 0  # longer than the batch: all
+
+  @pytest.mark.parametrize(
+    "correction, extra",
+    [
+      ("mis", {}),
+      ("acr", {"prox_is_current": True}),
+      (
+        "tis",
+        {"kl_coef": 0.1, "kl_estimator": "k3", "entropy_coef": 0.01},
+      ),
+    ],
+  )
+  def test_same_loss_gradient_and_metrics(self, tiny, correction, extra):
+    config, params = tiny
+    batch = off_policy_batch(config, seed=6)
+    if "kl_coef" in extra:
+      batch["ref_logp"] = batch["prox_logp"] - 0.1
+    loss_cfg = objectives.PolicyLossConfig(
+      correction=correction, tis_cap=2.0, aggregation="seq-mean-token-mean"
+    )
+    # Eager, as in test_every_correction (compiling 6 steps takes minutes);
+    # token_logprobs(start=...) itself is checked jitted in its own tests.
+    with jax.disable_jit():
+      g_all, m_all = step_grads(config, params, batch, loss_cfg, 2, **extra)
+      g_resp, m_resp = step_grads(
+        config, params, batch, loss_cfg, 2, response_len=self.RESPONSE, **extra
+      )
+    assert set(m_all) == set(m_resp)
+    for k in m_all:
+      np.testing.assert_allclose(m_resp[k], m_all[k], rtol=2e-5, err_msg=k)
+    for a, b in zip(jax.tree.leaves(g_all), jax.tree.leaves(g_resp)):
+      np.testing.assert_allclose(b, a, rtol=2e-4, atol=1e-6)
+
+  def test_one_column_too_few_changes_the_loss(self, tiny):
+    # The check above can fail: a start one column late drops every
+    # response's first token from the loss.
+    config, params = tiny
+    batch = off_policy_batch(config, seed=6)
+    loss_cfg = objectives.PolicyLossConfig(correction="mis", tis_cap=2.0)
+    with jax.disable_jit():
+      _, m_all = step_grads(config, params, batch, loss_cfg, 2)
+      _, m_short = step_grads(
+        config, params, batch, loss_cfg, 2, response_len=self.RESPONSE - 1
+      )
+    assert abs(float(m_short["loss"]) - float(m_all["loss"])) > 1e-4
+
+
 class TestNonFinite:
   def test_nan_advantage_leaves_params_untouched(self, tiny):
     config, params = tiny
