@@ -230,13 +230,20 @@ def test_start_gives_the_gradients_of_a_loss_masked_before_it(params, batch):
   assert float(jnp.abs(g_full["lm_head"]["kernel"]).max()) > 0
 
 
-def test_start_skips_the_head_on_earlier_columns():
-  # The saving is real: the compiled program's FLOPs drop by about the head's
-  # share of the skipped columns (an 8192-word head on 1 small layer).
+def _wide_head_model():
+  """A 1-layer model whose 8192-word head dominates it, as abstract params
+  (compiled-program tests: nothing runs)."""
   config = models.tiny_config(vocab_size=8192, num_layers=1)
   params = jax.eval_shape(
     lambda: models.init_params(config, jax.random.PRNGKey(0))
   )
+  return config, params
+
+
+def test_start_skips_the_head_on_earlier_columns():
+  # The saving is real: the compiled program's FLOPs drop by about the head's
+  # share of the skipped columns (an 8192-word head on 1 small layer).
+  config, params = _wide_head_model()
   tokens = jax.ShapeDtypeStruct((2, 128), jnp.int32)
 
   def flops(start):
@@ -270,10 +277,7 @@ def test_bad_inputs(params, kwargs, message):
 def test_chunking_shrinks_compiled_memory():
   # [B, T, V] float32 logits (and their gradient) dominate the unchunked
   # program's temporaries; chunks of 64 positions should cut them well down.
-  config = models.tiny_config(vocab_size=8192, num_layers=1)
-  params = jax.eval_shape(
-    lambda: models.init_params(config, jax.random.PRNGKey(0))
-  )
+  config, params = _wide_head_model()
   tokens = jax.ShapeDtypeStruct((2, 256), jnp.int32)
 
   def temp_bytes(chunk_size):
