@@ -333,8 +333,10 @@ def _generate_chunk(
     0,
     prompt_mask,
     activation_dtype=plan.activation_dtype,
+    # Left padding puts every prompt's last token in the last column, the
+    # only one sampled from: the LM head runs on it alone.
+    last_only=True,
   )
-  # Left padding puts every prompt's last token in the last column.
   last_logits = logits[:, -1]
 
   # Sample j of prompt i is row i*n + j.

@@ -37,6 +37,24 @@ def bucket(length: int, multiple: int = 32) -> int:
   return max(multiple, -(-length // multiple) * multiple)
 
 
+def prompt_width(length: int) -> int:
+  """The width of the prompt part of an update batch holding prompts of up to
+  `length` tokens: a multiple of 8 up to 64, then 4 sizes per octave (80,
+  96, 112, 128, 160, ..., 256, 320, ...).
+
+  Every column is paid for by the update step's decoder, so the padding
+  stays under 8 columns up to 64 and under 1/5 of the width beyond, while
+  the number of shapes (one compile of the update step each) grows only
+  with log(length). The
+  default job's 49-51-token prompts take 56 columns, where `bucket` gave 64:
+  7.7% less decoder work per update step.
+  """
+  if length < 1:
+    raise ValueError(f"prompt_width: length={length}; expected >= 1")
+  step = 8 if length <= 64 else (1 << (length - 1).bit_length()) // 8
+  return -(-length // step) * step
+
+
 def sequence_advantages(
   cfg: TrainConfig, rewards: np.ndarray, valid: np.ndarray
 ) -> np.ndarray:

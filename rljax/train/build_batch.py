@@ -70,11 +70,11 @@ def sequence_values(
 
 
 def pack(rb: RolloutBatch, pad_id: int, response_len: int) -> dict:
-  """The rollout as padded arrays, prompts bucketed (`batch.bucket`) so jit
-  compiles are reused across steps."""
+  """The rollout as padded arrays, prompts padded to `batch.prompt_width` so
+  that jit compiles are reused across steps."""
   return rb.pack(
     pad_id=pad_id,
-    prompt_len=batch_lib.bucket(max(len(p) for p in rb.prompt_ids)),
+    prompt_len=batch_lib.prompt_width(max(len(p) for p in rb.prompt_ids)),
     response_len=response_len,
   )
 

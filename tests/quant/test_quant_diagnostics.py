@@ -200,6 +200,26 @@ class SyncDiagnosticsTest(parameterized.TestCase):
     self.assertBetween(second["quant/quantized_change_fraction"], 1e-3, 0.25)
     self.assertGreater(kernel_update, 0.0)
 
+  def test_update_of_leaves_that_are_not_quantized(self):
+    # Eq. 13 over all params adds the quantized kernels' sums to the other
+    # leaves' (SyncDiagnostics takes them apart, in one program): moving only
+    # the embedding moves the whole-tree update, not the kernel update, and
+    # no code.
+    config, params = quant_testing.tiny_model()
+    diag = quant.SyncDiagnostics()
+    diag(params, quant.quantize_params(config, params, "int8"))
+    embed = params["embed"]["embedding"]
+    new = dict(params, embed={"embedding": 1.1 * embed})
+    second = diag(new, quant.quantize_params(config, new, "int8"))
+    whole = float(quant.normalized_weight_update(params, new))
+    self.assertGreater(whole, 0.0)
+    self.assertAlmostEqual(
+      second["quant/normalized_weight_update"], whole, delta=1e-6 * whole
+    )
+    self.assertEqual(second["quant/normalized_kernel_update"], 0.0)
+    self.assertEqual(second["quant/update_to_quant_error"], 0.0)
+    self.assertEqual(second["quant/quantized_change_fraction"], 0.0)
+
 
 if __name__ == "__main__":
   pytest.main([__file__])

@@ -7,10 +7,13 @@ around core's jitted kernels, which have their own jit/no-jit tests), so
 there is no chex jit variant here.
 """
 
+import hypothesis
 import numpy as np
 import jax.numpy as jnp
+import pytest
 
 from rljax.rollout.base import RolloutBatch
+from rljax.train import batch as batch_lib
 from rljax.train import build_batch as build_batch_lib
 from rljax.train import update as update_lib
 from rljax.train.config import apply_preset
@@ -194,3 +197,39 @@ def test_train_step_trains_on_build_batch_of_its_rollout(tmp_path, monkeypatch):
     rtol=1e-4,
     atol=1e-5,
   )
+
+
+class TestPromptWidth:
+  """`batch.prompt_width`: the prompt part's width in an update batch."""
+
+  def test_by_hand(self):
+    widths = {n: batch_lib.prompt_width(n) for n in (1, 8, 9, 49, 51, 64, 65)}
+    assert widths == {1: 8, 8: 8, 9: 16, 49: 56, 51: 56, 64: 64, 65: 80}
+    assert [batch_lib.prompt_width(n) for n in (100, 129, 200, 257)] == [
+      112,
+      160,
+      224,
+      320,
+    ]
+
+  @hypothesis.given(hypothesis.strategies.integers(1, 1 << 16))
+  def test_covers_with_little_padding(self, n):
+    w = batch_lib.prompt_width(n)
+    assert w >= n and w % 8 == 0
+    assert w - n < (8 if n <= 64 else w / 5)
+    assert batch_lib.prompt_width(w) == w  # a width is its own width
+
+  def test_few_shapes(self):
+    # One compile of the update step per width: 8 up to 64, then 4 per octave.
+    widths = {batch_lib.prompt_width(n) for n in range(1, 4097)}
+    assert len(widths) == 8 + 4 * 6
+
+  def test_bad_length(self):
+    with pytest.raises(ValueError, match="length=0; expected >= 1"):
+      batch_lib.prompt_width(0)
+
+  def test_pack_pads_prompts_to_it(self):
+    rb = _rollout([list(range(2, 53))], [[1, 2]], n=1)  # a 51-token prompt
+    packed = build_batch_lib.pack(rb, pad_id=0, response_len=4)
+    assert packed["tokens"].shape == (1, 56 + 4)
+    assert packed["prompt_lengths"].tolist() == [51]
