@@ -201,10 +201,9 @@ class SyncDiagnosticsTest(parameterized.TestCase):
     self.assertGreater(kernel_update, 0.0)
 
   def test_update_of_leaves_that_are_not_quantized(self):
-    # Eq. 13 over all params adds the quantized kernels' sums to the other
-    # leaves' (SyncDiagnostics takes them apart, in one program): moving only
-    # the embedding moves the whole-tree update, not the kernel update, and
-    # no code.
+    # Eq. 13 over all params counts the leaves that are not quantized too:
+    # moving only the embedding moves the whole-tree update, not the kernel
+    # update, and no code.
     config, params = quant_testing.tiny_model()
     diag = quant.SyncDiagnostics()
     diag(params, quant.quantize_params(config, params, "int8"))
