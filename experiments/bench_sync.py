@@ -44,7 +44,7 @@ _MODEL = flags.DEFINE_string(
 _QUANT = flags.DEFINE_enum(
   "quant",
   "int8",
-  ["int8", "int8_wo", "fp8", "bf16", "none"],
+  list(quant.ROLLOUT_MODES),
   "Rollout weight format (rollout.quant).",
 )
 _UAQ = flags.DEFINE_float(
@@ -89,7 +89,7 @@ def main(argv):
   )
   model = models.load_named(_MODEL.value, 0)
   config, params = model.config, model.params
-  quantized = _QUANT.value in ("int8", "int8_wo", "fp8")
+  quantized = quant.is_quantized(_QUANT.value)
   if quantized and _UAQ.value != 1.0:
     params = quant.fold_uaq(config, params, scale=_UAQ.value)
   engine = rollout_factory.make_engine(
