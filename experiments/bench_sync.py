@@ -11,9 +11,9 @@ One sync of a QuRL run is, in order (`Actor.prepare`, then `Actor.push`):
   finite       guard.require_finite: no NaN/inf reaches the engine
   push         engine.update_weights (the JAX sampler: a device copy)
 
-The diagnostics keep a copy of θ and Q(θ) for the next sync; that copy is
-dispatched asynchronously, so its time shows up in the phase after it
-("finite"), as it does in training. Read diagnostics + finite together.
+The diagnostics keep a copy of θ and of the codes for the next sync; that
+copy is dispatched asynchronously, so its time shows up in the phase after
+it ("finite"), as it does in training. Read diagnostics + finite together.
 
 θ moves between syncs by a small random step (relative size --step_size, of
 the order of one Adam step at lr 1e-5), so the diagnostics see what they see

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rljax.quant import params as qparams_lib
 from rljax.quant.qtensor import QTensor
@@ -178,15 +179,77 @@ def quantized_change_fraction(
 @jax.jit
 def _change_fraction(prev, new):
   changed = sum(
-    jnp.sum(a.value.astype(jnp.float32) != b.value.astype(jnp.float32))
-    for a, b in zip(prev, new)
+    _changed_codes(_code_bits(a), _code_bits(b)) for a, b in zip(prev, new)
   )
   total = sum(a.value.size for a in prev)
   return changed.astype(jnp.float32) / total
 
 
-def _select(params: Params, paths) -> dict[str, jax.Array]:
-  return {"/".join(p): qparams_lib.get_path(params, p) for p in paths}
+def _code_bits(q: QTensor) -> jax.Array:
+  """A QTensor's codes as int8 bit patterns: int8 codes as they are, e4m3
+  codes bit-cast, so that two codes are equal exactly when the integers are."""
+  if q.value.dtype == jnp.int8:
+    return q.value
+  return jax.lax.bitcast_convert_type(q.value, jnp.int8)
+
+
+def _changed_codes(a: jax.Array, b: jax.Array) -> jax.Array:
+  """How many entries of two int8 code arrays differ, as an int32 scalar.
+
+  min(|a − b|, 1) is 1 exactly where two integer codes differ. XLA's CPU
+  backend vectorises this float reduction, not a count of `a != b` (6.5x
+  slower: 71 against 11 ms per 26 M codes on a Zen 3 core pair). The row
+  sums are exact in float32 (a row is far shorter than 2^24); the total is
+  summed in int32.
+  """
+  d = jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))
+  rows = jnp.sum(jnp.minimum(d, 1.0).reshape(-1, a.shape[-1]), axis=-1)
+  return jnp.sum(rows.astype(jnp.int32))
+
+
+def _leaf_paths(tree: Params) -> list[tuple[tuple[str, ...], jax.Array]]:
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return [(tuple(k.key for k in kp), leaf) for kp, leaf in flat]
+
+
+# The sums SyncDiagnostics needs, as programs of one kind of reduction each.
+# On XLA's CPU backend, one program computing them all ran 3x slower than
+# these, one per kernel 2x (docs/performance.md, "The trainer's sync").
+
+
+@jax.jit
+def _quant_error_sums(kernels, qtensors):
+  """‖Q(W) − W‖² and ‖W‖² per quantized kernel and block (Eq. 14's parts)."""
+  err = [
+    _sq(q.dequantize() - w.astype(jnp.float32), axes=(-2, -1))
+    for w, q in zip(kernels, qtensors)
+  ]
+  return err, [_sq(w, axes=(-2, -1)) for w in kernels]
+
+
+@jax.jit
+def _update_sums(prev_params, params):
+  """‖θ_{t+1} − θ_t‖² and ‖θ_t‖² per leaf (Eq. 13's parts), as two trees."""
+  moved = jax.tree.map(
+    lambda a, b: _sq(b.astype(jnp.float32) - a.astype(jnp.float32)),
+    prev_params,
+    params,
+  )
+  return moved, jax.tree.map(_sq, prev_params)
+
+
+@jax.jit
+def _codes_moved(prev_codes, qtensor):
+  """How many of `qtensor`'s codes differ from `prev_codes` (int8 bits)."""
+  return _changed_codes(prev_codes, _code_bits(qtensor))
+
+
+@jax.jit
+def _copy(params, qtensors):
+  """θ and the codes (as int8 bits), for the next sync."""
+  return jax.tree.map(jnp.copy, params), [
+    jnp.copy(_code_bits(q)) for q in qtensors
+  ]
 
 
 class SyncDiagnostics:
@@ -207,24 +270,46 @@ class SyncDiagnostics:
     quant/quantized_change_fraction  share of quantized weights that changed
     quant/normalized_quant_error/<kernel>  Eq. 14 per projection
 
+  The values are those of `normalized_quant_error`, `..._per_layer`,
+  `normalized_weight_update` and `quantized_change_fraction` (the tests hold
+  them equal), but each sum is taken once: Eq. 14's total comes from the
+  per-block sums, the kernel update from the per-leaf ones, and the sums are
+  added in float64 on the host.
+
   It keeps a copy of the previous params (the trainer may donate its
-  buffers), i.e. one extra set of full-precision weights in memory.
+  buffers), i.e. one extra set of full-precision weights in memory, and of
+  the previous codes (one byte per quantized weight), not of Q(θ)'s other
+  leaves.
   """
 
   def __init__(self):
     self._prev_params = None
-    self._prev_qparams = None
+    self._prev_codes = None
 
   def __call__(self, params: Params, qparams: Params) -> dict[str, float]:
-    paths = [p for p, _ in qparams_lib.iter_qtensors(qparams)]
-    out: dict[str, Any] = {}
-    per_kernel = normalized_quant_error_per_layer(params, qparams)
-    quant_err = normalized_quant_error(params, qparams)
-    out["quant/normalized_quant_error"] = quant_err
-    for name, err in per_kernel.items():
-      short = name.split("/")[-2]
-      out[f"quant/normalized_quant_error/{short}"] = jnp.mean(err)
-    if self._prev_params is None:
+    pairs = _quant_pairs(params, qparams, "SyncDiagnostics")
+    paths = [tuple(name.split("/")) for name, _, _ in pairs]
+    # Every program below starts on finished inputs: a launch on
+    # mesh-sharded params issued while the (collective) programs that
+    # produce them may still run was, as an eager per-leaf copy on 8 fake
+    # CPU devices, twice seen to never return (BUILD_NOTES, "Known hang").
+    params, qtensors = jax.block_until_ready((params, [q for _, _, q in pairs]))
+    err, norm = _quant_error_sums([w for _, w, _ in pairs], qtensors)
+    sums = {"err": err, "norm": norm}
+    if self._prev_params is not None:
+      sums["update"] = _update_sums(self._prev_params, params)
+      sums["changed"] = [
+        _codes_moved(c, q) for c, q in zip(self._prev_codes, qtensors)
+      ]
+    # Copies, because the trainer donates its buffers; of the codes only,
+    # not of Q(θ)'s other leaves.
+    self._prev_params, self._prev_codes = _copy(params, qtensors)
+    sums = jax.device_get(sums)
+    quant_err = _ratio(sums["err"], sums["norm"])
+    out = {"quant/normalized_quant_error": quant_err}
+    for path, e, n in zip(paths, sums["err"], sums["norm"]):
+      out[f"quant/normalized_quant_error/{path[-2]}"] = float(np.mean(e / n))
+    if "update" not in sums:
       for k in (
         "normalized_weight_update",
         "normalized_kernel_update",
@@ -232,30 +317,23 @@ class SyncDiagnostics:
         "quantized_change_fraction",
       ):
         out[f"quant/{k}"] = math.nan
-    else:
-      kernel_update = normalized_weight_update(
-        _select(self._prev_params, paths), _select(params, paths)
-      )
-      out["quant/normalized_weight_update"] = normalized_weight_update(
-        self._prev_params, params
-      )
-      out["quant/normalized_kernel_update"] = kernel_update
-      out["quant/update_to_quant_error"] = kernel_update / quant_err
-      out["quant/quantized_change_fraction"] = quantized_change_fraction(
-        self._prev_qparams, qparams
-      )
-    # Copies, because the trainer donates its buffers. Taken once the
-    # inputs are computed, as one compiled program: an eager per-leaf copy
-    # of mesh-sharded params is one multi-device launch per leaf, issued
-    # while the (collective) programs that produce them may still run, and
-    # on 8 fake CPU devices such a copy was twice seen to never return
-    # (BUILD_NOTES, "Known hang").
-    self._prev_params, self._prev_qparams = _copy_trees(
-      jax.block_until_ready((params, qparams))
+      return out
+    moved, prev_norm = (dict(_leaf_paths(t)) for t in sums["update"])
+    kernel_update = _ratio(
+      [moved[p] for p in paths], [prev_norm[p] for p in paths]
     )
-    return {k: float(v) for k, v in jax.device_get(out).items()}
+    out["quant/normalized_weight_update"] = _ratio(
+      list(moved.values()), list(prev_norm.values())
+    )
+    out["quant/normalized_kernel_update"] = kernel_update
+    out["quant/update_to_quant_error"] = kernel_update / quant_err
+    out["quant/quantized_change_fraction"] = float(
+      sum(int(c) for c in sums["changed"])
+    ) / sum(q.value.size for q in qtensors)
+    return out
 
 
-@jax.jit
-def _copy_trees(trees):
-  return jax.tree.map(jnp.copy, trees)
+def _ratio(nums, dens) -> float:
+  """Σ nums / Σ dens, summed in float64 on the host."""
+  num = sum(np.sum(x, dtype=np.float64) for x in nums)
+  return float(num / sum(np.sum(x, dtype=np.float64) for x in dens))

@@ -3,6 +3,9 @@
 import math
 
 from absl.testing import parameterized
+import hypothesis
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,6 +141,45 @@ class QuantizedChangeFractionTest(parameterized.TestCase):
       0.0,
     )
 
+  def test_fp8_codes_compare_by_their_bits(self):
+    # 0.5 and 0.5625 are neighbouring e4m3 codes, less than 1 apart as
+    # values: a count of value differences rounded to 0 or 1 would miss it.
+    def fp8(values):
+      v = jnp.asarray([values], jnp.float8_e4m3fn)
+      return {"k": quant.QTensor(v, jnp.ones((1, 1, 2)), mode="fp8")}
+
+    frac = quant.quantized_change_fraction(
+      fp8([[0.5, 2.0]]), fp8([[0.5625, 2.0]])
+    )
+    self.assertEqual(float(frac), 0.5)
+
+  @hypothesis.settings(max_examples=25, deadline=None)
+  @hypothesis.given(
+    codes=hnp.arrays(
+      np.int8,
+      hnp.array_shapes(min_dims=2, max_dims=3, max_side=9),
+      elements=st.integers(-128, 127),
+    ),
+    seed=st.integers(0, 2**31 - 1),
+  )
+  def test_equals_the_share_of_unequal_codes(self, codes, seed):
+    # Any pair of codes, the extremes included (|-128 - 127| = 255).
+    rng = np.random.default_rng(seed)
+    other = np.where(
+      rng.random(codes.shape) < 0.3,
+      rng.integers(-128, 128, codes.shape),
+      codes,
+    ).astype(np.int8)
+
+    def tree(c):
+      scale = jnp.ones((*c.shape[:-2], 1, c.shape[-1]))
+      return {"k": quant.QTensor(jnp.asarray(c), scale)}
+
+    frac = quant.quantized_change_fraction(tree(codes), tree(other))
+    self.assertAlmostEqual(
+      float(frac), float(np.mean(codes != other)), places=6
+    )
+
   def test_different_kernels_is_an_error(self):
     a = _quantize_all(_tree([[[1.0]]]))
     b = _quantize_all(_tree([[[1.0]]], [[[1.0]]]))
@@ -146,10 +188,11 @@ class QuantizedChangeFractionTest(parameterized.TestCase):
 
 
 class SyncDiagnosticsTest(parameterized.TestCase):
-  def test_two_syncs(self):
+  @parameterized.parameters("int8", "fp8")
+  def test_two_syncs(self, mode):
     config, params = quant_testing.tiny_model()
     diag = quant.SyncDiagnostics()
-    q0 = quant.quantize_params(config, params, "int8")
+    q0 = quant.quantize_params(config, params, mode)
     first = diag(params, q0)
     self.assertTrue(all(isinstance(v, float) for v in first.values()))
     self.assertTrue(math.isnan(first["quant/normalized_weight_update"]))
@@ -167,7 +210,7 @@ class SyncDiagnosticsTest(parameterized.TestCase):
       "kernel": up + 1e-3 * jax.random.normal(jax.random.key(7), up.shape)
     }
     new = dict(params, layers=layers)
-    q1 = quant.quantize_params(config, new, "int8")
+    q1 = quant.quantize_params(config, new, mode)
     second = diag(new, q1)
     kernels = [("layers", n, "kernel") for n in quant.LAYER_KERNELS]
 
