@@ -30,6 +30,16 @@ def _sq(x: jax.Array, axes=None) -> jax.Array:
   return jnp.sum(jnp.square(x.astype(jnp.float32)), axis=axes)
 
 
+def _sq_moved(a: jax.Array, b: jax.Array) -> jax.Array:
+  """‖b − a‖², the difference taken in float32."""
+  return _sq(b.astype(jnp.float32) - a.astype(jnp.float32))
+
+
+def _sq_error(w: jax.Array, q: QTensor, axes=None) -> jax.Array:
+  """‖Q(W) − W‖² (over `axes`; all of them by default)."""
+  return _sq(q.dequantize() - w.astype(jnp.float32), axes=axes)
+
+
 @jax.jit
 def normalized_weight_update(prev_params: Any, new_params: Any) -> jax.Array:
   """‖θ_{t+1} − θ_t‖²_F / ‖θ_t‖²_F over all leaves (QuRL Eq. 13).
@@ -60,7 +70,7 @@ def normalized_weight_update(prev_params: Any, new_params: Any) -> jax.Array:
       raise ValueError(
         f"normalized_weight_update: leaf shapes differ: {a.shape} vs {b.shape}"
       )
-    num += _sq(b.astype(jnp.float32) - a.astype(jnp.float32))
+    num += _sq_moved(a, b)
     den += _sq(a)
   return num / den
 
@@ -100,16 +110,10 @@ def normalized_quant_error(params: Params, qparams: Params) -> jax.Array:
     per-channel absmax quantization commutes with scaling.
   """
   pairs = _quant_pairs(params, qparams, "normalized_quant_error")
-  return _normalized_quant_error(
+  err, norm = _quant_error_sums(
     [w for _, w, _ in pairs], [q for _, _, q in pairs]
   )
-
-
-@jax.jit
-def _normalized_quant_error(ws, qs):
-  num = sum(_sq(q.dequantize() - w.astype(jnp.float32)) for w, q in zip(ws, qs))
-  den = sum(_sq(w) for w in ws)
-  return num / den
+  return sum(jnp.sum(e) for e in err) / sum(jnp.sum(n) for n in norm)
 
 
 def normalized_quant_error_per_layer(
@@ -122,14 +126,10 @@ def normalized_quant_error_per_layer(
     for stacked kernels `[L, in, out]` one value per block.
   """
   pairs = _quant_pairs(params, qparams, "normalized_quant_error_per_layer")
-  return {name: _per_matrix_error(w, q) for name, w, q in pairs}
-
-
-@jax.jit
-def _per_matrix_error(w, q):
-  return _sq(q.dequantize() - w.astype(jnp.float32), axes=(-2, -1)) / _sq(
-    w, axes=(-2, -1)
+  err, norm = _quant_error_sums(
+    [w for _, w, _ in pairs], [q for _, _, q in pairs]
   )
+  return {name: e / n for (name, _, _), e, n in zip(pairs, err, norm)}
 
 
 def absolute_quant_error(
@@ -137,10 +137,7 @@ def absolute_quant_error(
 ) -> dict[str, jax.Array]:
   """‖Q(W) − W‖_F per quantized kernel (all blocks together)."""
   pairs = _quant_pairs(params, qparams, "absolute_quant_error")
-  return {
-    name: jnp.sqrt(_sq(q.dequantize() - w.astype(jnp.float32)))
-    for name, w, q in pairs
-  }
+  return {name: jnp.sqrt(_sq_error(w, q)) for name, w, q in pairs}
 
 
 def quantized_change_fraction(
@@ -212,7 +209,8 @@ def _leaf_paths(tree: Params) -> list[tuple[tuple[str, ...], jax.Array]]:
   return [(tuple(k.key for k in kp), leaf) for kp, leaf in flat]
 
 
-# The sums SyncDiagnostics needs, as programs of one kind of reduction each.
+# The sums SyncDiagnostics (and the Eq. 14 functions above) need, as
+# programs of one kind of reduction each.
 # On XLA's CPU backend, one program computing them all ran 3x slower than
 # these, one per kernel 2x (docs/performance.md, "The trainer's sync").
 
@@ -220,21 +218,14 @@ def _leaf_paths(tree: Params) -> list[tuple[tuple[str, ...], jax.Array]]:
 @jax.jit
 def _quant_error_sums(kernels, qtensors):
   """‖Q(W) − W‖² and ‖W‖² per quantized kernel and block (Eq. 14's parts)."""
-  err = [
-    _sq(q.dequantize() - w.astype(jnp.float32), axes=(-2, -1))
-    for w, q in zip(kernels, qtensors)
-  ]
+  err = [_sq_error(w, q, axes=(-2, -1)) for w, q in zip(kernels, qtensors)]
   return err, [_sq(w, axes=(-2, -1)) for w in kernels]
 
 
 @jax.jit
 def _update_sums(prev_params, params):
   """‖θ_{t+1} − θ_t‖² and ‖θ_t‖² per leaf (Eq. 13's parts), as two trees."""
-  moved = jax.tree.map(
-    lambda a, b: _sq(b.astype(jnp.float32) - a.astype(jnp.float32)),
-    prev_params,
-    params,
-  )
+  moved = jax.tree.map(_sq_moved, prev_params, params)
   return moved, jax.tree.map(_sq, prev_params)
 
 
