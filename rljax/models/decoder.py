@@ -238,6 +238,16 @@ def embed_tokens(
 # Layer loops of at most this many layers are unrolled (final_hidden_states).
 _UNROLL_MAX_LAYERS = 4
 
+# What a scanned decoder layer saves for its backward pass (a
+# `jax.checkpoint` policy; None saves everything autodiff keeps): the
+# outputs of its projections (2-D dots, `contract_last`) and the attention
+# output, which the o_proj weight gradient reads. The [B, H, T, T]
+# attention probabilities, the largest residual of all, are recomputed.
+SCAN_SAVES = jax.checkpoint_policies.save_from_both_policies(
+  jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  jax.checkpoint_policies.save_only_these_names(layers.ATTENTION_OUT),
+)
+
 
 def final_hidden_states(
   config: ModelConfig,
@@ -261,7 +271,9 @@ def final_hidden_states(
     positions: int [B, T] RoPE positions; default cumsum(mask) − 1, or
       0..T−1 without a mask.
     remat: recompute each block's activations in the backward pass
-      (`jax.checkpoint` per layer) to save memory.
+      (`jax.checkpoint` per layer) to save memory. Without it a decoder of
+      more than 4 layers (a layer scan) still recomputes what
+      `SCAN_SAVES` does not keep.
     activation_dtype: dtype of the activations (`embed_tokens`); default the
       embedding's dtype.
   """
@@ -289,14 +301,21 @@ def final_hidden_states(
     )
     return _mlp_block(config, layer, x), None
 
-  if remat:
-    block = jax.checkpoint(block, prevent_cse=False)
-  x = embed_tokens(params, tokens, activation_dtype)
   # Small decoders (the long-horizon instrument, test models) unroll the
   # layer loop: the scan's stacked residual buffers (zero-filled, then
   # sliced per layer) were ~15% of the instrument's update step, while
   # unrolling a 30-layer model would multiply its compile time.
   unroll = config.num_layers if config.num_layers <= _UNROLL_MAX_LAYERS else 1
+  if remat:
+    block = jax.checkpoint(block, prevent_cse=False)
+  elif unroll == 1 and SCAN_SAVES is not None:
+    # A scanned decoder keeps only what `SCAN_SAVES` names for the
+    # backward pass and recomputes the rest (norms, RoPE, SwiGLU's
+    # elementwise product, the attention scores): every residual the scan
+    # saves is a [L, ...] buffer it zero-fills, writes and reads back, which
+    # cost more than recomputing them on a CPU (docs/performance.md).
+    block = jax.checkpoint(block, prevent_cse=False, policy=SCAN_SAVES)
+  x = embed_tokens(params, tokens, activation_dtype)
   x, _ = jax.lax.scan(block, x, params["layers"], unroll=unroll)
   return layers.rms_norm(x, params["final_norm"]["scale"], config.rms_norm_eps)
 

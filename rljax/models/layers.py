@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import chex
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Bool, Float, Int
 
 from rljax.models.config import ModelConfig
@@ -23,6 +24,10 @@ from rljax.quant.qtensor import contract_last, qdot
 # (a left-pad position) yields a uniform average instead of NaN; such outputs
 # are never read, but NaN would poison gradients through `jnp.where`.
 _MASK_VALUE = float(jnp.finfo(jnp.float32).min) / 2
+
+# `attention`'s output carries this name, so a `jax.checkpoint` policy can
+# keep it while recomputing the scores (decoder.SCAN_SAVES).
+ATTENTION_OUT = "attention_out"
 
 
 def rms_norm(
@@ -158,7 +163,7 @@ def attention(
   scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-  return out.reshape(b, t, hq, hd)
+  return checkpoint_name(out.reshape(b, t, hq, hd), ATTENTION_OUT)
 
 
 def shared_prefix_attention(

@@ -47,8 +47,18 @@ def _row_stats(z, targets):
   m = jnp.max(z, axis=-1, keepdims=True)
   zc = z - m
   e = jnp.exp(zc)
-  s = jnp.sum(e, axis=-1, keepdims=True)
-  mean_zc = jnp.sum(e * zc, axis=-1, keepdims=True) / s
+  # Σ e and Σ e·zc in one pass over [.., V] (a variadic reduce): as two
+  # jnp.sums XLA:CPU reads the [.., V] rows twice and runs the second as a
+  # slow product-reduction (0.91 s against 1.86 s on 4080 x 49152 f32,
+  # docs/performance.md).
+  s, e_zc = jax.lax.reduce(
+    (e, e * zc),
+    (jnp.zeros((), z.dtype), jnp.zeros((), z.dtype)),
+    lambda a, b: (a[0] + b[0], a[1] + b[1]),
+    (z.ndim - 1,),
+  )
+  s, e_zc = s[..., None], e_zc[..., None]
+  mean_zc = e_zc / s
   zc_y = jnp.take_along_axis(zc, targets[..., None], axis=-1)
   log_s = jnp.log(s)
   return zc_y - log_s, log_s - mean_zc, m, s, mean_zc

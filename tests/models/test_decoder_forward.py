@@ -97,6 +97,50 @@ def test_small_decoders_unroll_the_layer_loop(num_layers, loops):
   assert ("stablehlo.while" in hlo) == loops
 
 
+class TestScanSaves:
+  """A scanned decoder (more than 4 layers) saves what `decoder.SCAN_SAVES`
+  names for its backward pass and recomputes the rest."""
+
+  config = models.tiny_config(num_layers=5)
+
+  def _vjp(self, tokens):
+    params = models.init_params(self.config, jax.random.PRNGKey(0))
+    loss = lambda p: jnp.sum(models.forward(self.config, p, tokens) ** 2)
+    return params, loss, jax.vjp(loss, params)[1]
+
+  def test_attention_probabilities_are_not_saved(self):
+    t = 7
+    _, _, vjp = self._vjp(_tokens(t=t, config=self.config))
+    # Residuals are the leaves of the VJP closure; the scan stacks each over
+    # the layer axis. The [L, B, Hkv, G, T, T] probabilities are recomputed.
+    square = [
+      x.shape
+      for x in jax.tree.leaves(vjp)
+      if x.shape[0] == self.config.num_layers and x.shape[-2:] == (t, t)
+    ]
+    assert not square
+
+  def test_saves_less_than_saving_everything(self, monkeypatch):
+    tokens = _tokens(t=7, config=self.config)
+    size = lambda vjp: sum(x.nbytes for x in jax.tree.leaves(vjp))
+    kept = size(self._vjp(tokens)[2])
+    monkeypatch.setattr(models.decoder, "SCAN_SAVES", None)
+    assert kept < 0.8 * size(self._vjp(tokens)[2])
+
+  def test_gradient_equals_saving_everything(self, monkeypatch):
+    params, loss, _ = self._vjp(_tokens(t=9, config=self.config))
+    # Fresh jit per policy: SCAN_SAVES is read when the function is traced.
+    g = jax.jit(jax.grad(loss))(params)
+    monkeypatch.setattr(models.decoder, "SCAN_SAVES", None)
+    g_all = jax.jit(jax.grad(loss))(params)
+    # The same math in another order of float32 operations: equal to a few
+    # ulps of each leaf's largest entry.
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_all)):
+      scale = float(np.abs(b).max())
+      assert scale > 0
+      np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+
+
 def test_bf16_params_run_in_bf16_and_return_f32(params):
   p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
   logits, hidden = forward(CONFIG, p16, _tokens(), return_hidden=True)

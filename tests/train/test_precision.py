@@ -161,6 +161,22 @@ class TestUpdateStepPrecision:
     np.testing.assert_allclose(metrics["loss"], f32["loss"], rtol=0.02)
     assert metrics["applied"] == 1.0
 
+  def test_scanned_decoder_recomputes_no_bf16_projection(self):
+    # Past 4 layers the layer loop is a scan under `decoder.SCAN_SAVES`,
+    # which recomputes what it does not save. The projections' bf16 dots
+    # (a custom VJP) must stay saved: the same 24 bf16 dots as above. Only
+    # float32 attention scores are recomputed, one more dot.
+    config = models.tiny_config(num_layers=5)
+    params = models.init_params(config, jax.random.PRNGKey(0))
+    spec = dataclasses.replace(
+      spec_of(config, "bfloat16"), activation_dtype="float32"
+    )
+    step = update_lib.make_update_step(spec, optax.adam(1e-3), donate=False)
+    state = update_lib.init_train_state(params, optax.adam(1e-3))
+    jaxpr = jax.make_jaxpr(step)(state, make_batch(config)).jaxpr
+    kinds = collections.Counter(_dot_kinds(jaxpr))
+    assert kinds == {("bfloat16", "bfloat16"): 24, ("float32", "float32"): 7}
+
   def test_bfloat16_params_step_with_the_trainers_optimizer(self, tiny):
     # optim.make_optimizer injects float32 hyperparameters: in the params'
     # bfloat16, b2 = 0.999 rounds to 1 and every update was NaN.
