@@ -171,8 +171,9 @@ class TestUpdateStepPrecision:
     spec = dataclasses.replace(
       spec_of(config, "bfloat16"), activation_dtype="float32"
     )
-    step = update_lib.make_update_step(spec, optax.adam(1e-3), donate=False)
-    state = update_lib.init_train_state(params, optax.adam(1e-3))
+    opt = optax.adam(1e-3)
+    step = update_lib.make_update_step(spec, opt, donate=False)
+    state = update_lib.init_train_state(params, opt)
     jaxpr = jax.make_jaxpr(step)(state, make_batch(config)).jaxpr
     kinds = collections.Counter(_dot_kinds(jaxpr))
     assert kinds == {("bfloat16", "bfloat16"): 24, ("float32", "float32"): 7}
