@@ -209,24 +209,22 @@ class TestBF16Sidecar:
     # here ("CPU Generator does not use offset"); the sidecar turns it off.
     cfg = base.SamplingConfig(n=8, temperature=1.0, max_new_tokens=6, seed=1)
     many = [p + [198] * (i % 5) for i, p in enumerate(prompts * 6)][:16]
-    batches = [bf16_engine.generate(many, cfg) for _ in range(2)]
-    for batch in batches:
-      assert batch.num_samples == 128
-      assert all(len(r) == 6 for r in batch.response_ids)
-      ids = np.concatenate([np.asarray(r) for r in batch.response_ids])
-      assert ids.min() >= 0 and ids.max() < bf16_engine.vocab_size
-      logp = np.concatenate(batch.behav_logp)
-      assert np.all(np.isfinite(logp)) and np.all(logp <= 0)
-    # Not asserted: the second call equals the first. 16 concurrent requests
-    # are batched as they arrive, and on Intel AMX CPUs the logits depend on
-    # the batch (seen: other tokens on the second call); the noise does not.
-    same = np.mean(
-      [a == b for a, b in zip(batches[0].response_ids, batches[1].response_ids)]
+    batch = bf16_engine.generate(many, cfg)
+    assert batch.num_samples == 128
+    assert all(len(r) == 6 for r in batch.response_ids)
+    ids = np.concatenate([np.asarray(r) for r in batch.response_ids])
+    assert ids.min() >= 0 and ids.max() < bf16_engine.vocab_size
+    logp = np.concatenate(batch.behav_logp)
+    assert np.all(np.isfinite(logp)) and np.all(logp <= 0)
+    # The engine still serves afterwards. One small request, not a second
+    # large one: on an AVX2-only CPU vLLM's bf16 path makes each large call
+    # cost ~170 s of the suite, and whether a second large call samples the
+    # same tokens is not something vLLM guarantees for batched requests
+    # (test_seeded_request_alone_reproduces checks what it does guarantee).
+    after = bf16_engine.generate(
+      prompts[:1], dataclasses.replace(cfg, n=1, max_new_tokens=2)
     )
-    print(
-      f"\nlarge seeded rollout: {same:.0%} of 128 samples identical on "
-      "the second call"
-    )
+    assert after.num_samples == 1 and len(after.response_ids[0]) == 2
 
   def test_seeded_request_alone_reproduces(self, bf16_engine, prompts):
     """What vLLM's per-request seed does guarantee: the same seeded request,
