@@ -589,7 +589,14 @@ def report(machine: dict, by_shape: dict[str, list[dict]]) -> list[str]:
   return lines
 
 
-def plot(by_shape: dict[str, list[dict]], path: str) -> None:
+def plot_title(machine: dict) -> str:
+  """The machine that measured the rows (a GPU's name, else the CPU model):
+  a plot redrawn --from_json keeps the title of the run it comes from."""
+  where = machine["device"] if machine.get("gpu") else machine["cpu_model"]
+  return f"Rollout throughput, {where}"
+
+
+def plot(machine: dict, by_shape: dict[str, list[dict]], path: str) -> None:
   """tokens/s vs batch (prompts x samples), one line per engine x quant."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
@@ -618,7 +625,7 @@ def plot(by_shape: dict[str, list[dict]], path: str) -> None:
     + ", ".join(str(t) for t in lengths)
   )
   ax.set_ylabel("generated tokens / s")
-  ax.set_title(f"Rollout throughput, {cpu_lib.host_cpu().model}")
+  ax.set_title(plot_title(machine))
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
@@ -781,7 +788,7 @@ def main(argv):
       with open(_MARKDOWN.value, "w") as f:
         f.write("\n".join(lines) + "\n")
     if _PLOT.value:
-      plot(data["shapes"], _PLOT.value)
+      plot(data["machine"], data["shapes"], _PLOT.value)
     return
   if _SHAPES.value:
     shapes = [_parse_shape(x) for x in _SHAPES.value]
@@ -849,7 +856,7 @@ def main(argv):
       f.write("\n".join(lines) + "\n")
     print(f"wrote {_MARKDOWN.value}")
   if _PLOT.value:
-    plot(by_shape, _PLOT.value)
+    plot(machine, by_shape, _PLOT.value)
 
 
 if __name__ == "__main__":

@@ -190,10 +190,13 @@ def positions_from_mask(attention_mask: Int[Array, "b t"]) -> Int[Array, "b t"]:
 
 
 # ---------------------------------------------------------------- the block
-def _attention_block(config: ModelConfig, layer: Params, x, cos, sin, k_fn):
+def _attention_block(
+  config: ModelConfig, layer: Params, x, cos, sin, k_fn, causal=False
+):
   """Attention sub-block. `k_fn(k, v) -> (keys, values, mask, extra)` supplies
   what the queries attend to: the fresh keys, or the KV cache with the fresh
-  ones written in (then `extra` carries the updated cache out)."""
+  ones written in (then `extra` carries the updated cache out). `causal`:
+  the mask includes the causal one (`layers.attention`)."""
   b, t, _ = x.shape
   hd = config.head_dim
   h = layers.rms_norm(x, layer["attn_norm"]["scale"], config.rms_norm_eps)
@@ -207,7 +210,9 @@ def _attention_block(config: ModelConfig, layer: Params, x, cos, sin, k_fn):
   q = layers.apply_rope(q, cos, sin)
   k = layers.apply_rope(k, cos, sin)
   keys, values, mask, extra = k_fn(k, v)
-  out = layers.attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask)
+  out = layers.attention(
+    q, keys.astype(q.dtype), values.astype(q.dtype), mask, causal=causal
+  )
   x = x + layers.linear(
     out.reshape(b, t, config.num_heads * hd), layer["o_proj"]
   )
@@ -297,7 +302,7 @@ def final_hidden_states(
 
   def block(x, layer):
     x, _ = _attention_block(
-      config, layer, x, cos, sin, lambda k, v: (k, v, mask, None)
+      config, layer, x, cos, sin, lambda k, v: (k, v, mask, None), causal=True
     )
     return _mlp_block(config, layer, x), None
 

@@ -9,6 +9,7 @@ float32.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Mapping
 
 import chex
@@ -28,6 +29,18 @@ _MASK_VALUE = float(jnp.finfo(jnp.float32).min) / 2
 # `attention`'s output carries this name, so a `jax.checkpoint` policy can
 # keep it while recomputing the scores (decoder.SCAN_SAVES).
 ATTENTION_OUT = "attention_out"
+
+# Which kernel runs full-sequence attention (read when a function is traced):
+#   auto  - cuDNN's fused (flash) attention where it applies (a CUDA GPU,
+#           bf16/fp16 activations, queries and keys of one length, head dim a
+#           multiple of 8 up to 128), else the einsum path;
+#   xla   - always the einsum path below;
+#   cudnn - always cuDNN (an error where it cannot run).
+# On an H200 the einsum path's [B, H, T, T] scores, their transposes and the
+# softmax took ~half of Qwen2.5-0.5B's 16 x 1024 update step
+# (docs/performance.md, "GPU").
+ATTENTION_IMPL_ENV = "RLJAX_ATTENTION"
+ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 
 
 def rms_norm(
@@ -135,11 +148,34 @@ def swiglu_mlp(
   return linear(jax.nn.silu(linear(x, gate)) * linear(x, up), down)
 
 
+def attention_impl() -> str:
+  """The `RLJAX_ATTENTION` setting (default "auto"), checked."""
+  impl = os.environ.get(ATTENTION_IMPL_ENV, "auto").strip().lower() or "auto"
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(
+      f"{ATTENTION_IMPL_ENV}={impl!r}: expected one of {ATTENTION_IMPLS}"
+    )
+  return impl
+
+
+def _fused_attention_applies(q, k) -> bool:
+  """Whether cuDNN's fused attention can run these operands."""
+  return (
+    jax.default_backend() == "gpu"
+    and q.dtype in (jnp.bfloat16, jnp.float16)
+    and q.shape[1] == k.shape[1]
+    and q.shape[-1] % 8 == 0
+    and q.shape[-1] <= 128
+  )
+
+
 def attention(
   q: Float[Array, "b t hq hd"],
   k: Float[Array, "b s hkv hd"],
   v: Float[Array, "b s hkv hd"],
   mask: Bool[Array, "b t s"],
+  *,
+  causal: bool = False,
 ) -> Float[Array, "b t hq hd"]:
   """Grouped-query scaled dot-product attention (Ainslie et al., 2023).
 
@@ -148,6 +184,14 @@ def attention(
   Query head h reads key/value head h // (hq / hkv). Scores accumulate and the
   softmax runs in float32; probabilities are cast to `v.dtype` for the value
   matmul (as HF's eager attention).
+
+  `causal=True` promises that `mask` already holds the causal mask (s == t,
+  key j > query i masked): the fused kernel then skips the blocks above the
+  diagonal. The result does not depend on it. Which kernel runs is
+  `attention_impl()`'s choice; the fused one (Dao et al., 2022, FlashAttention,
+  as cuDNN implements it) never materialises the [B, H, T, S] scores and
+  adds the same finite large negative to masked keys, so a query with no
+  valid key still averages uniformly instead of producing NaN.
   """
   chex.assert_rank([q, k, v, mask], [4, 4, 4, 3])
   chex.assert_equal_shape([k, v])
@@ -155,6 +199,17 @@ def attention(
   hkv = k.shape[2]
   if hq % hkv:
     raise ValueError(f"query heads {hq} not a multiple of kv heads {hkv}")
+  impl = attention_impl()
+  if impl == "cudnn" or (impl == "auto" and _fused_attention_applies(q, k)):
+    out = jax.nn.dot_product_attention(
+      q,
+      k,
+      v,
+      mask=mask[:, None, :, :],
+      is_causal=causal,
+      implementation="cudnn",
+    )
+    return checkpoint_name(out, ATTENTION_OUT)
   q = q.reshape(b, t, hkv, hq // hkv, hd)
   scores = jnp.einsum(
     "btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32

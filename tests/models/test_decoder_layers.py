@@ -1,6 +1,8 @@
 """Building blocks: RMSNorm, RoPE (plain, linear, llama3), GQA attention."""
 
 import math
+import os
+from unittest import mock
 
 import chex
 import jax
@@ -153,3 +155,87 @@ class AttentionTest(chex.TestCase):
         jnp.ones((1, 1, 2, 4)),
         jnp.ones((1, 1, 1), bool),
       )
+
+  def test_causal_hint_does_not_change_the_result(self):
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(2), 3)
+    q = jax.random.normal(kq, (2, 5, 4, 8))
+    k = jax.random.normal(kk, (2, 5, 2, 8))
+    v = jax.random.normal(kv, (2, 5, 2, 8))
+    mask = (
+      jnp.tril(jnp.ones((5, 5), bool))[None]
+      & jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], bool)[:, None, :]
+    )
+    np.testing.assert_array_equal(
+      layers.attention(q, k, v, mask, causal=True),
+      layers.attention(q, k, v, mask),
+    )
+
+
+def _padded_causal_operands(dtype, b=2, t=128, hq=14, hkv=2, hd=64):
+  """Random GQA operands at Qwen2.5-0.5B's head layout, the first row left-
+  padded by 37 tokens, and the causal & padding mask the decoder builds."""
+  kq, kk, kv, kg = jax.random.split(jax.random.PRNGKey(3), 4)
+  q = jax.random.normal(kq, (b, t, hq, hd)).astype(dtype)
+  k = jax.random.normal(kk, (b, t, hkv, hd)).astype(dtype)
+  v = jax.random.normal(kv, (b, t, hkv, hd)).astype(dtype)
+  valid = jnp.arange(t)[None, :] >= jnp.array([37] + [0] * (b - 1))[:, None]
+  mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+  cotangent = jax.random.normal(kg, (b, t, hq, hd), jnp.float32)
+  return q, k, v, mask, cotangent, valid
+
+
+class AttentionImplTest(chex.TestCase):
+  def test_bad_setting_names_the_variable(self):
+    with mock.patch.dict(os.environ, {layers.ATTENTION_IMPL_ENV: "flash"}):
+      with pytest.raises(ValueError, match="RLJAX_ATTENTION='flash'"):
+        layers.attention_impl()
+
+  def test_auto_is_the_einsum_path_off_gpu(self):
+    if jax.default_backend() == "gpu":
+      pytest.skip("on a GPU auto picks cuDNN (FusedAttentionTest)")
+    q, k, v, mask, _, _ = _padded_causal_operands(jnp.bfloat16, t=16)
+    outs = {}
+    for impl in ("auto", "xla"):
+      with mock.patch.dict(os.environ, {layers.ATTENTION_IMPL_ENV: impl}):
+        outs[impl] = layers.attention(q, k, v, mask, causal=True)
+    np.testing.assert_array_equal(outs["auto"], outs["xla"])
+
+
+@pytest.mark.skipif(
+  jax.default_backend() != "gpu", reason="cuDNN fused attention needs a GPU"
+)
+class FusedAttentionTest(chex.TestCase):
+  """cuDNN's fused attention against the einsum path (run on the device
+  machine: `pytest tests/models/test_decoder_layers.py -k Fused`)."""
+
+  def _run(self, impl, causal):
+    q, k, v, mask, cot, valid = _padded_causal_operands(jnp.bfloat16)
+
+    def loss(q, k, v):
+      out = layers.attention(q, k, v, mask, causal=causal)
+      # Padded query rows are never read: leave them out of the loss.
+      return jnp.sum(out.astype(jnp.float32) * cot * valid[:, :, None, None])
+
+    with mock.patch.dict(os.environ, {layers.ATTENTION_IMPL_ENV: impl}):
+      out = jax.jit(
+        lambda q, k, v: layers.attention(q, k, v, mask, causal=causal)
+      )(q, k, v)
+      grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    return out, grads, valid
+
+  def test_matches_einsum_path(self):
+    ref_out, ref_grads, valid = self._run("xla", causal=False)
+    for causal in (False, True):
+      out, grads, _ = self._run("cudnn", causal)
+      assert jnp.all(jnp.isfinite(out.astype(jnp.float32)))
+      rows = valid[:, :, None, None]
+      np.testing.assert_allclose(
+        np.where(rows, out.astype(np.float32), 0),
+        np.where(rows, ref_out.astype(np.float32), 0),
+        atol=2e-2,
+      )
+      for g, ref in zip(grads, ref_grads):
+        scale = float(jnp.max(jnp.abs(ref.astype(jnp.float32))))
+        np.testing.assert_allclose(
+          g.astype(np.float32), ref.astype(np.float32), atol=2e-2 * scale
+        )

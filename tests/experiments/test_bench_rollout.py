@@ -1,0 +1,52 @@
+"""experiments/bench_rollout.py --from_json redraws a committed run's table
+and plot, and both name the machine that measured the rows, not the one
+that redraws them."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+GPU_RUN = os.path.join(ROOT, "docs", "performance", "rollout_gpu_h200.json")
+
+
+def test_redraw_names_the_measuring_machine(tmp_path):
+  plot, table = tmp_path / "plot.png", tmp_path / "table.md"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "experiments", "bench_rollout.py"),
+      f"--from_json={GPU_RUN}",
+      f"--plot={plot}",
+      f"--markdown={table}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert plot.stat().st_size > 10_000
+  assert "backend gpu (NVIDIA H200)" in table.read_text()
+
+  # The title itself, in a fresh process: the script defines absl flags,
+  # which another test's in-process import in this worker would collide with.
+  probe = (
+    "import json, sys; sys.path.insert(0, 'experiments'); "
+    "import bench_rollout as b; "
+    f"m = json.load(open({GPU_RUN!r}))['machine']; "
+    "print(b.plot_title(m)); "
+    "print(b.plot_title(dict(m, gpu=False, cpu_model='Some CPU')))"
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", probe],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.splitlines() == [
+    "Rollout throughput, NVIDIA H200",
+    "Rollout throughput, Some CPU",
+  ]
