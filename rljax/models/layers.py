@@ -38,7 +38,7 @@ ATTENTION_OUT = "attention_out"
 #   cudnn - always cuDNN (an error where it cannot run).
 # On an H200 the einsum path's [B, H, T, T] scores, their transposes and the
 # softmax took ~half of Qwen2.5-0.5B's 16 x 1024 update step
-# (docs/performance.md, "GPU").
+# (docs/performance.md, "NVIDIA H200 and an AMX host").
 ATTENTION_IMPL_ENV = "RLJAX_ATTENTION"
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 
@@ -189,9 +189,10 @@ def attention(
   key j > query i masked): the fused kernel then skips the blocks above the
   diagonal. The result does not depend on it. Which kernel runs is
   `attention_impl()`'s choice; the fused one (Dao et al., 2022, FlashAttention,
-  as cuDNN implements it) never materialises the [B, H, T, S] scores and
-  adds the same finite large negative to masked keys, so a query with no
-  valid key still averages uniformly instead of producing NaN.
+  as cuDNN implements it) never materialises the [B, H, T, S] scores; JAX
+  passes it the mask as a bias of a finite large negative, so a query with
+  no valid key (a left-pad position) stays finite there too (checked on an
+  H200 by `FusedAttentionTest`).
   """
   chex.assert_rank([q, k, v, mask], [4, 4, 4, 3])
   chex.assert_equal_shape([k, v])
