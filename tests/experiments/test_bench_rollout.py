@@ -10,20 +10,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 GPU_RUN = os.path.join(ROOT, "docs", "performance", "rollout_gpu_h200.json")
 
 
-def test_redraw_names_the_measuring_machine(tmp_path):
-  plot, table = tmp_path / "plot.png", tmp_path / "table.md"
-  proc = subprocess.run(
-    [
-      sys.executable,
-      os.path.join(ROOT, "experiments", "bench_rollout.py"),
-      f"--from_json={GPU_RUN}",
-      f"--plot={plot}",
-      f"--markdown={table}",
-    ],
+def _python(*args):
+  """Run `python *args` in the repository root; the finished process."""
+  return subprocess.run(
+    [sys.executable, *args],
     capture_output=True,
     text=True,
     timeout=300,
     cwd=ROOT,
+  )
+
+
+def test_redraw_names_the_measuring_machine(tmp_path):
+  plot, table = tmp_path / "plot.png", tmp_path / "table.md"
+  proc = _python(
+    os.path.join(ROOT, "experiments", "bench_rollout.py"),
+    f"--from_json={GPU_RUN}",
+    f"--plot={plot}",
+    f"--markdown={table}",
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert plot.stat().st_size > 10_000
@@ -38,13 +42,7 @@ def test_redraw_names_the_measuring_machine(tmp_path):
     "print(b.plot_title(m)); "
     "print(b.plot_title(dict(m, gpu=False, cpu_model='Some CPU')))"
   )
-  proc = subprocess.run(
-    [sys.executable, "-c", probe],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=ROOT,
-  )
+  proc = _python("-c", probe)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.splitlines() == [
     "Rollout throughput, NVIDIA H200",
