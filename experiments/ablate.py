@@ -55,6 +55,7 @@ import time
 from absl import app, flags
 import numpy as np
 
+from rljax import hostmem
 from rljax import distributed  # --coordinator_address, ... (multi-host)
 from rljax.train import config as config_lib
 from rljax.train import flags as train_flags
@@ -494,4 +495,5 @@ def _cpu_seconds() -> float:
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

@@ -20,6 +20,7 @@ import time
 
 from absl import app, flags
 
+from rljax import hostmem
 from rljax import distributed  # --coordinator_address, ... (multi-host)
 from rljax.train import flags as train_flags
 
@@ -76,4 +77,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

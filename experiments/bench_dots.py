@@ -27,6 +27,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
+from rljax import hostmem
 from rljax import models
 from rljax import quant
 
@@ -166,4 +167,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

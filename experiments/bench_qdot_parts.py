@@ -31,6 +31,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
+from rljax import hostmem
 from rljax import quant
 
 _SHAPES = flags.DEFINE_list(
@@ -107,4 +108,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from rljax import hostmem
 from rljax import models
 from rljax import quant
 
@@ -366,4 +367,5 @@ def _write(path, rows, kl):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

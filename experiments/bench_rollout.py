@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax import hostmem
 from rljax import models
 from rljax import quant as quant_lib
 from rljax.quant import cpu as cpu_lib
@@ -471,6 +472,7 @@ def machine_info() -> dict:
     "backend": jax.default_backend(),
     "device": devices[0].device_kind,
     "gpu": jax.default_backend() == "gpu",
+    "host_huge_pages": hostmem.huge_pages_state(),
   }
 
 
@@ -560,7 +562,8 @@ def report(machine: dict, by_shape: dict[str, list[dict]]) -> list[str]:
     f"Machine: {machine['cpu_model']}, {machine['cores']} cores, "
     f"{flags_}; backend {machine['backend']} ({machine['device']}); "
     f"jax {machine['jax']}, jaxlib {machine['jaxlib']}, vLLM "
-    f"{machine['vllm']}, torch {machine['torch']}.",
+    f"{machine['vllm']}, torch {machine['torch']}; huge pages "
+    f"{machine.get('host_huge_pages', 'not recorded')}.",
     "",
   ]
   if not machine["gpu"]:
@@ -860,4 +863,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

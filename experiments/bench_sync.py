@@ -32,6 +32,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
+from rljax import hostmem
 from rljax import models
 from rljax import quant
 from rljax.quant.cpu import host_cpu
@@ -84,7 +85,8 @@ def main(argv):
   cpu = host_cpu()
   print(
     f"machine: {cpu.summary()} (flags {' '.join(cpu.flags)}); "
-    f"jax {jax.__version__}; devices {jax.devices()}",
+    f"jax {jax.__version__}; devices {jax.devices()}; huge pages "
+    f"{hostmem.huge_pages_state()}",
     flush=True,
   )
   model = models.load_named(_MODEL.value, 0)
@@ -150,6 +152,7 @@ def main(argv):
           "machine": cpu.model,
           "cpu_flags": list(cpu.flags),
           "jax": jax.__version__,
+          "host_huge_pages": hostmem.huge_pages_state(),
           "model": _MODEL.value,
           "quant": _QUANT.value,
           "uaq_scale": _UAQ.value,
@@ -162,4 +165,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

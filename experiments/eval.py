@@ -24,6 +24,7 @@ import time
 
 from absl import app, flags
 
+from rljax import hostmem
 from rljax import evaluation
 from rljax.rollout.base import SamplingConfig
 
@@ -173,4 +174,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

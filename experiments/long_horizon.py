@@ -30,6 +30,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ablate  # noqa: E402  (defines the trainer and study flags)
 
+from rljax import hostmem
 from rljax.train import config as config_lib  # noqa: E402
 
 _DIR = flags.DEFINE_string(
@@ -135,4 +136,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

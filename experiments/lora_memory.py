@@ -20,6 +20,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
+from rljax import hostmem
 from rljax import models
 from rljax.models import lora as lora_lib
 from rljax.train import optim as optim_lib
@@ -93,4 +94,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

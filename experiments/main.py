@@ -12,6 +12,7 @@ under --run_dir.
 
 from absl import app
 
+from rljax import hostmem
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
@@ -48,4 +49,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

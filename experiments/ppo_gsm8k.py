@@ -18,6 +18,7 @@ file is refused unless --allow_train_on_eval. Prompts longer than
 
 from absl import app
 
+from rljax import hostmem
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
@@ -65,4 +66,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax import hostmem
 from rljax import models
 from rljax.core import objectives
 from rljax.train import optim as optim_lib
@@ -343,6 +344,7 @@ def main(argv):
   result = {
     "device": str(jax.devices()[0].device_kind),
     "backend": jax.default_backend(),
+    "host_huge_pages": hostmem.huge_pages_state(),
     "model": _MODEL.value,
     "params": int(n_params),
     "param_dtype": dtype.name,
@@ -374,4 +376,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

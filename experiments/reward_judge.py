@@ -20,6 +20,7 @@ import os
 
 from absl import app, flags
 
+from rljax import hostmem
 from rljax.train import flags as train_flags
 from rljax.train import tasks
 from rljax.train.driver import run_experiment
@@ -120,4 +121,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

@@ -15,6 +15,7 @@ raw value) and plots.png under --run_dir; or plot several runs together:
 
 from absl import app
 
+from rljax import hostmem
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
@@ -47,4 +48,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

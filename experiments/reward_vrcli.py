@@ -20,6 +20,7 @@ import os
 
 from absl import app
 
+from rljax import hostmem
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
@@ -58,4 +59,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

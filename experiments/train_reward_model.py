@@ -30,6 +30,8 @@ import time
 
 from absl import app, flags
 
+from rljax import hostmem
+
 _MODEL = flags.DEFINE_string(
   "model",
   "smollm2-135m-instruct",
@@ -252,4 +254,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  hostmem.relaunch_with_huge_pages()
   app.run(main)

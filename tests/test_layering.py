@@ -14,10 +14,12 @@ _ROOT = os.path.join(
 )
 
 # Lowest first. A folder may import itself and any folder before it.
-# `distributed` (jax.distributed start-up) imports nothing of rljax; `study`
+# `hostmem` (huge pages for the scripts' processes) and `distributed`
+# (jax.distributed start-up) import nothing of rljax; `study`
 # (ablation runs with per-problem held-out records) and `instrument` (the
 # small from-scratch decoder for long-horizon studies) drive the trainer.
 LAYERS = (
+  "hostmem",
   "distributed",
   "core",
   "quant",

@@ -9,6 +9,7 @@ quantized weights that actually changed between two syncs.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -237,10 +238,58 @@ def _codes_moved(prev_codes, qtensor):
 
 @jax.jit
 def _copy(params, qtensors):
-  """θ and the codes (as int8 bits), for the next sync."""
+  """θ and the codes (as int8 bits), for the next sync, in fresh buffers."""
   return jax.tree.map(jnp.copy, params), [
     jnp.copy(_code_bits(q)) for q in qtensors
   ]
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def _copy_into(prev_params, prev_codes, params, qtensors):
+  """θ and the codes written into the buffers of the last copies (donated).
+
+  Fresh output buffers are what made the copy slow on a CPU: θ and the
+  codes (646 MB) took ~0.25 s into new pages, ~0.07 s into the pages of the
+  last copy (SmolLM2-135M, a Zen 3 core pair; docs/performance.md, "The
+  sync's copy in place"). A whole-array `dynamic_update_slice` of a donated
+  operand is what XLA updates in place; `jnp.copy` would not reuse it.
+  """
+  return jax.tree.map(_overwrite, prev_params, params), [
+    _overwrite(c, _code_bits(q)) for c, q in zip(prev_codes, qtensors)
+  ]
+
+
+def _overwrite(dst: jax.Array, src: jax.Array) -> jax.Array:
+  return jax.lax.dynamic_update_slice(dst, src, (0,) * src.ndim)
+
+
+def _same_layout(prev: Any, new: Any) -> bool:
+  """Whether `prev` can take `new`'s values in place: one tree structure,
+  and per leaf one shape, dtype and sharding."""
+  if prev is None or jax.tree.structure(prev) != jax.tree.structure(new):
+    return False
+  return all(
+    x.shape == y.shape and x.dtype == y.dtype and x.sharding == y.sharding
+    for x, y in zip(jax.tree.leaves(prev), jax.tree.leaves(new))
+  )
+
+
+def _require_same_tree(prev: Params, new: Params) -> None:
+  """Eq. 13 compares θ leaf by leaf with the last sync's: one structure,
+  and per leaf one shape."""
+  a, b = dict(_leaf_paths(prev)), dict(_leaf_paths(new))
+  if a.keys() != b.keys():
+    raise ValueError(
+      "SyncDiagnostics: the params' leaves changed since the last sync: "
+      f"{sorted('/'.join(k) for k in a.keys() ^ b.keys())} are in only one "
+      "of the two trees"
+    )
+  for k, x in a.items():
+    if x.shape != b[k].shape:
+      raise ValueError(
+        f"SyncDiagnostics: params leaf {'/'.join(k)} has shape "
+        f"{b[k].shape}; the last sync's had {x.shape}"
+      )
 
 
 class SyncDiagnostics:
@@ -270,7 +319,9 @@ class SyncDiagnostics:
   It keeps a copy of the previous params (the trainer may donate its
   buffers), i.e. one extra set of full-precision weights in memory, and of
   the previous codes (one byte per quantized weight), not of Q(θ)'s other
-  leaves.
+  leaves. From the second sync on the copy is written in place, into the
+  buffers of the one before. The params must keep their leaves and shapes
+  from sync to sync (a ValueError names the leaf that did not).
   """
 
   def __init__(self):
@@ -288,13 +339,26 @@ class SyncDiagnostics:
     err, norm = _quant_error_sums([w for _, w, _ in pairs], qtensors)
     sums = {"err": err, "norm": norm}
     if self._prev_params is not None:
+      _require_same_tree(self._prev_params, params)
       sums["update"] = _update_sums(self._prev_params, params)
       sums["changed"] = [
         _codes_moved(c, q) for c, q in zip(self._prev_codes, qtensors)
       ]
     # Copies, because the trainer donates its buffers; of the codes only,
-    # not of Q(θ)'s other leaves.
-    self._prev_params, self._prev_codes = _copy(params, qtensors)
+    # not of Q(θ)'s other leaves. From the second sync on they are written
+    # into the last sync's copies, whose reads above were dispatched first.
+    codes = [
+      jax.ShapeDtypeStruct(q.value.shape, jnp.int8, sharding=q.value.sharding)
+      for q in qtensors
+    ]
+    if _same_layout(self._prev_params, params) and _same_layout(
+      self._prev_codes, codes
+    ):
+      self._prev_params, self._prev_codes = _copy_into(
+        self._prev_params, self._prev_codes, params, qtensors
+      )
+    else:
+      self._prev_params, self._prev_codes = _copy(params, qtensors)
     sums = jax.device_get(sums)
     quant_err = _ratio(sums["err"], sums["norm"])
     out = {"quant/normalized_quant_error": quant_err}

@@ -30,6 +30,7 @@ def test_bench_sync_tiny(tmp_path):
   assert "| diagnostics |" in proc.stdout
   result = json.loads(out.read_text())
   assert result["quant"] == "int8" and result["machine"]
+  assert result["host_huge_pages"].startswith(("on (", "off ("))
   assert len(result["syncs"]) == 2
   for row in result["syncs"]:
     assert all(row[p] >= 0.0 for p in ("quantize", "diagnostics", "push"))
