@@ -90,11 +90,19 @@ def relaunch_with_huge_pages() -> None:
   (`sys.orig_argv`) and open standard streams, and ends everything else.
   """
   env = huge_pages_env(dict(os.environ), platform.libc_ver(), thp_mode())
-  if env is None:
+  if env is None or not sys.executable:
     return
   sys.stdout.flush()
   sys.stderr.flush()
-  os.execve(sys.executable, list(sys.orig_argv), env)
+  try:
+    os.execve(sys.executable, list(sys.orig_argv), env)
+  except OSError as e:  # the run goes on, on small pages
+    print(
+      f"[rljax] could not re-execute {sys.executable} with {TUNABLE} ({e}); "
+      "running without huge pages",
+      file=sys.stderr,
+      flush=True,
+    )
 
 
 def huge_pages_state() -> str:

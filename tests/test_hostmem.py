@@ -121,3 +121,16 @@ def test_state_names_the_mode(monkeypatch):
   assert hostmem.huge_pages_state().startswith("off")
   monkeypatch.setattr(hostmem, "thp_mode", lambda: "never")
   assert hostmem.huge_pages_state() == "off (THP never)"
+
+
+def test_a_failed_exec_leaves_the_process_running(monkeypatch, capsys):
+  def refuse(*args):
+    raise PermissionError("exec refused")
+
+  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+  monkeypatch.delenv(hostmem.OPT_OUT, raising=False)
+  monkeypatch.setattr(hostmem, "thp_mode", lambda: "madvise")
+  monkeypatch.setattr(hostmem.platform, "libc_ver", lambda: GLIBC)
+  monkeypatch.setattr(hostmem.os, "execve", refuse)
+  hostmem.relaunch_with_huge_pages()  # returns instead of raising
+  assert "running without huge pages" in capsys.readouterr().err
