@@ -3,13 +3,14 @@
 XLA's CPU backend gives every program fresh output and temporary buffers
 from malloc. glibc serves a large one with its own mmap, and the first write
 to each of its 4 KiB pages faults into the kernel: on a Zen 3 core pair a
-113 MB copy into fresh pages took 68 ms, into pages already mapped 18 ms.
+113 MB copy into fresh pages took 68 ms, onto fresh huge pages 18.5 ms.
 Where transparent huge pages are set to `madvise` (the common default), the
 glibc tunable `glibc.malloc.hugetlb=1` (glibc >= 2.35) has malloc ask for
-2 MiB pages, and the faults drop 512-fold. Measured one after the other on
-that machine: the trainer's INT8 weight sync 0.57 -> 0.46 s, the update step
-(SmolLM2-135M, 16 x 256) 78.9 -> 89.2 tokens/s (docs/performance.md,
-"Huge pages for XLA's buffers").
+2 MiB pages, and the faults drop 512-fold. Measured alternately on that
+machine: the trainer's INT8 weight sync 0.47 -> 0.37 s, the update step
+(SmolLM2-135M, 16 x 256) 78.9 / 81.9 -> 89.2 / 87.4 tokens/s
+(docs/performance.md, "The sync's copy in place, and huge pages for XLA's
+buffers").
 
 glibc reads its tunables once, when the process starts, so the scripts
 re-execute themselves with it set (`relaunch_with_huge_pages`), before they
