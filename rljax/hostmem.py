@@ -106,6 +106,22 @@ def relaunch_with_huge_pages() -> None:
     )
 
 
+def started_tunables(path: str = "/proc/self/environ") -> str:
+  """GLIBC_TUNABLES as this process started with it, which is what glibc
+  read (a later change to os.environ does not count); os.environ's value
+  where /proc is not there."""
+  try:
+    with open(path, "rb") as f:
+      entries = f.read().split(b"\0")
+  except OSError:
+    return os.environ.get("GLIBC_TUNABLES", "")
+  prefix = b"GLIBC_TUNABLES="
+  for entry in entries:
+    if entry.startswith(prefix):
+      return entry[len(prefix) :].decode(errors="replace")
+  return ""
+
+
 def huge_pages_state() -> str:
   """How this process's large buffers are paged, for benchmark records:
   "on (...)" or "off (...)", with the reason."""
@@ -114,6 +130,6 @@ def huge_pages_state() -> str:
     return "on (THP always)"
   if mode != "madvise":
     return f"off (THP {mode or 'unavailable'})"
-  if "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""):
+  if TUNABLE in started_tunables():
     return f"on (THP madvise, {TUNABLE})"
   return "off (THP madvise, tunable not set)"

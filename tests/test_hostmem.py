@@ -114,10 +114,10 @@ def test_relaunched_process_puts_xla_buffers_on_huge_pages(tmp_path, opt_out):
 
 
 def test_state_names_the_mode(monkeypatch):
-  monkeypatch.setenv("GLIBC_TUNABLES", hostmem.TUNABLE)
+  monkeypatch.setattr(hostmem, "started_tunables", lambda: hostmem.TUNABLE)
   monkeypatch.setattr(hostmem, "thp_mode", lambda: "madvise")
   assert hostmem.huge_pages_state().startswith("on (THP madvise")
-  monkeypatch.delenv("GLIBC_TUNABLES")
+  monkeypatch.setattr(hostmem, "started_tunables", lambda: "")
   assert hostmem.huge_pages_state().startswith("off")
   monkeypatch.setattr(hostmem, "thp_mode", lambda: "never")
   assert hostmem.huge_pages_state() == "off (THP never)"
@@ -134,3 +134,13 @@ def test_a_failed_exec_leaves_the_process_running(monkeypatch, capsys):
   monkeypatch.setattr(hostmem.os, "execve", refuse)
   hostmem.relaunch_with_huge_pages()  # returns instead of raising
   assert "running without huge pages" in capsys.readouterr().err
+
+
+def test_started_tunables_reads_the_environment_the_process_began_with(
+  tmp_path,
+):
+  environ = tmp_path / "environ"
+  environ.write_bytes(b"A=1\0GLIBC_TUNABLES=glibc.malloc.hugetlb=1\0B=2\0")
+  assert hostmem.started_tunables(str(environ)) == "glibc.malloc.hugetlb=1"
+  environ.write_bytes(b"A=1\0")
+  assert hostmem.started_tunables(str(environ)) == ""
