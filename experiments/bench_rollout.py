@@ -52,6 +52,7 @@ import numpy as np
 from rljax import hostmem
 from rljax import models
 from rljax import quant as quant_lib
+from rljax import tracing
 from rljax.quant import cpu as cpu_lib
 from rljax.rollout import base
 from rljax.rollout.jax_sampler import JaxSampler
@@ -126,6 +127,23 @@ _VLLM_SYNCS = flags.DEFINE_integer(
   "tensors that did not change).",
 )
 _OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
+_QUANT_FLOAT_LEAVES = flags.DEFINE_enum(
+  "quant_float_leaves",
+  "auto",
+  ["auto", "float32", "bfloat16"],
+  "JAX engine, quantized formats: the dtype of the leaves that stay float "
+  "(embedding, norms, head), which the activations and the KV cache take; "
+  "auto = quant.quantized_float_dtype (bfloat16 on an accelerator, float32 "
+  "on a CPU). The row's float_leaves says which ran.",
+)
+_TRACE_DIR = flags.DEFINE_string(
+  "trace_dir",
+  None,
+  "JAX engine only: after the timed rollout, run it once more under "
+  "jax.profiler and put its longest ops and (on an accelerator) the share "
+  "of the rollout's window that some kernel ran into the row "
+  "(rljax.tracing); the trace stays in <trace_dir>/<quant>_<shape>.",
+)
 _FROM_JSON = flags.DEFINE_string(
   "from_json",
   None,
@@ -248,26 +266,66 @@ def policy_mismatch(
   return exact, k1_sum / count
 
 
+def _traced(sampler, prompts, sampling, quant: str, args) -> dict:
+  """One more rollout under the profiler (not the timed one: tracing
+  slows the host's launches); `rljax.tracing.summarize` of it."""
+  if not args.get("trace_dir"):
+    return {}
+  shape = f"{len(prompts)}x{sampling.n}x{sampling.max_new_tokens}"
+  where = os.path.join(args["trace_dir"], f"{quant}_{shape}")
+  t0 = time.perf_counter()
+  with jax.profiler.trace(where, create_perfetto_trace=True):
+    sampler.generate(prompts, sampling)
+  summary = tracing.summarize(where)
+  summary["traced_wall_ms"] = (time.perf_counter() - t0) * 1e3
+  for dev, b in summary.get("device_busy", {}).items():
+    print(
+      f"  trace {quant} {shape} {dev}: busy {b['busy_ms']:.1f} of "
+      f"{b['window_ms']:.1f} ms ({100 * b['busy_frac']:.0f} %), "
+      f"{b['kernels']} kernels"
+    )
+  for name, ms, n in summary.get("top_ops", [])[:8]:
+    print(f"  trace {quant} {shape} {ms:9.2f} ms {n:6d}x  {name[:90]}")
+  return summary
+
+
 def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   backend = jax.default_backend()
   mode = {"f32": "none", "int8h": "int8"}.get(quant, quant)
+  # A fixed float-leaf dtype: the sampler runs weights prepared here, as the
+  # trainer's does (quant="none"), so the label keeps its format.
+  leaves = args.get("quant_float_leaves", "auto")
+  prepared = leaves != "auto" and quant_lib.is_quantized(mode)
   sampler = JaxSampler(
     model.config,
-    quant=mode,
+    quant="none" if prepared else mode,
     fake_quant=(quant == "fp8" and backend != "gpu"),
     max_prompt_len=max(len(p) for p in prompts),
     max_batch=args["max_batch"],
     pad_id=0,
     head_quant="int8" if quant == "int8h" else "none",
   )
-  sampler.update_weights(model.params)  # the first sync also traces ops
-  sync = sampler.update_weights(model.params)
+
+  def weights():
+    if not prepared:
+      return model.params
+    return quant_lib.prepare_rollout_weights(
+      model.config,
+      model.params,
+      mode,
+      fake=(quant == "fp8" and backend != "gpu"),
+      float_dtype=None if leaves == "float32" else leaves,
+    )
+
+  sampler.update_weights(weights())  # the first sync also traces ops
+  sync = sampler.update_weights(weights())
   compile_s = sampler.warmup(prompts, sampling)
   load = os.getloadavg()[0]
   cpu0 = time.process_time()
   batch = sampler.generate(prompts, sampling)
   cpu_s = time.process_time() - cpu0
   load = max(load, os.getloadavg()[0])
+  trace = _traced(sampler, prompts, sampling, quant, args)
   kl, k1 = policy_mismatch(
     sampler.rollout_config,
     sampler.params,
@@ -282,11 +340,13 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   row = _row("jax", quant, batch, sync, kl, k1, sampling)
   row.update(
     compile_s=compile_s,
+    float_leaves=str(models.compute_dtype(sampler.params)),
     fake_quant=sampler.fake_quant,
     backend=backend,
     load=load,
     cpu_s=cpu_s,
     tokens_per_cpu_s=row["tokens"] / max(cpu_s, 1e-9),
+    **({"trace": trace} if trace else {}),
     sync_phases={
       "quantize_s": float(sync.seconds),
       "transfer_s": 0.0,
@@ -825,6 +885,8 @@ def main(argv):
     "vllm_kv_gib": _VLLM_KV_GIB.value,
     "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value,
     "vllm_syncs": _VLLM_SYNCS.value,
+    "trace_dir": _TRACE_DIR.value,
+    "quant_float_leaves": _QUANT_FLOAT_LEAVES.value,
   }
   print(f"model={_MODEL.value}")
   by_shape = {}

@@ -22,9 +22,6 @@ TensorBoard's profile plugin or ui.perfetto.dev). `--out=FILE.json` writes
 
 from __future__ import annotations
 
-import collections
-import glob
-import gzip
 import json
 import os
 import resource
@@ -37,6 +34,7 @@ import numpy as np
 
 from rljax import hostmem
 from rljax import models
+from rljax import tracing
 from rljax.core import objectives
 from rljax.train import optim as optim_lib
 from rljax.train import placement
@@ -216,27 +214,9 @@ def main_aot():
 
 def top_ops(trace_dir: str, n: int = 12) -> list[list]:
   """The `n` XLA ops that took longest in the newest perfetto trace under
-  `trace_dir`, as [name, total ms, calls] (ops inside a layer scan are
-  summed over its iterations). Reads the JSON trace that
-  `jax.profiler.trace(create_perfetto_trace=True)` writes, so no profiler
-  plugin is needed to see what bounds the step."""
-  paths = glob.glob(
-    os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True
-  )
-  if not paths:
-    return []
-  with gzip.open(max(paths, key=os.path.getmtime)) as f:
-    trace = json.load(f)
-  events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  total, calls = collections.Counter(), collections.Counter()
-  for e in events:
-    name = e.get("name", "")
-    # Complete events of XLA ops; "$..." are Python frames and Thunk* the
-    # executor's own spans, which enclose the ops.
-    if e.get("ph") == "X" and not name.startswith(("$", "Thunk")):
-      total[name] += e.get("dur", 0)
-      calls[name] += 1
-  return [[k, v / 1e3, calls[k]] for k, v in total.most_common(n)]
+  `trace_dir`, as [name, total ms, calls] (`rljax.tracing.summarize`:
+  kernels on an accelerator, host ops on a CPU)."""
+  return tracing.summarize(trace_dir, n).get("top_ops", [])
 
 
 def _print(result: dict) -> None:

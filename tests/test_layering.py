@@ -14,12 +14,14 @@ _ROOT = os.path.join(
 )
 
 # Lowest first. A folder may import itself and any folder before it.
-# `hostmem` (huge pages for the scripts' processes) and `distributed`
-# (jax.distributed start-up) import nothing of rljax; `study`
+# `hostmem` (huge pages for the scripts' processes), `tracing` (what a
+# profiler trace says) and `distributed` (jax.distributed start-up) import
+# nothing of rljax; `study`
 # (ablation runs with per-problem held-out records) and `instrument` (the
 # small from-scratch decoder for long-horizon studies) drive the trainer.
 LAYERS = (
   "hostmem",
+  "tracing",
   "distributed",
   "core",
   "quant",

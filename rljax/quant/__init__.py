@@ -33,5 +33,6 @@ from rljax.quant.quantizers import quantize_int8
 from rljax.quant.rollout import ROLLOUT_MODES
 from rljax.quant.rollout import is_quantized
 from rljax.quant.rollout import prepare_rollout_weights
+from rljax.quant.rollout import quantized_float_dtype
 from rljax.quant.uaq import fold_uaq
 from rljax.quant.uaq import unfold_uaq

@@ -582,8 +582,9 @@ class JaxSampler:
       max_batch: most sequences (prompts x samples) decoded in one program;
         larger rollouts run in chunks of whole prompt groups.
       pad_id: token id used for padding (never attended to).
-      cache_dtype: KV cache dtype; default float32, or bfloat16 for "bf16"
-        off the CPU (see `activation_dtype`).
+      cache_dtype: KV cache dtype; default the activations' (bfloat16 where
+        they are bf16: "bf16", or a quantized mode, off the CPU; see
+        `activation_dtype`), else float32.
       show_progress: tqdm bar over chunks.
       head_quant: "none" keeps the LM head as given (the tied embedding in
         f32 for SmolLM2); "int8" samples through a W8A8 copy of it
@@ -823,8 +824,10 @@ class JaxSampler:
     activations: each matmul is then a bf16 x bf16 -> f32 dot (`qdot`), ~2x
     the f32 dot with AVX512-BF16 or AMX, while bf16 elementwise work and
     attention are slower than f32 there (no bf16 arithmetic outside the dot
-    units; docs/performance.md). On an accelerator they run in bf16
-    throughout (the tensor-core path).
+    units; docs/performance.md). On an accelerator they run in the
+    embedding's dtype: bf16 throughout for "bf16" and for the quantized
+    modes, whose float leaves are bf16 there (`quant.quantized_float_dtype`),
+    around the int8/fp8 dots.
     """
     if jax.default_backend() != "cpu":
       return None
@@ -835,9 +838,18 @@ class JaxSampler:
     return jnp.dtype(jnp.float32) if bf16 else None
 
   def _default_cache_dtype(self):
+    # The cache holds keys and values as the activations compute them, so
+    # it takes their dtype: bf16 activations (a bf16 or, on an accelerator,
+    # a quantized tree; `quant.quantized_float_dtype`) in a float32 cache
+    # would double its reads at every decode step for no precision.
     if self._cache_dtype is not None:
       return jnp.dtype(self._cache_dtype)
-    if self._quant == "bf16" and self.activation_dtype is None:
+    act = self.activation_dtype
+    if act is None and self._params is not None:
+      act = models.compute_dtype(self._params)
+    elif act is None:
+      act = jnp.bfloat16 if self._quant == "bf16" else jnp.float32
+    if jnp.dtype(act) == jnp.bfloat16:
       return jnp.dtype(jnp.bfloat16)
     return jnp.dtype(jnp.float32)
 

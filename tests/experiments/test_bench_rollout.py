@@ -2,6 +2,7 @@
 and plot, and both name the machine that measured the rows, not the one
 that redraws them."""
 
+import json
 import os
 import subprocess
 import sys
@@ -48,3 +49,29 @@ def test_redraw_names_the_measuring_machine(tmp_path):
     "Rollout throughput, NVIDIA H200",
     "Rollout throughput, Some CPU",
   ]
+
+
+def test_trace_and_float_leaves_land_in_the_row(tmp_path):
+  # One tiny INT8 rollout of a random SmolLM2: --quant_float_leaves runs the
+  # given layout (the accelerator's bf16 leaves, here on a CPU) and
+  # --trace_dir puts the traced rollout's longest ops into the row.
+  out = tmp_path / "rows.json"
+  proc = _python(
+    os.path.join(ROOT, "experiments", "bench_rollout.py"),
+    "--model=smollm2-135m",
+    "--random_init",
+    "--engines=jax",
+    "--jax_quants=int8",
+    "--shapes=1x1x2",
+    "--kl_rows=0",
+    "--quant_float_leaves=bfloat16",
+    f"--trace_dir={tmp_path / 'trace'}",
+    f"--out={out}",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (row,) = json.loads(out.read_text())["shapes"]["1x1x2"]
+  assert row["quant"] == "int8"
+  assert row["float_leaves"] == "bfloat16"
+  assert row["trace"]["top_ops"], row["trace"]
+  assert row["trace"]["device_busy"] == {}  # a CPU: no accelerator stream
+  assert list((tmp_path / "trace").glob("int8_1x1x2/**/*.trace.json.gz"))

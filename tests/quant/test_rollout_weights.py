@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rljax import models
 from rljax import quant
 
 import quant_testing
@@ -38,6 +39,72 @@ class TestPrepareRolloutWeights:
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
       assert a is not b  # fresh buffers: the update step donates θ's
 
+  @pytest.mark.parametrize("mode", ["int8", "int8_wo", "fp8"])
+  def test_float_leaves_in_bf16_keep_the_codes(self, tiny, mode):
+    config, params = tiny
+    got = quant.prepare_rollout_weights(
+      config, params, mode, float_dtype=jnp.bfloat16
+    )
+    want = quant.quantize_params(config, params, mode=mode)
+    is_q = lambda x: isinstance(x, quant.QTensor)  # noqa: E731
+    got_l = jax.tree.leaves(got, is_leaf=is_q)
+    want_l = jax.tree.leaves(want, is_leaf=is_q)
+    assert len(got_l) == len(want_l)
+    n_float = 0
+    for a, b in zip(got_l, want_l):
+      if is_q(b):
+        np.testing.assert_array_equal(np.asarray(a.value), np.asarray(b.value))
+        np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))
+        assert a.scale.dtype == jnp.float32
+      else:
+        n_float += 1
+        assert a.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(
+          np.asarray(a), np.asarray(b.astype(jnp.bfloat16))
+        )
+    assert n_float >= 3  # the embedding and the norms at least
+
+  def test_bf16_float_leaves_run_bf16_activations_close_to_f32(self, tiny):
+    # The accelerator's layout (bf16 activations around the int8 dots), run
+    # here through the same forward: the logits move by bf16 rounding only.
+    config, params = tiny
+    tokens = jnp.asarray(
+      np.random.RandomState(0).randint(1, config.vocab_size, (2, 9))
+    )
+    q32 = quant.prepare_rollout_weights(config, params, "int8")
+    q16 = quant.prepare_rollout_weights(
+      config, params, "int8", float_dtype="bfloat16"
+    )
+    assert models.compute_dtype(q16) == jnp.bfloat16
+    l32 = np.asarray(models.forward(config, q32, tokens))
+    l16 = np.asarray(models.forward(config, q16, tokens))
+    assert l16.dtype == np.float32  # the head's logits stay float32
+    scale = np.max(np.abs(l32))
+    assert np.max(np.abs(l16 - l32)) < 0.05 * scale
+    assert np.max(np.abs(l16 - l32)) > 0  # bf16 really ran
+
+  def test_default_float_leaves_follow_the_backend(self, tiny, monkeypatch):
+    config, params = tiny
+    cpu = quant.prepare_rollout_weights(config, params, "int8")
+    assert cpu["embed"]["embedding"].dtype == jnp.float32
+    # A faked GPU backend (only jax.default_backend; the conversion itself
+    # runs on this CPU): the default becomes bf16 float leaves.
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    gpu = quant.prepare_rollout_weights(config, params, "int8")
+    assert gpu["embed"]["embedding"].dtype == jnp.bfloat16
+    assert quant.prepare_rollout_weights(config, params, "none")["embed"][
+      "embedding"
+    ].dtype == (jnp.float32)
+
+  def test_bad_float_dtype_is_named(self, tiny):
+    config, params = tiny
+    with pytest.raises(ValueError, match=r"float_dtype=.*mode='bf16'"):
+      quant.prepare_rollout_weights(
+        config, params, "bf16", float_dtype="float16"
+      )
+    with pytest.raises(ValueError, match=r"float_dtype=int8.*floating"):
+      quant.prepare_rollout_weights(config, params, "int8", float_dtype="int8")
+
   def test_unknown_mode_names_the_vocabulary(self, tiny):
     config, params = tiny
     with pytest.raises(ValueError, match=r"mode='int4'.*'int8_wo'"):
@@ -55,3 +122,15 @@ class TestPrepareRolloutWeights:
     assert [m for m in quant.ROLLOUT_MODES if quant.is_quantized(m)] == list(
       quant.MODES
     )
+
+
+class TestQuantizedFloatDtype:
+  @pytest.mark.parametrize("mode", ["int8", "int8_wo", "fp8"])
+  def test_bf16_on_an_accelerator_kept_on_a_cpu(self, mode):
+    assert quant.quantized_float_dtype(mode, "gpu") == jnp.bfloat16
+    assert quant.quantized_float_dtype(mode, "tpu") == jnp.bfloat16
+    assert quant.quantized_float_dtype(mode, "cpu") is None
+
+  @pytest.mark.parametrize("mode", ["none", "f32", "bf16"])
+  def test_float_modes_have_no_float_leaf_rule(self, mode):
+    assert quant.quantized_float_dtype(mode, "gpu") is None

@@ -580,6 +580,34 @@ class TestJaxSamplerWeights:
     mask = packed["response_mask"] > 0
     np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask], atol=2e-3)
 
+  def test_quantized_on_an_accelerator_keeps_bf16_around_the_dots(
+    self, tiny, monkeypatch
+  ):
+    # A faked GPU backend (only jax.default_backend; the weights are made on
+    # this CPU and nothing is decoded): an INT8 sampler's float leaves, its
+    # activations and its KV cache are bf16 there, as the bf16 sampler's
+    # are, not float32 around the int8 dots (H100: 0.76x -> 1.01x bf16,
+    # docs/performance.md).
+    config, params = tiny
+    assert JaxSampler(
+      config, params, quant="int8", max_prompt_len=32
+    )._default_cache_dtype() == (jnp.float32)  # this CPU: float32
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    int8 = JaxSampler(config, params, quant="int8", max_prompt_len=32)
+    assert int8.activation_dtype is None  # the embedding's
+    assert models.compute_dtype(int8.params) == jnp.bfloat16
+    assert int8._default_cache_dtype() == jnp.bfloat16
+    # The trainer's way: a "none" sampler given the prepared tree.
+    given = JaxSampler(config, int8.params, max_prompt_len=32)
+    assert given._default_cache_dtype() == jnp.bfloat16
+    # Full precision stays float32; an explicit cache dtype wins.
+    f32 = JaxSampler(config, params, max_prompt_len=32)
+    assert f32._default_cache_dtype() == jnp.float32
+    pinned = JaxSampler(
+      config, params, quant="int8", max_prompt_len=32, cache_dtype=jnp.float32
+    )
+    assert pinned._default_cache_dtype() == jnp.float32
+
   def test_is_a_rollout_engine(self, sampler):
     assert isinstance(sampler, base.RolloutEngine)
 
