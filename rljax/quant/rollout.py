@@ -36,7 +36,7 @@ def quantized_float_dtype(mode: str, backend: str | None = None):
   sampler's activation dtype, so float32 leaves there would run the residual
   stream, attention, the KV cache and the [D, V] head in float32 around the
   int8/fp8 dots, and the quantized rollout would move more bytes than the
-  bf16 one (H100, 2026-11-26: INT8 0.76x bf16 at 64x8x256, its head a tf32
+  bf16 one (H100, 2026-11-26: INT8 0.77x bf16 at 64x8x256, its head a tf32
   GEMM; docs/performance.md). On a CPU float32 leaves are faster (no bf16
   arithmetic outside the dot units), so they stay.
 
