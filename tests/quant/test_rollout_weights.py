@@ -92,9 +92,8 @@ class TestPrepareRolloutWeights:
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     gpu = quant.prepare_rollout_weights(config, params, "int8")
     assert gpu["embed"]["embedding"].dtype == jnp.bfloat16
-    assert quant.prepare_rollout_weights(config, params, "none")["embed"][
-      "embedding"
-    ].dtype == (jnp.float32)
+    none = quant.prepare_rollout_weights(config, params, "none")
+    assert none["embed"]["embedding"].dtype == jnp.float32
 
   def test_bad_float_dtype_is_named(self, tiny):
     config, params = tiny

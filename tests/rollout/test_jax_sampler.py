@@ -589,9 +589,8 @@ class TestJaxSamplerWeights:
     # are, not float32 around the int8 dots (H100: 0.76x -> 1.01x bf16,
     # docs/performance.md).
     config, params = tiny
-    assert JaxSampler(
-      config, params, quant="int8", max_prompt_len=32
-    )._default_cache_dtype() == (jnp.float32)  # this CPU: float32
+    on_cpu = JaxSampler(config, params, quant="int8", max_prompt_len=32)
+    assert on_cpu._default_cache_dtype() == jnp.float32  # this CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     int8 = JaxSampler(config, params, quant="int8", max_prompt_len=32)
     assert int8.activation_dtype is None  # the embedding's
