@@ -292,6 +292,8 @@ def _traced(sampler, prompts, sampling, quant: str, args) -> dict:
 def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   backend = jax.default_backend()
   mode = {"f32": "none", "int8h": "int8"}.get(quant, quant)
+  # FP8 off a GPU is emulated (no native f8 dot there).
+  fake = quant == "fp8" and backend != "gpu"
   # A fixed float-leaf dtype: the sampler runs weights prepared here, as the
   # trainer's does (quant="none"), so the label keeps its format.
   leaves = args.get("quant_float_leaves", "auto")
@@ -299,7 +301,7 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   sampler = JaxSampler(
     model.config,
     quant="none" if prepared else mode,
-    fake_quant=(quant == "fp8" and backend != "gpu"),
+    fake_quant=fake,
     max_prompt_len=max(len(p) for p in prompts),
     max_batch=args["max_batch"],
     pad_id=0,
@@ -313,7 +315,7 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
       model.config,
       model.params,
       mode,
-      fake=(quant == "fp8" and backend != "gpu"),
+      fake=fake,
       float_dtype=None if leaves == "float32" else leaves,
     )
 
