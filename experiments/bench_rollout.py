@@ -136,6 +136,14 @@ _QUANT_FLOAT_LEAVES = flags.DEFINE_enum(
   "auto = quant.quantized_float_dtype (bfloat16 on an accelerator, float32 "
   "on a CPU). The row's float_leaves says which ran.",
 )
+_FUSE_PROJECTIONS = flags.DEFINE_bool(
+  "fuse_projections",
+  True,
+  "JAX engine: run q/k/v and gate/up as one matmul each "
+  "(rljax.models.fusion; JaxSampler's default). --nofuse_projections runs "
+  "the five separate matmuls, for an A/B; the row's fused_projections says "
+  "which ran.",
+)
 _TRACE_DIR = flags.DEFINE_string(
   "trace_dir",
   None,
@@ -306,6 +314,7 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
     max_batch=args["max_batch"],
     pad_id=0,
     head_quant="int8" if quant == "int8h" else "none",
+    fuse_projections=args.get("fuse_projections", True),
   )
 
   def weights():
@@ -343,6 +352,7 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
   row.update(
     compile_s=compile_s,
     float_leaves=str(models.compute_dtype(sampler.params)),
+    fused_projections=sampler.fuse_projections,
     fake_quant=sampler.fake_quant,
     backend=backend,
     load=load,
@@ -889,6 +899,7 @@ def main(argv):
     "vllm_syncs": _VLLM_SYNCS.value,
     "trace_dir": _TRACE_DIR.value,
     "quant_float_leaves": _QUANT_FLOAT_LEAVES.value,
+    "fuse_projections": _FUSE_PROJECTIONS.value,
   }
   print(f"model={_MODEL.value}")
   by_shape = {}

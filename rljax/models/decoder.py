@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from rljax.models import layers
+from rljax.models import fusion, layers
 from rljax.models.config import ModelConfig
 from rljax.quant.qtensor import QTensor, bf16_dot, contract_last, qdot
 
@@ -145,6 +145,9 @@ def check_params(config: ModelConfig, params: Params) -> None:
       raise TypeError(
         f"params{path} is a {type(got).__name__}; expected a dict"
       )
+    if path == "['layers']":
+      # The rollout's inference layout (`fusion.fuse_projections`).
+      expected = fusion.fused_layer_shapes(expected, fusion.fused_names(got))
     missing = sorted(set(expected) - set(got))
     if missing:
       raise KeyError(f"params{path} lacks {missing}")
@@ -190,6 +193,29 @@ def positions_from_mask(attention_mask: Int[Array, "b t"]) -> Int[Array, "b t"]:
 
 
 # ---------------------------------------------------------------- the block
+def _qkv(config: ModelConfig, layer: Params, x, cos, sin):
+  """Queries, keys and values of the attention sub-block (after RoPE), from
+  the three projections or their fusion (`fusion.fuse_projections`)."""
+  b, t, _ = x.shape
+  hd, hq, hkv = config.head_dim, config.num_heads, config.num_kv_heads
+  h = layers.rms_norm(x, layer["attn_norm"]["scale"], config.rms_norm_eps)
+  if fusion.QKV in layer:
+    qkv = layers.linear(h, layer[fusion.QKV])
+    q, k, v = jnp.split(qkv, (hq * hd, (hq + hkv) * hd), axis=-1)
+  else:
+    q = layers.linear(h, layer["q_proj"])
+    k = layers.linear(h, layer["k_proj"])
+    v = layers.linear(h, layer["v_proj"])
+  q = q.reshape(b, t, hq, hd)
+  k = k.reshape(b, t, hkv, hd)
+  v = v.reshape(b, t, hkv, hd)
+  if config.qk_norm:
+    # Qwen3: RMSNorm over each head's hd values, before RoPE (HF Qwen3Attention).
+    q = layers.rms_norm(q, layer["q_norm"]["scale"], config.rms_norm_eps)
+    k = layers.rms_norm(k, layer["k_norm"]["scale"], config.rms_norm_eps)
+  return layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin), v
+
+
 def _attention_block(
   config: ModelConfig, layer: Params, x, cos, sin, k_fn, causal=False
 ):
@@ -199,16 +225,7 @@ def _attention_block(
   the mask includes the causal one (`layers.attention`)."""
   b, t, _ = x.shape
   hd = config.head_dim
-  h = layers.rms_norm(x, layer["attn_norm"]["scale"], config.rms_norm_eps)
-  q = layers.linear(h, layer["q_proj"]).reshape(b, t, config.num_heads, hd)
-  k = layers.linear(h, layer["k_proj"]).reshape(b, t, config.num_kv_heads, hd)
-  v = layers.linear(h, layer["v_proj"]).reshape(b, t, config.num_kv_heads, hd)
-  if config.qk_norm:
-    # Qwen3: RMSNorm over each head's hd values, before RoPE (HF Qwen3Attention).
-    q = layers.rms_norm(q, layer["q_norm"]["scale"], config.rms_norm_eps)
-    k = layers.rms_norm(k, layer["k_norm"]["scale"], config.rms_norm_eps)
-  q = layers.apply_rope(q, cos, sin)
-  k = layers.apply_rope(k, cos, sin)
+  q, k, v = _qkv(config, layer, x, cos, sin)
   keys, values, mask, extra = k_fn(k, v)
   out = layers.attention(
     q, keys.astype(q.dtype), values.astype(q.dtype), mask, causal=causal
@@ -221,6 +238,10 @@ def _attention_block(
 
 def _mlp_block(config: ModelConfig, layer: Params, x):
   h = layers.rms_norm(x, layer["mlp_norm"]["scale"], config.rms_norm_eps)
+  if fusion.GATE_UP in layer:
+    return x + layers.fused_swiglu_mlp(
+      h, layer[fusion.GATE_UP], layer["down_proj"]
+    )
   return x + layers.swiglu_mlp(
     h, layer["gate_proj"], layer["up_proj"], layer["down_proj"]
   )
@@ -623,19 +644,7 @@ def decode_with_prefix_cache(
     layer, prefix_k, prefix_v, i = xs
     bb, tt, _ = x.shape
     hd = config.head_dim
-    h = layers.rms_norm(x, layer["attn_norm"]["scale"], config.rms_norm_eps)
-    q = layers.linear(h, layer["q_proj"]).reshape(bb, tt, config.num_heads, hd)
-    k = layers.linear(h, layer["k_proj"]).reshape(
-      bb, tt, config.num_kv_heads, hd
-    )
-    v = layers.linear(h, layer["v_proj"]).reshape(
-      bb, tt, config.num_kv_heads, hd
-    )
-    if config.qk_norm:
-      q = layers.rms_norm(q, layer["q_norm"]["scale"], config.rms_norm_eps)
-      k = layers.rms_norm(k, layer["k_norm"]["scale"], config.rms_norm_eps)
-    q = layers.apply_rope(q, cos, sin)
-    k = layers.apply_rope(k, cos, sin)
+    q, k, v = _qkv(config, layer, x, cos, sin)
     # k [b, 1, Hkv, hd] -> column write_index of K [.., Hkv, hd, S];
     # v -> row write_index of V [.., Hkv, S, hd].
     cache_k = jax.lax.dynamic_update_slice(

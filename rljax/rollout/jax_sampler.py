@@ -40,6 +40,7 @@ from jaxtyping import Array, Float, Int
 
 from rljax import models
 from rljax.models import decoder as decoder_lib
+from rljax.models import fusion as fusion_lib
 from rljax.models import sharding as sharding_lib
 from rljax import quant as quant_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
@@ -264,6 +265,7 @@ class _Plan:
   cache_dtype: Any
   activation_dtype: Any = None  # None: the embedding's dtype
   mesh: Any = None  # a Mesh: the KV caches are constrained to its layout
+  fuse_projections: bool = False  # run `fusion.fuse_projections(params)`
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -297,6 +299,11 @@ def _generate_chunk(
   """
   num_prompts, prompt_len, n = plan.num_prompts, plan.prompt_len, plan.n
   capacity = plan.new_token_capacity
+  if plan.fuse_projections:
+    # Once per chunk, outside the decode loop: a copy of the projection
+    # kernels (~0.2 ms of an H100's bandwidth for Qwen2.5-0.5B) buys two
+    # matmuls per layer and step instead of five.
+    params = fusion_lib.fuse_projections(params)
   rows = num_prompts * n
   sample = functools.partial(
     sample_next_token,
@@ -563,6 +570,7 @@ class JaxSampler:
     show_progress: bool = False,
     head_quant: str = "none",
     mesh: Any = None,
+    fuse_projections: bool = True,
   ):
     """Builds the sampler.
 
@@ -594,6 +602,10 @@ class JaxSampler:
         `models.token_logprobs(sampler.rollout_config, sampler.params)`.
       mesh: a ("data", "fsdp", "tensor") `jax.sharding.Mesh` to run on (see
         the module doc), or None for the default device.
+      fuse_projections: run q/k/v and gate/up as one matmul each
+        (`models.fusion`; outputs unchanged, exactly so under W8A8). Off
+        on a mesh with a "tensor" axis > 1, where the kernels are split by
+        heads and a fused output would not split at the shard boundaries.
     """
     self._quant = _check_quant(quant, "JaxSampler")
     if not isinstance(max_prompt_len, int) or max_prompt_len < 1:
@@ -637,6 +649,8 @@ class JaxSampler:
     self._cache_dtype = cache_dtype
     self.show_progress = show_progress
     self.mesh = mesh
+    tensor_parallel = mesh is not None and mesh.shape.get("tensor", 1) > 1
+    self.fuse_projections = bool(fuse_projections) and not tensor_parallel
     self._params = None
     self._signatures: set[Any] = set()
     self._closed = False
@@ -893,6 +907,7 @@ class JaxSampler:
       cache_dtype=self._default_cache_dtype(),
       activation_dtype=self.activation_dtype,
       mesh=self.mesh,
+      fuse_projections=self.fuse_projections,
     )
     self._signatures.add((plan, _weight_layout(self._params)))
     tokens, mask = self._put_rows(tokens), self._put_rows(mask)

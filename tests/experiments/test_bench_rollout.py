@@ -65,6 +65,7 @@ def test_trace_and_float_leaves_land_in_the_row(tmp_path):
     "--shapes=1x1x2",
     "--kl_rows=0",
     "--quant_float_leaves=bfloat16",
+    "--nofuse_projections",
     f"--trace_dir={tmp_path / 'trace'}",
     f"--out={out}",
   )
@@ -72,6 +73,7 @@ def test_trace_and_float_leaves_land_in_the_row(tmp_path):
   (row,) = json.loads(out.read_text())["shapes"]["1x1x2"]
   assert row["quant"] == "int8"
   assert row["float_leaves"] == "bfloat16"
+  assert row["fused_projections"] is False
   assert row["trace"]["top_ops"], row["trace"]
   assert row["trace"]["device_busy"] == {}  # a CPU: no accelerator stream
   assert list((tmp_path / "trace").glob("int8_1x1x2/**/*.trace.json.gz"))

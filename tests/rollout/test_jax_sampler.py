@@ -313,7 +313,7 @@ class TestJaxSamplerOnMesh:
   @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 fake devices")
   @pytest.mark.parametrize(
     "mesh_shape,quant",
-    [("2,2,2", "none"), ("1,2,4", "int8")],
+    [("2,2,2", "none"), ("1,2,4", "int8"), ("4,2,1", "int8")],
   )
   def test_greedy_equals_one_device(self, tiny, mesh_shape, quant):
     from rljax.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
@@ -331,6 +331,8 @@ class TestJaxSamplerOnMesh:
     for g, w in zip(got.behav_logp, want.behav_logp):
       np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
     _, fsdp, tensor = (int(x) for x in mesh_shape.split(","))
+    # Heads split over "tensor" would not split a fused [q | k | v] output.
+    assert sharded.fuse_projections == (tensor == 1)
     q = sharded.params["layers"]["q_proj"]["kernel"]
     if quant == "int8":  # codes and their per-output-channel scales
       assert isinstance(q, quant_lib.QTensor)
@@ -454,6 +456,26 @@ class TestJaxSamplerStopping:
 
 
 class TestJaxSamplerWeights:
+  @pytest.mark.parametrize("quant", ["none", "int8"])
+  def test_fused_projections_sample_as_the_separate_ones(self, tiny, quant):
+    # models.fusion inside the rollout program: same tokens and log-probs
+    # (W8A8: one activation quantization per group, the same scales), while
+    # `params` keeps the contract layout that token_logprobs reads.
+    config, params = tiny
+    sampling = base.SamplingConfig(n=2, temperature=1.0, max_new_tokens=8)
+    got, want = (
+      JaxSampler(
+        config, params, quant=quant, max_prompt_len=32, fuse_projections=f
+      )
+      for f in (True, False)
+    )
+    assert got.fuse_projections and not want.fuse_projections
+    assert "q_proj" in got.params["layers"]
+    a, b = got.generate(PROMPTS, sampling), want.generate(PROMPTS, sampling)
+    assert a.response_ids == b.response_ids
+    for x, y in zip(a.behav_logp, b.behav_logp):
+      np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+
   def test_int8_runs_and_logp_differ_slightly_from_f32(self, tiny):
     config, params = tiny
     sampler = JaxSampler(config, params, quant="int8", max_prompt_len=32)
