@@ -42,17 +42,6 @@ ATTENTION_OUT = "attention_out"
 ATTENTION_IMPL_ENV = "RLJAX_ATTENTION"
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 
-# How one decode step attends to the rows' own cache slots
-# (`shared_prefix_attention`, read when a function is traced):
-#   dot     - two batched matmuls (default);
-#   reduce  - the same sums as a multiply and a reduction, which XLA fuses
-#             with the slice of the stacked [L, ...] cache that feeds them,
-#             so the layer's keys and values are read in place rather than
-#             first copied out (the longest GPU kernel of a decode step after
-#             the fused projections; docs/performance.md).
-DECODE_ATTENTION_ENV = "RLJAX_DECODE_ATTENTION"
-DECODE_ATTENTION_IMPLS = ("dot", "reduce")
-
 
 def rms_norm(
   x: Float[Array, "... d"], scale: Float[Array, "d"], eps: float
@@ -185,17 +174,6 @@ def attention_impl() -> str:
   return impl
 
 
-def decode_attention_impl() -> str:
-  """The `RLJAX_DECODE_ATTENTION` setting (default "dot"), checked."""
-  impl = os.environ.get(DECODE_ATTENTION_ENV, "dot").strip().lower() or "dot"
-  if impl not in DECODE_ATTENTION_IMPLS:
-    raise ValueError(
-      f"{DECODE_ATTENTION_ENV}={impl!r}: expected one of "
-      f"{DECODE_ATTENTION_IMPLS}"
-    )
-  return impl
-
-
 def _fused_attention_applies(q, k) -> bool:
   """Whether cuDNN's fused attention can run these operands."""
   return (
@@ -281,8 +259,6 @@ def shared_prefix_attention(
   [hd, sp] matmul per (prompt, kv head) rather than n matrix-vector products
   over n copies. The rows' own keys and values come in the layouts the two
   matmuls read (k [b, hkv, hd, s], v [b, hkv, s, hd]; `init_decode_cache`).
-  `decode_attention_impl()` picks whether those two run as matmuls or as
-  multiply-reductions (the same sums; float32 products either way).
   """
   chex.assert_rank(
     [q, k_prefix, v_prefix, prefix_mask, k, v, mask], [4, 4, 4, 2, 4, 4, 3]
@@ -309,31 +285,22 @@ def shared_prefix_attention(
     * scale
   )
   pre = jnp.where(prefix_mask[:, None, None, None, :], pre, _MASK_VALUE)
-  reduce = decode_attention_impl() == "reduce"
-  qo = q.reshape(b, hkv, g, hd)
-  if reduce:
-    own = jnp.sum(
-      qo[..., None].astype(jnp.float32) * k[:, :, None].astype(jnp.float32),
-      axis=3,
+  own = (
+    jnp.einsum(
+      "bkgd,bkds->bkgs",
+      q.reshape(b, hkv, g, hd),
+      k,
+      preferred_element_type=jnp.float32,
     )
-  else:
-    own = jnp.einsum(
-      "bkgd,bkds->bkgs", qo, k, preferred_element_type=jnp.float32
-    )
-  own = own * scale
+    * scale
+  )
   own = jnp.where(mask[:, :, None, :], own, _MASK_VALUE)
   scores = jnp.concatenate([pre.reshape(b, hkv, g, sp), own], axis=-1)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum(
     "pnkgs,pskd->pnkgd", probs[..., :sp].reshape(p, n, hkv, g, sp), v_prefix
   )
-  if reduce:
-    mine = jnp.sum(
-      probs[..., sp:, None].astype(jnp.float32)
-      * v[:, :, None].astype(jnp.float32),
-      axis=3,
-    ).astype(v.dtype)
-  else:
-    mine = jnp.einsum("bkgs,bksd->bkgd", probs[..., sp:], v)
-  out = out.reshape(b, hkv, g, hd) + mine
+  out = out.reshape(b, hkv, g, hd) + jnp.einsum(
+    "bkgs,bksd->bkgd", probs[..., sp:], v
+  )
   return out.reshape(b, t, hq, hd)

@@ -211,15 +211,9 @@ def test_write_past_the_end_is_rejected(params):
     )
 
 
-@pytest.mark.parametrize("impl", ["dot", "reduce"])
-def test_shared_prefix_decode_equals_repeated_cache(params, impl, monkeypatch):
-  """P prompts x n rows: prefix cache + own slots == the concatenated cache,
-  with the own slots attended by matmuls or by multiply-reductions
-  (`layers.decode_attention_impl`)."""
+def test_shared_prefix_decode_equals_repeated_cache(params):
+  """P prompts x n rows: prefix cache + own slots == the concatenated cache."""
   from rljax.models import decoder  # pylint: disable=g-import-not-at-top
-  from rljax.models import layers  # pylint: disable=g-import-not-at-top
-
-  monkeypatch.setenv(layers.DECODE_ATTENTION_ENV, impl)
 
   tokens, mask = _left_padded_batch()  # P = 2 prompts of 12 columns
   p, lp = tokens.shape
@@ -239,10 +233,7 @@ def test_shared_prefix_decode_equals_repeated_cache(params, impl, monkeypatch):
   kv_mask = jnp.zeros((p * n, own), jnp.int32)
   pos = jnp.repeat(positions[:, -1:] + 1, n, axis=0)
   rng = np.random.default_rng(1)
-  # A fresh function per impl: the setting is read when jit traces.
-  shared = jax.jit(
-    lambda *a: decoder.decode_with_prefix_cache(*a), static_argnums=0
-  )
+  shared = jax.jit(decoder.decode_with_prefix_cache, static_argnums=0)
   for i in range(own):
     new = jnp.asarray(rng.integers(3, CONFIG.vocab_size, (p * n, 1)), jnp.int32)
     ref_mask = ref_mask.at[:, lp + i].set(1)
@@ -258,14 +249,6 @@ def test_shared_prefix_decode_equals_repeated_cache(params, impl, monkeypatch):
     np.testing.assert_allclose(
       np.asarray(cache[name]), np.asarray(want[name]), atol=2e-5
     )
-
-
-def test_bad_decode_attention_setting_is_named(monkeypatch):
-  from rljax.models import layers  # pylint: disable=g-import-not-at-top
-
-  monkeypatch.setenv(layers.DECODE_ATTENTION_ENV, "flash")
-  with pytest.raises(ValueError, match="RLJAX_DECODE_ATTENTION='flash'"):
-    layers.decode_attention_impl()
 
 
 def test_decode_cache_layout():
