@@ -138,11 +138,11 @@ _QUANT_FLOAT_LEAVES = flags.DEFINE_enum(
 )
 _FUSE_PROJECTIONS = flags.DEFINE_bool(
   "fuse_projections",
-  True,
+  None,
   "JAX engine: run q/k/v and gate/up as one matmul each "
-  "(rljax.models.fusion; JaxSampler's default). --nofuse_projections runs "
-  "the five separate matmuls, for an A/B; the row's fused_projections says "
-  "which ran.",
+  "(rljax.models.fusion); unset: JaxSampler's default (on an accelerator, "
+  "not on a CPU). --fuse_projections / --nofuse_projections force it, for "
+  "an A/B; the row's fused_projections says which ran.",
 )
 _TRACE_DIR = flags.DEFINE_string(
   "trace_dir",
@@ -314,7 +314,7 @@ def bench_jax(model, quant: str, prompts, sampling, args) -> dict:
     max_batch=args["max_batch"],
     pad_id=0,
     head_quant="int8" if quant == "int8h" else "none",
-    fuse_projections=args.get("fuse_projections", True),
+    fuse_projections=args.get("fuse_projections"),
   )
 
   def weights():
