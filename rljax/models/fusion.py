@@ -10,8 +10,9 @@ their kernels along the output axis,
 
 turns five matmuls into two. Under W8A8 (`qtensor.qdot`) it also quantizes
 the activations once per group instead of once per projection; the
-per-token scale is a function of h alone, so the int32 products, and hence
-the outputs, equal the separate projections' exactly.
+per-token scale is a function of h alone, so each column sees the same
+codes and scales as before: INT8's int32 products are exact, and FP8 and
+float outputs differ at most by the GEMM's float32 accumulation order.
 
 The fused layout is an inference layout: the rollout builds it inside its
 jitted program from the contract tree (docs/CONTRACTS.md), which stays the
