@@ -145,16 +145,20 @@ def check_params(config: ModelConfig, params: Params) -> None:
       raise TypeError(
         f"params{path} is a {type(got).__name__}; expected a dict"
       )
-    if path == "['layers']":
-      # The rollout's inference layout (`fusion.fuse_projections`).
-      expected = fusion.fused_layer_shapes(expected, fusion.fused_names(got))
     missing = sorted(set(expected) - set(got))
     if missing:
       raise KeyError(f"params{path} lacks {missing}")
     for key in expected:
       walk(expected[key], got[key], f"{path}[{key!r}]")
 
-  walk(param_shapes(config), params, "")
+  shapes = param_shapes(config)
+  layers_got = params.get("layers") if isinstance(params, Mapping) else None
+  if isinstance(layers_got, Mapping):
+    # The rollout's inference layout (`fusion.fuse_projections`).
+    shapes["layers"] = fusion.fused_layer_shapes(
+      shapes["layers"], fusion.fused_names(layers_got)
+    )
+  walk(shapes, params, "")
 
 
 def _check_tokens(tokens, name="tokens"):
