@@ -64,3 +64,109 @@ def test_full_range_codes_saturate_exactly_where_predicted():
   else:
     assert err < 1e-2, (info, err)
   assert np.isfinite(err)
+
+
+def _shared_weights():
+  """The worker extension's shared_weights module (runs inside vLLM; it
+  lives outside the rljax package, in third_party/vllm_ext)."""
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
+
+  sys.path.insert(0, vllm_sidecar.EXTENSION_DIR)
+  try:
+    # pylint: disable-next=g-import-not-at-top
+    from rljax_vllm_ext import shared_weights
+  finally:
+    sys.path.remove(vllm_sidecar.EXTENSION_DIR)
+  return shared_weights
+
+
+def _int8_layer(codes, scale, bias):
+  """vLLM's CPU INT8 kernel on a bare module holding the parameters a
+  compressed-tensors W8A8 linear holds (dynamic symmetric activations,
+  per-channel weights), processed as at engine start-up. The module is a
+  plain container, not vLLM's LinearBase (that needs a running engine's
+  config); the kernel and its weight processing are vLLM's own."""
+  import types  # pylint: disable=g-import-not-at-top
+
+  import torch  # pylint: disable=g-import-not-at-top
+
+  # pylint: disable-next=g-import-not-at-top
+  from vllm.model_executor.kernels.linear.scaled_mm import cpu as cpu_kernels
+
+  config = cpu_kernels.Int8ScaledMMLinearLayerConfig(
+    is_static_input_scheme=False, is_channelwise=True, input_symmetric=True
+  )
+  kernel = cpu_kernels.CPUInt8ScaledMMLinearKernel(
+    config,
+    ["weight", "weight_scale", "input_scale", "input_zero_point", "azp_adj"],
+  )
+  layer = torch.nn.Module()
+  param = lambda t: torch.nn.Parameter(t.clone(), requires_grad=False)  # noqa: E731
+  layer.weight = param(codes)
+  layer.weight_scale = param(scale)
+  layer.bias = param(bias)
+  layer.input_scale = layer.input_zero_point = layer.azp_adj = None
+  layer.logical_widths = [codes.shape[0]]
+  layer.scheme = types.SimpleNamespace(kernel=kernel)
+  kernel.process_weights_after_loading(layer)
+  return layer, kernel
+
+
+def _codes_scale_bias(seed, n=64, k=96):
+  import torch  # pylint: disable=g-import-not-at-top
+
+  gen = torch.Generator().manual_seed(seed)
+  codes = torch.randint(-127, 128, (n, k), generator=gen).to(torch.int8)
+  scale = torch.rand((n, 1), generator=gen) / 50 + 1e-3
+  bias = torch.randn((n,), generator=gen).to(torch.bfloat16)
+  return codes, scale, bias
+
+
+class TestSharedWeightsInt8Paths:
+  """The fast in-place sync's view of vLLM's two CPU INT8 GEMM paths: oneDNN
+  everywhere, SGL (AMX tiles) on AMX CPUs for tile-shaped weights."""
+
+  def test_path_is_sgl_exactly_on_amx_cpus(self):
+    import torch  # pylint: disable=g-import-not-at-top
+
+    shared_weights = _shared_weights()
+    layer, kernel = _int8_layer(*_codes_scale_bias(0))
+    found, path = shared_weights.cpu_int8_kernel(layer)
+    assert found is kernel
+    amx = torch.cpu._is_amx_tile_supported()  # pylint: disable=protected-access
+    assert path == ("sgl" if amx else "onednn"), (amx, path)
+    onednn = shared_weights.onednn_int8_kernel(layer)
+    assert onednn is (None if amx else kernel)
+
+  def test_sgl_repack_in_place_equals_a_freshly_loaded_layer(self):
+    # The AMX failure of the fast sync (it refused the SGL path and fell back
+    # to vLLM's slower reload): new codes, scales and bias put into the live
+    # layer must compute what a layer loaded from them computes, bit for bit.
+    import torch  # pylint: disable=g-import-not-at-top
+
+    shared_weights = _shared_weights()
+    layer, kernel = _int8_layer(*_codes_scale_bias(0))
+    if shared_weights.cpu_int8_kernel(layer)[1] != "sgl":
+      pytest.skip("vLLM runs this weight on oneDNN here (no AMX)")
+    live = layer.weight
+    assert tuple(live.shape) == shared_weights.sgl_packed_shape(64, 96)
+    codes, scale, bias = _codes_scale_bias(1)
+    x = torch.randn((7, 96), generator=torch.Generator().manual_seed(2))
+    x = x.to(torch.bfloat16)
+    before = kernel.apply_weights(layer, x, layer.bias)
+    layer.weight_scale.data.copy_(scale)
+    layer.bias.data.copy_(bias)
+    shared_weights.repack_sgl_int8(layer, kernel, codes)
+    assert layer.weight is live  # same storage: updated in place
+    fresh, fresh_kernel = _int8_layer(codes, scale, bias)
+    after = kernel.apply_weights(layer, x, layer.bias)
+    want = fresh_kernel.apply_weights(fresh, x, fresh.bias)
+    assert torch.equal(after, want)
+    assert not torch.equal(after, before)
+    # And it is the W8A8 product of the new weights (per-token activation
+    # rounding and the bf16 output aside).
+    exact = x.float() @ (codes.float() * scale).t() + bias.float()
+    err = (after.float() - exact).norm() / exact.norm()
+    assert err < 2e-2, err

@@ -21,6 +21,9 @@ into the layout vLLM keeps after loading:
 * compressed-tensors W8A8 INT8 on the oneDNN path: scales copied into the
   live `weight_scale` (the handler reads them by pointer), `azp_adj`
   recomputed as vLLM does, the handler rebuilt from the new codes;
+* the same on the SGL path (AMX CPUs, where vLLM picks it for codes whose
+  shape fits the AMX tiles): scales copied in place, the codes re-packed
+  with vLLM's `convert_weight_packed` into the live packed weight;
 * embeddings and RMSNorm weights: copied in place; an LM head that shares
   the embedding (tied weights) gets its oneDNN handler rebuilt, which vLLM's
   own reload misses (its head keeps the old packed embedding).
@@ -155,7 +158,7 @@ def open_shared(path: str) -> SharedFile:
 @dataclasses.dataclass
 class Step:
   """How to update one module: kind, module, file tensors per param."""
-  kind: str  # "linear", "int8", "embedding", "norm"
+  kind: str  # "linear", "int8" (oneDNN), "int8_sgl", "embedding", "norm"
   name: str
   module: Any
   tensors: dict[str, list[str]]  # param -> file names (fused parts in order)
@@ -188,21 +191,63 @@ def build_int8_handler(module, kernel, weight, scale, out_dtype) -> None:
       not kernel.config.input_symmetric, 32)
 
 
-def onednn_int8_kernel(module):
-  """The module's CPU INT8 kernel when it runs the oneDNN path, else None."""
+def cpu_int8_kernel(module) -> tuple[Any, str | None]:
+  """(kernel, path) of the module's CPU INT8 W8A8 kernel: path "onednn"
+  (a oneDNN GEMM handler) or "sgl" (AMX CPUs: vLLM's SGL GEMM over weights
+  packed by `convert_weight_packed`, chosen when the codes' shape fits its
+  tiles); (None, None) for any other module or kernel."""
   try:
     # pylint: disable-next=g-import-not-at-top
     from vllm.model_executor.kernels.linear.scaled_mm.cpu import (
         CPUInt8ScaledMMLinearKernel)
   except ImportError:
-    return None
+    return None, None
   kernel = getattr(getattr(module, "scheme", None), "kernel", None)
   if not isinstance(kernel, CPUInt8ScaledMMLinearKernel):
-    return None
-  # pylint: disable-next=protected-access
-  onednn = CPUInt8ScaledMMLinearKernel._apply_weights_onednn
+    return None, None
   method = getattr(getattr(kernel, "linear_method", None), "__func__", None)
-  return kernel if method is onednn else None
+  # pylint: disable=protected-access
+  paths = {CPUInt8ScaledMMLinearKernel._apply_weights_onednn: "onednn",
+           getattr(CPUInt8ScaledMMLinearKernel, "_apply_weights_sgl",
+                   None): "sgl"}
+  # pylint: enable=protected-access
+  path = paths.get(method) if method is not None else None
+  return (kernel, path) if path is not None else (None, None)
+
+
+def onednn_int8_kernel(module):
+  """The module's CPU INT8 kernel when it runs the oneDNN path, else None."""
+  kernel, path = cpu_int8_kernel(module)
+  return kernel if path == "onednn" else None
+
+
+# (rows, cols) -> shape of `convert_weight_packed` of [rows, cols] int8 codes
+# (the codes plus per-row compensation terms); learnt once per shape.
+_SGL_PACKED_SHAPES: dict[tuple[int, int], tuple[int, ...]] = {}
+
+
+def sgl_packed_shape(rows: int, cols: int) -> tuple[int, ...]:
+  """The packed shape vLLM's SGL INT8 GEMM keeps for [rows, cols] codes."""
+  import torch  # pylint: disable=g-import-not-at-top
+  if (rows, cols) not in _SGL_PACKED_SHAPES:
+    zeros = torch.zeros((rows, cols), dtype=torch.int8)
+    packed = torch.ops._C.convert_weight_packed(zeros)
+    _SGL_PACKED_SHAPES[rows, cols] = tuple(packed.shape)
+  return _SGL_PACKED_SHAPES[rows, cols]
+
+
+def repack_sgl_int8(module, kernel, weight) -> None:
+  """Packs the [N, K] int8 codes `weight` as vLLM's `process_weights_for_sgl`
+  does and copies them into the module's live packed weight (same storage,
+  so nothing that holds the parameter sees a stale tensor); refreshes the
+  float32 bias copy that the SGL GEMM adds. The per-channel scales are the
+  live `weight_scale`, which the GEMM reads at every call."""
+  import torch  # pylint: disable=g-import-not-at-top
+  weight_name = kernel.layer_param_names[0]
+  live = getattr(module, weight_name)
+  live.data.copy_(torch.ops._C.convert_weight_packed(weight.contiguous()))
+  if getattr(module, "bias", None) is not None:
+    module.bias_fp32.data.copy_(module.bias.data.float())
 
 
 def check_engine(vllm_config) -> None:
@@ -263,18 +308,21 @@ def plan(model, shared: SharedFile) -> list[Step]:
       tensors[param] = [slots[i] for i in range(parts)]
     method = getattr(module, "quant_method", None)
     if isinstance(module, linear_base):
-      kernel = onednn_int8_kernel(module)
+      kernel, path = cpu_int8_kernel(module)
       if isinstance(method, unquantized_linear):
         kind = "linear"
         _check_linear(module_name, module, tensors, shared, {"weight"})
       elif kernel is not None:
-        kind = "int8"
+        kind = "int8" if path == "onednn" else "int8_sgl"
         _check_int8(module_name, module, kernel, tensors, shared)
+        if path == "sgl":
+          _check_sgl(module_name, module, kernel)
       else:
         raise Unsupported(
             f"module {module_name!r} runs {type(method).__name__} with "
             f"kernel {type(getattr(getattr(module, 'scheme', None), 'kernel', None)).__name__}"
-            "; expected an unquantized linear or a oneDNN W8A8 INT8 one")
+            "; expected an unquantized linear or a CPU W8A8 INT8 one "
+            "(oneDNN or SGL)")
     elif isinstance(module, embedding_cls):
       kind = "embedding"
       if not isinstance(method, unquantized_embed):
@@ -368,6 +416,23 @@ def _check_int8(module_name, module, kernel, tensors, shared):
   _check_shapes(module_name, module, tensors, shared, "weight")
 
 
+def _check_sgl(module_name, module, kernel):
+  import torch  # pylint: disable=g-import-not-at-top
+  rows = sum(module.output_partition_sizes)
+  cols = module.input_size_per_partition
+  live = getattr(module, kernel.layer_param_names[0], None)
+  want = sgl_packed_shape(rows, cols)
+  if live is None or live.dtype != torch.int8 or tuple(live.shape) != want:
+    raise Unsupported(f"{module_name!r}: live SGL INT8 weight "
+                      f"{tuple(getattr(live, 'shape', ()))} "
+                      f"{getattr(live, 'dtype', None)}; expected {want} int8 "
+                      f"(the packed [{rows}, {cols}] codes)")
+  if (getattr(module, "bias", None) is not None
+      and getattr(module, "bias_fp32", None) is None):
+    raise Unsupported(f"{module_name!r} has a bias but no float32 copy "
+                      "(bias_fp32) for the SGL GEMM")
+
+
 def _check_plain(module_name, module, tensors, shared):
   if set(tensors) != {"weight"} or len(tensors["weight"]) != 1:
     raise Unsupported(f"{module_name!r}: the file holds {sorted(tensors)}; "
@@ -421,13 +486,16 @@ def apply(model, shared: SharedFile, steps: list[Step], changed, out_dtype
         scale = getattr(module, scale_name)
         scale.data.copy_(shared.fused(step.tensors["weight_scale"], rows, 1)
                          .reshape(scale.shape))
-        azp_adj = getattr(module, azp_name, None) if azp_name else None
-        if azp_adj is not None:
-          # As vLLM's process_weights_for_onednn: column sums of the [K, N]
-          # codes (exact in float32 for int8 rows) times the scales.
-          adj = weight.sum(dim=1, dtype=torch.float32).unsqueeze(0)
-          azp_adj.data.copy_(adj * scale.squeeze())
-        build_int8_handler(module, kernel, weight, scale, out_dtype)
+        if step.kind == "int8_sgl":
+          repack_sgl_int8(module, kernel, weight)
+        else:
+          azp_adj = getattr(module, azp_name, None) if azp_name else None
+          if azp_adj is not None:
+            # As vLLM's process_weights_for_onednn: column sums of the [K, N]
+            # codes (exact in float32 for int8 rows) times the scales.
+            adj = weight.sum(dim=1, dtype=torch.float32).unsqueeze(0)
+            azp_adj.data.copy_(adj * scale.squeeze())
+          build_int8_handler(module, kernel, weight, scale, out_dtype)
       counts["handlers"] += 1
     if new_embeddings:
       counts["handlers"] += rebuild_lm_heads(model, new_embeddings)
