@@ -151,7 +151,8 @@ class RljaxWorkerExtension:
         are: their state was built from the same bytes.
 
     Returns:
-      {"modules", "handlers", "skipped_modules", "seconds"}, or
+      {"modules", "handlers", "skipped_modules", "seconds"} ("handlers":
+      oneDNN GEMM handlers built plus SGL INT8 weights re-packed), or
       {"unsupported": reason} when this engine or file is not one the fast
       path handles; nothing was changed then.
     """
