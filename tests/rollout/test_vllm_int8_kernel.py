@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rljax.quant import cpu
+import vllm_ext_util
 
 if importlib.util.find_spec("vllm") is None:
   pytest.skip(
@@ -67,19 +68,8 @@ def test_full_range_codes_saturate_exactly_where_predicted():
 
 
 def _shared_weights():
-  """The worker extension's shared_weights module (runs inside vLLM; it
-  lives outside the rljax package, in third_party/vllm_ext)."""
-  import sys  # pylint: disable=g-import-not-at-top
-
-  from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
-
-  sys.path.insert(0, vllm_sidecar.EXTENSION_DIR)
-  try:
-    # pylint: disable-next=g-import-not-at-top
-    from rljax_vllm_ext import shared_weights
-  finally:
-    sys.path.remove(vllm_sidecar.EXTENSION_DIR)
-  return shared_weights
+  """The worker extension's fast-sync module."""
+  return vllm_ext_util.import_extension("rljax_vllm_ext.shared_weights")
 
 
 def _int8_layer(codes, scale, bias):

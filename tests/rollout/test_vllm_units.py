@@ -31,6 +31,7 @@ from rljax.rollout.vllm.process import LaunchedServer
 from rljax.rollout.vllm_sidecar import SidecarError
 from rljax.rollout.vllm_sidecar import VLLMSidecar
 from rljax.rollout.vllm_sidecar import VLLMSidecarConfig
+import vllm_ext_util
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -1182,12 +1183,8 @@ class TestLocalSurface:
 
 
 def _auth_middleware():
-  sys.path.insert(0, vllm_sidecar.EXTENSION_DIR)
-  try:
-    import rljax_vllm_auth  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.remove(vllm_sidecar.EXTENSION_DIR)
-  return rljax_vllm_auth.BearerTokenMiddleware
+  auth = vllm_ext_util.import_extension("rljax_vllm_auth")
+  return auth.BearerTokenMiddleware
 
 
 class TestBearerTokenMiddleware:
