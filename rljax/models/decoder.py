@@ -441,25 +441,59 @@ def init_cache(
 def init_decode_cache(
   config: ModelConfig, batch: int, slots: int, dtype=jnp.float32
 ) -> KVCache:
-  """Zeroed own-slot cache of `decode_with_prefix_cache`:
-  {"k": [L, B, Hkv, hd, S], "v": [L, B, Hkv, S, hd]}.
+  """Zeroed own-slot cache of `decode_with_prefix_cache`: one buffer per
+  layer, {"k": L x [B, Hkv, hd, S], "v": L x [B, Hkv, S, hd]} (tuples).
 
   Laid out as its two attention matmuls read it (q·Kᵀ contracts hd, p·V
   contracts S), so that no step transposes a cache: in the [L, B, S, Hkv, hd]
   layout of `init_cache`, XLA:CPU copied every layer's K and V to these
   layouts at every decode step, half of a step at B = 512, S = 256
-  (docs/performance.md, "Decode attention layout").
+  (docs/performance.md, "Decode attention layout"). One buffer per layer,
+  not one [L, ...] array, so that a step reads each layer's slots where they
+  lie: XLA copied the layer's slice out of a stacked cache before each
+  attention matmul, a third of a decode step at 64x8x256 on an AMX CPU and
+  the longest kernel on an H200 (docs/performance.md, "Per-layer decode
+  caches").
   """
   return to_decode_cache(init_cache(config, batch, slots, dtype))
 
 
 def to_decode_cache(cache: KVCache) -> KVCache:
-  """An `init_cache`-layout cache [L, B, S, Hkv, hd] in the layout of
-  `init_decode_cache`."""
+  """An `init_cache`-layout cache [L, B, S, Hkv, hd] in the per-layer layout
+  of `init_decode_cache`."""
   return {
-    "k": jnp.transpose(cache["k"], (0, 1, 3, 4, 2)),
-    "v": jnp.transpose(cache["v"], (0, 1, 3, 2, 4)),
+    "k": unstack_layers(jnp.transpose(cache["k"], (0, 1, 3, 4, 2))),
+    "v": unstack_layers(jnp.transpose(cache["v"], (0, 1, 3, 2, 4))),
   }
+
+
+def unstack_layers(tree: Any) -> tuple[Any, ...]:
+  """A tree of [L, ...] leaves as a tuple of L trees (layer i's slices).
+
+  For a decode loop: sliced once outside it, each layer's weights and
+  prefix keys are a buffer of their own inside it, which a matmul reads in
+  place; slicing a stacked array inside the loop copies the slice at every
+  step.
+  """
+  leaves = jax.tree.leaves(tree)
+  if not leaves:
+    raise ValueError("unstack_layers: the tree has no leaves")
+  num_layers = leaves[0].shape[0]
+  return tuple(jax.tree.map(lambda x: x[i], tree) for i in range(num_layers))
+
+
+def _layer(tree: Any, i: int) -> Any:
+  """Layer i of a stacked tree ([L, ...] leaves) or of `unstack_layers`'s
+  tuple."""
+  if isinstance(tree, (tuple, list)):
+    return tree[i]
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+def _num_layers(tree: Any) -> int:
+  if isinstance(tree, (tuple, list)):
+    return len(tree)
+  return jax.tree.leaves(tree)[0].shape[0]
 
 
 def forward_with_cache(
@@ -585,14 +619,21 @@ def decode_with_prefix_cache(
   concatenated per-row cache [prefix_cache repeated n times; cache], without
   the n copies of the prompt (`layers.shared_prefix_attention`).
 
+  The layers run unrolled, not scanned: each layer's own-slot cache is a
+  buffer of its own, written in place and read by the attention matmuls
+  where it lies. In a decode loop, pass `params["layers"]` and the prefix
+  cache as `unstack_layers` tuples made outside the loop, so that their
+  per-layer slices are not copied at every step either.
+
   Args:
     config: the architecture.
-    params: the params tree.
+    params: the params tree; params["layers"] stacked or `unstack_layers`'d.
     tokens: int [B, 1] new tokens; positions: their RoPE positions.
-    prefix_cache: {"k", "v"} [L, P, Sp, Hkv, hd] from a prefill.
+    prefix_cache: {"k", "v"} [L, P, Sp, Hkv, hd] from a prefill, or each an
+      `unstack_layers` tuple of L [P, Sp, Hkv, hd].
     prefix_mask: bool/int [P, Sp] valid prompt slots.
-    cache: the generated tokens' S slots, in the layout of
-      `init_decode_cache` (k [L, B, Hkv, hd, S], v [L, B, Hkv, S, hd]).
+    cache: the generated tokens' S slots, per layer, in the layout of
+      `init_decode_cache` (k L x [B, Hkv, hd, S], v L x [B, Hkv, S, hd]).
     write_index: slot of the new token in `cache`; may be traced.
     kv_mask: bool/int [B, S] valid own slots, including the one written.
     activation_dtype: as `final_hidden_states`.
@@ -603,34 +644,48 @@ def decode_with_prefix_cache(
   _check_tokens(tokens)
   _check_same_shape(positions, tokens, "positions")
   b, t = tokens.shape
-  num_layers, p, sp = prefix_cache["k"].shape[:3]
-  s = cache["v"].shape[3]
+  num_layers = config.num_layers
   if t != 1:
     raise ValueError(
       f"decode_with_prefix_cache: tokens has {t} columns; expected 1"
     )
-  if num_layers != config.num_layers or b % p:
+  hd = config.head_dim
+  want = (b, config.num_kv_heads)
+  if (
+    not isinstance(cache["k"], (tuple, list))
+    or not isinstance(cache["v"], (tuple, list))
+    or len(cache["k"]) != num_layers
+    or len(cache["v"]) != num_layers
+  ):
     raise ValueError(
-      f"prefix_cache k has shape {prefix_cache['k'].shape}; "
-      f"expected [L={config.num_layers}, P, Sp, Hkv, hd] with "
-      f"P dividing B={b}"
+      f"cache has k {jax.tree.map(jnp.shape, cache['k'])}; expected "
+      f"{num_layers} per-layer buffers k [B={b}, Hkv={config.num_kv_heads}, "
+      f"hd={hd}, S] and v [B, Hkv, S, hd] (`init_decode_cache`)"
+    )
+  s = cache["v"][0].shape[2]
+  for i, (ck, cv) in enumerate(zip(cache["k"], cache["v"])):
+    if tuple(ck.shape) != (*want, hd, s) or tuple(cv.shape) != (*want, s, hd):
+      raise ValueError(
+        f"cache layer {i} has k {ck.shape}, v {cv.shape}; expected "
+        f"k [B={b}, Hkv={config.num_kv_heads}, hd={hd}, S={s}] and "
+        f"v [B, Hkv, S, hd] (`init_decode_cache`)"
+      )
+  prefix_k0 = _layer(prefix_cache["k"], 0)
+  p, sp = prefix_k0.shape[:2]
+  if (
+    _num_layers(prefix_cache["k"]) != num_layers
+    or _num_layers(params["layers"]) != num_layers
+    or b % p
+  ):
+    raise ValueError(
+      f"prefix_cache k has {_num_layers(prefix_cache['k'])} layers of "
+      f"{prefix_k0.shape}; expected L={num_layers} of [P, Sp, Hkv, hd] "
+      f"with P dividing B={b}, and params with {num_layers} layers"
     )
   if tuple(prefix_mask.shape) != (p, sp):
     raise ValueError(
       f"prefix_mask has shape {tuple(prefix_mask.shape)}; "
       f"expected [P={p}, Sp={sp}]"
-    )
-  want = (config.num_layers, b, config.num_kv_heads)
-  hd = config.head_dim
-  if (
-    cache["v"].shape[:3] != want
-    or cache["v"].shape[4:] != (hd,)
-    or tuple(cache["k"].shape) != (*want, hd, s)
-  ):
-    raise ValueError(
-      f"cache has k {cache['k'].shape}, v {cache['v'].shape}; expected "
-      f"k [L={config.num_layers}, B={b}, Hkv={config.num_kv_heads}, "
-      f"hd={hd}, S] and v [L, B, Hkv, S, hd] (`init_decode_cache`)"
     )
   if tuple(kv_mask.shape) != (b, s):
     raise ValueError(
@@ -643,53 +698,45 @@ def decode_with_prefix_cache(
   cos, sin = layers.rope_cos_sin(config, positions)
   zero = jnp.zeros((), jnp.int32)
 
-  def block(carry, xs):
-    x, cache_k, cache_v = carry
-    layer, prefix_k, prefix_v, i = xs
-    bb, tt, _ = x.shape
-    hd = config.head_dim
+  x = embed_tokens(params, tokens, activation_dtype)
+  out_k, out_v = [], []
+  for i in range(num_layers):
+    layer = _layer(params["layers"], i)
     q, k, v = _qkv(config, layer, x, cos, sin)
-    # k [b, 1, Hkv, hd] -> column write_index of K [.., Hkv, hd, S];
-    # v -> row write_index of V [.., Hkv, S, hd].
+    # k [b, 1, Hkv, hd] -> column write_index of K [b, Hkv, hd, S];
+    # v -> row write_index of V [b, Hkv, S, hd].
     cache_k = jax.lax.dynamic_update_slice(
-      cache_k,
-      jnp.moveaxis(k, 1, -1)[None].astype(cache_k.dtype),
-      (i, zero, zero, zero, write_index),
+      cache["k"][i],
+      jnp.moveaxis(k, 1, -1).astype(cache["k"][i].dtype),
+      (zero, zero, zero, write_index),
     )
     cache_v = jax.lax.dynamic_update_slice(
-      cache_v,
-      jnp.swapaxes(v, 1, 2)[None].astype(cache_v.dtype),
-      (i, zero, zero, write_index, zero),
+      cache["v"][i],
+      jnp.swapaxes(v, 1, 2).astype(cache["v"][i].dtype),
+      (zero, zero, write_index, zero),
     )
+    out_k.append(cache_k)
+    out_v.append(cache_v)
     out = layers.shared_prefix_attention(
       q,
-      prefix_k.astype(q.dtype),
-      prefix_v.astype(q.dtype),
+      _layer(prefix_cache["k"], i).astype(q.dtype),
+      _layer(prefix_cache["v"], i).astype(q.dtype),
       prefix_mask,
-      cache_k[i].astype(q.dtype),
-      cache_v[i].astype(q.dtype),
+      cache_k.astype(q.dtype),
+      cache_v.astype(q.dtype),
       mask,
     )
     x = x + layers.linear(
-      out.reshape(bb, tt, config.num_heads * hd), layer["o_proj"]
+      out.reshape(b, t, config.num_heads * hd), layer["o_proj"]
     )
-    return (_mlp_block(config, layer, x), cache_k, cache_v), None
-
-  x = embed_tokens(params, tokens, activation_dtype)
-  (x, k, v), _ = jax.lax.scan(
-    block,
-    (x, cache["k"], cache["v"]),
-    (
-      params["layers"],
-      prefix_cache["k"],
-      prefix_cache["v"],
-      jnp.arange(config.num_layers, dtype=jnp.int32),
-    ),
-  )
+    x = _mlp_block(config, layer, x)
   hidden = layers.rms_norm(
     x, params["final_norm"]["scale"], config.rms_norm_eps
   )
-  return logits_from_hidden(config, params, hidden), {"k": k, "v": v}
+  return logits_from_hidden(config, params, hidden), {
+    "k": tuple(out_k),
+    "v": tuple(out_v),
+  }
 
 
 # ------------------------------------------------------------ Flax wrapper

@@ -243,13 +243,16 @@ def cache_shardings(mesh: Mesh, cache):
 
 
 def decode_cache_shardings(mesh: Mesh, cache):
-  """`init_decode_cache` layout (k [L, B, Hkv, hd, S], v [L, B, Hkv, S,
-  hd]), sharded as `cache_shardings`."""
+  """`init_decode_cache` layout (per layer, k [B, Hkv, hd, S] and v [B, Hkv,
+  S, hd]), sharded as `cache_shardings`."""
   axes = {
-    "k": ("layers", "batch", "kv_heads", "head_dim", "length"),
-    "v": ("layers", "batch", "kv_heads", "length", "head_dim"),
+    "k": ("batch", "kv_heads", "head_dim", "length"),
+    "v": ("batch", "kv_heads", "length", "head_dim"),
   }
   return {
-    name: NamedSharding(mesh, _fit(mesh_axes(axes[name]), np.shape(x), mesh))
-    for name, x in cache.items()
+    name: tuple(
+      NamedSharding(mesh, _fit(mesh_axes(axes[name]), np.shape(x), mesh))
+      for x in layers
+    )
+    for name, layers in cache.items()
   }

@@ -346,6 +346,13 @@ def _generate_chunk(
     last_only=True,
   )
   last_logits = logits[:, -1]
+  # Per-layer buffers for the decode loop, sliced once here: a slice of a
+  # stacked [L, ...] array inside the loop is copied at every step
+  # (`decoder.unstack_layers`).
+  prefix = {name: decoder_lib.unstack_layers(x) for name, x in prefix.items()}
+  decode_params = {
+    **params, "layers": decoder_lib.unstack_layers(params["layers"])
+  }
 
   # Sample j of prompt i is row i*n + j.
   cache = own_laid_out(
@@ -378,7 +385,7 @@ def _generate_chunk(
     )
     logits, cache = decoder_lib.decode_with_prefix_cache(
       config,
-      params,
+      decode_params,
       prev_tok[:, None],
       pos[:, None],
       prefix,
@@ -426,12 +433,14 @@ def _generate_chunk(
     if i > 0:
       grow = segment_end - segments[i - 1]
       step, cache, prev_tok, pos, done, kv_mask, *outputs = state
-      # The slot axis: last of K [L, B, Hkv, hd, S], 3 of V [L, B, Hkv, S, hd].
-      pad = [(0, 0)] * 5
-      cache = {
-        "k": jnp.pad(cache["k"], pad[:4] + [(0, grow)]),
-        "v": jnp.pad(cache["v"], pad[:3] + [(0, grow), (0, 0)]),
-      }
+      # The slot axis: last of K [B, Hkv, hd, S], 2 of V [B, Hkv, S, hd].
+      pad = [(0, 0)] * 4
+      cache = own_laid_out({
+        "k": tuple(jnp.pad(c, pad[:3] + [(0, grow)]) for c in cache["k"]),
+        "v": tuple(
+          jnp.pad(c, pad[:2] + [(0, grow), (0, 0)]) for c in cache["v"]
+        ),
+      })
       kv_mask = jnp.pad(kv_mask, ((0, 0), (0, grow)))
       state = (step, cache, prev_tok, pos, done, kv_mask, *outputs)
     limit = jnp.minimum(max_new_tokens, segment_end)

@@ -251,13 +251,65 @@ def test_shared_prefix_decode_equals_repeated_cache(params):
     )
 
 
+def test_unstack_layers_slices_every_leaf():
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+
+  tree = {"a": jnp.arange(6.0).reshape(3, 2), "b": {"c": jnp.arange(3)}}
+  out = decoder.unstack_layers(tree)
+  assert isinstance(out, tuple) and len(out) == 3
+  np.testing.assert_array_equal(out[1]["a"], [2.0, 3.0])
+  assert int(out[2]["b"]["c"]) == 2
+  with pytest.raises(ValueError, match="no leaves"):
+    decoder.unstack_layers({})
+
+
+def test_shared_prefix_decode_takes_unstacked_weights_and_prefix(params):
+  """What the sampler's decode loop passes (`unstack_layers` outside the
+  loop) computes the same step as the stacked trees."""
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+
+  tokens, mask = _left_padded_batch()
+  p, lp = tokens.shape
+  n, own = 2, 3
+  positions = models.positions_from_mask(mask)
+  _, prefix = step(
+    CONFIG, params, tokens, positions, models.init_cache(CONFIG, p, lp), 0,
+    mask,
+  )
+  cache = jax.tree.map(
+    lambda c: jax.random.normal(jax.random.key(3), c.shape),
+    models.init_decode_cache(CONFIG, p * n, own),
+  )
+  args = (
+    jnp.full((p * n, 1), 5, jnp.int32),
+    jnp.repeat(positions[:, -1:] + 1, n, axis=0),
+  )
+  tail = (mask, cache, jnp.int32(1), jnp.ones((p * n, own), jnp.int32))
+  shared = jax.jit(decoder.decode_with_prefix_cache, static_argnums=0)
+  want, want_cache = shared(CONFIG, params, *args, prefix, *tail)
+  split_params = {**params, "layers": decoder.unstack_layers(params["layers"])}
+  split_prefix = {k: decoder.unstack_layers(v) for k, v in prefix.items()}
+  got, got_cache = shared(CONFIG, split_params, *args, split_prefix, *tail)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  for name in ("k", "v"):
+    for g, w in zip(got_cache[name], want_cache[name]):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+  # The step wrote slot 1 of every layer and left the others alone.
+  k0 = np.asarray(got_cache["k"][0])
+  np.testing.assert_array_equal(k0[..., 0], np.asarray(cache["k"][0])[..., 0])
+  assert not np.array_equal(k0[..., 1], np.asarray(cache["k"][0])[..., 1])
+
+
 def test_decode_cache_layout():
   from rljax.models import decoder  # pylint: disable=g-import-not-at-top
 
   cache = models.init_decode_cache(CONFIG, batch=3, slots=5)
   l, hkv, hd = CONFIG.num_layers, CONFIG.num_kv_heads, CONFIG.head_dim
-  assert cache["k"].shape == (l, 3, hkv, hd, 5)
-  assert cache["v"].shape == (l, 3, hkv, 5, hd)
+  # One buffer per layer (read in place by a decode step).
+  assert isinstance(cache["k"], tuple) and len(cache["k"]) == l
+  assert isinstance(cache["v"], tuple) and len(cache["v"]) == l
+  assert all(c.shape == (3, hkv, hd, 5) for c in cache["k"])
+  assert all(c.shape == (3, hkv, 5, hd) for c in cache["v"])
   full = jax.tree.map(
     lambda c: jax.random.normal(jax.random.key(0), c.shape),
     models.init_cache(CONFIG, 3, 5),
@@ -265,10 +317,10 @@ def test_decode_cache_layout():
   moved = decoder.to_decode_cache(full)
   # Slot s of row b, head h: the same vector in both layouts.
   np.testing.assert_array_equal(
-    moved["k"][1, 2, 0, :, 4], full["k"][1, 2, 4, 0]
+    moved["k"][1][2, 0, :, 4], full["k"][1, 2, 4, 0]
   )
   np.testing.assert_array_equal(
-    moved["v"][1, 2, 0, 4, :], full["v"][1, 2, 4, 0]
+    moved["v"][1][2, 0, 4, :], full["v"][1, 2, 4, 0]
   )
 
 
