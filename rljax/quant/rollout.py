@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rljax.quant import cpu as cpu_lib
 from rljax.quant import params as qparams_lib
 from rljax.quant import qtensor
 
@@ -27,7 +28,9 @@ def is_quantized(mode: str) -> bool:
   return mode in qtensor.MODES
 
 
-def quantized_float_dtype(mode: str, backend: str | None = None):
+def quantized_float_dtype(
+  mode: str, backend: str | None = None, cpu: cpu_lib.CpuInfo | None = None
+):
   """The dtype of a quantized tree's float leaves (embedding, norms, biases,
   an unquantized head), or None to keep θ's.
 
@@ -37,17 +40,30 @@ def quantized_float_dtype(mode: str, backend: str | None = None):
   stream, attention, the KV cache and the [D, V] head in float32 around the
   int8/fp8 dots, and the quantized rollout would move more bytes than the
   bf16 one (H100, 2026-11-26: INT8 0.77x bf16 at 64x8x256, its head a tf32
-  GEMM; docs/performance.md). On a CPU float32 leaves are faster (no bf16
-  arithmetic outside the dot units), so they stay.
+  GEMM; docs/performance.md).
+
+  On a CPU with bf16 dot units (`CpuInfo.fast_bf16_dot`: AMX-BF16 or
+  AVX512-BF16) they are bfloat16 too, and the JAX sampler runs float32
+  activations around them (`JaxSampler.activation_dtype`), as in its "bf16"
+  format: the unquantized [D, V] head, a fifth of SmolLM2-135M's decode
+  FLOPs, then runs as a bf16 x bf16 -> f32 dot instead of an f32 one (AMX,
+  2 cores, 64x8x64: INT8 1,016 -> 1,200 tok/s, the head's dot 92 -> 20 ms
+  per step; docs/performance.md, "Per-layer decode caches"). On a CPU
+  without them float32 leaves stay (bf16 dots are slower than f32 there).
 
   Args:
     mode: one of `ROLLOUT_MODES`.
     backend: "cpu", "gpu", "tpu"; default `jax.default_backend()`.
+    cpu: the CPU whose dot units decide on the "cpu" backend; default
+      `cpu.host_cpu()`.
   """
   if not is_quantized(mode):
     return None
   backend = backend or jax.default_backend()
-  return None if backend == "cpu" else jnp.dtype(jnp.bfloat16)
+  if backend != "cpu":
+    return jnp.dtype(jnp.bfloat16)
+  cpu = cpu or cpu_lib.host_cpu()
+  return jnp.dtype(jnp.bfloat16) if cpu.fast_bf16_dot else None
 
 
 _AUTO = "auto"
@@ -71,7 +87,7 @@ def prepare_rollout_weights(
     fake: quantize-dequantize emulation of the quantized matmuls.
     float_dtype: quantized modes only: the dtype of the leaves that stay
       float (None keeps θ's); default `quantized_float_dtype(mode)`,
-      bfloat16 on an accelerator.
+      bfloat16 on an accelerator and on a CPU with bf16 dot units.
 
   Returns:
     A tree sharing no buffer with `params` (the update step donates θ's).

@@ -7,6 +7,7 @@ import pytest
 
 from rljax import models
 from rljax import quant
+from rljax.quant import cpu as cpu_lib
 
 import quant_testing
 
@@ -20,7 +21,7 @@ class TestPrepareRolloutWeights:
   @pytest.mark.parametrize("mode", ["int8", "int8_wo", "fp8"])
   def test_quantized_modes_are_quantize_params(self, tiny, mode):
     config, params = tiny
-    got = quant.prepare_rollout_weights(config, params, mode)
+    got = quant.prepare_rollout_weights(config, params, mode, float_dtype=None)
     want = quant.quantize_params(config, params, mode=mode)
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -71,7 +72,9 @@ class TestPrepareRolloutWeights:
     tokens = jnp.asarray(
       np.random.RandomState(0).randint(1, config.vocab_size, (2, 9))
     )
-    q32 = quant.prepare_rollout_weights(config, params, "int8")
+    q32 = quant.prepare_rollout_weights(
+      config, params, "int8", float_dtype=None
+    )
     q16 = quant.prepare_rollout_weights(
       config, params, "int8", float_dtype="bfloat16"
     )
@@ -86,7 +89,8 @@ class TestPrepareRolloutWeights:
   def test_default_float_leaves_follow_the_backend(self, tiny, monkeypatch):
     config, params = tiny
     cpu = quant.prepare_rollout_weights(config, params, "int8")
-    assert cpu["embed"]["embedding"].dtype == jnp.float32
+    want = quant.quantized_float_dtype("int8", "cpu") or jnp.float32
+    assert cpu["embed"]["embedding"].dtype == want
     # A faked GPU backend (only jax.default_backend; the conversion itself
     # runs on this CPU): the default becomes bf16 float leaves.
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
@@ -123,12 +127,23 @@ class TestPrepareRolloutWeights:
     )
 
 
+_AMX = cpu_lib.CpuInfo("Xeon", ("amx_bf16", "amx_int8", "avx512_bf16"))
+_EPYC_BF16 = cpu_lib.CpuInfo("EPYC", ("avx512_bf16", "avx512_vnni"))
+_AVX2 = cpu_lib.CpuInfo("EPYC", ("avx2",))
+
+
 class TestQuantizedFloatDtype:
   @pytest.mark.parametrize("mode", ["int8", "int8_wo", "fp8"])
-  def test_bf16_on_an_accelerator_kept_on_a_cpu(self, mode):
+  def test_bf16_on_an_accelerator_and_on_bf16_dot_cpus(self, mode):
     assert quant.quantized_float_dtype(mode, "gpu") == jnp.bfloat16
     assert quant.quantized_float_dtype(mode, "tpu") == jnp.bfloat16
-    assert quant.quantized_float_dtype(mode, "cpu") is None
+    for cpu in (_AMX, _EPYC_BF16):
+      assert quant.quantized_float_dtype(mode, "cpu", cpu) == jnp.bfloat16
+    # No bf16 dot units: XLA's bf16 dot is slower than f32 there.
+    assert quant.quantized_float_dtype(mode, "cpu", _AVX2) is None
+    # The host CPU decides by default.
+    host = quant.quantized_float_dtype(mode, "cpu")
+    assert host == quant.quantized_float_dtype(mode, "cpu", cpu_lib.host_cpu())
 
   @pytest.mark.parametrize("mode", ["none", "f32", "bf16"])
   def test_float_modes_have_no_float_leaf_rule(self, mode):

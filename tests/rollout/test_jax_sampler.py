@@ -527,6 +527,9 @@ class TestJaxSamplerWeights:
       sampler.params,
       jnp.asarray(packed["tokens"]),
       attention_mask=jnp.asarray(packed["attention_mask"]),
+      # float32 around bf16 float leaves on a CPU with bf16 dot units
+      # (`quant.quantized_float_dtype`), as the sampler ran them.
+      activation_dtype=sampler.activation_dtype,
     )
     mask = packed["response_mask"] > 0
     np.testing.assert_allclose(
@@ -622,6 +625,10 @@ class TestJaxSamplerWeights:
     config, params = tiny
     on_cpu = JaxSampler(config, params, quant="int8", max_prompt_len=32)
     assert on_cpu._default_cache_dtype() == jnp.float32  # this CPU
+    # On a CPU the activations stay float32; the float leaves are bf16 where
+    # the CPU has bf16 dot units (`quant.quantized_float_dtype`).
+    bf16_leaves = quant_lib.quantized_float_dtype("int8", "cpu") is not None
+    assert on_cpu.activation_dtype == (jnp.float32 if bf16_leaves else None)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     int8 = JaxSampler(config, params, quant="int8", max_prompt_len=32)
     assert int8.activation_dtype is None  # the embedding's
