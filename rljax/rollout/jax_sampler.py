@@ -847,8 +847,10 @@ class JaxSampler:
   def activation_dtype(self) -> jnp.dtype | None:
     """The rollout's activation dtype; None: the embedding's (the weights').
 
-    bf16 weights on the CPU backend ("bf16", or bf16 params given to a
-    "none" sampler, as the trainer's prepared weights) run with float32
+    bf16 weights on the CPU backend ("bf16", bf16 params given to a "none"
+    sampler, as the trainer's prepared weights, or a quantized tree whose
+    float leaves are bf16 on a CPU with bf16 dot units,
+    `quant.quantized_float_dtype`) run with float32
     activations: each matmul is then a bf16 x bf16 -> f32 dot (`qdot`), ~2x
     the f32 dot with AVX512-BF16 or AMX, while bf16 elementwise work and
     attention are slower than f32 there (no bf16 arithmetic outside the dot
