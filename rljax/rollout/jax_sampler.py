@@ -351,7 +351,8 @@ def _generate_chunk(
   # (`decoder.unstack_layers`).
   prefix = {name: decoder_lib.unstack_layers(x) for name, x in prefix.items()}
   decode_params = {
-    **params, "layers": decoder_lib.unstack_layers(params["layers"])
+    **params,
+    "layers": decoder_lib.unstack_layers(params["layers"]),
   }
 
   # Sample j of prompt i is row i*n + j.
@@ -435,12 +436,14 @@ def _generate_chunk(
       step, cache, prev_tok, pos, done, kv_mask, *outputs = state
       # The slot axis: last of K [B, Hkv, hd, S], 2 of V [B, Hkv, S, hd].
       pad = [(0, 0)] * 4
-      cache = own_laid_out({
-        "k": tuple(jnp.pad(c, pad[:3] + [(0, grow)]) for c in cache["k"]),
-        "v": tuple(
-          jnp.pad(c, pad[:2] + [(0, grow), (0, 0)]) for c in cache["v"]
-        ),
-      })
+      cache = own_laid_out(
+        {
+          "k": tuple(jnp.pad(c, pad[:3] + [(0, grow)]) for c in cache["k"]),
+          "v": tuple(
+            jnp.pad(c, pad[:2] + [(0, grow), (0, 0)]) for c in cache["v"]
+          ),
+        }
+      )
       kv_mask = jnp.pad(kv_mask, ((0, 0), (0, grow)))
       state = (step, cache, prev_tok, pos, done, kv_mask, *outputs)
     limit = jnp.minimum(max_new_tokens, segment_end)

@@ -273,7 +273,12 @@ def test_shared_prefix_decode_takes_unstacked_weights_and_prefix(params):
   n, own = 2, 3
   positions = models.positions_from_mask(mask)
   _, prefix = step(
-    CONFIG, params, tokens, positions, models.init_cache(CONFIG, p, lp), 0,
+    CONFIG,
+    params,
+    tokens,
+    positions,
+    models.init_cache(CONFIG, p, lp),
+    0,
     mask,
   )
   cache = jax.tree.map(
