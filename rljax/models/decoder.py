@@ -477,11 +477,9 @@ def unstack_layers(tree: Any) -> tuple[Any, ...]:
   place; slicing a stacked array inside the loop copies the slice at every
   step.
   """
-  leaves = jax.tree.leaves(tree)
-  if not leaves:
+  if not jax.tree.leaves(tree):
     raise ValueError("unstack_layers: the tree has no leaves")
-  num_layers = leaves[0].shape[0]
-  return tuple(jax.tree.map(lambda x: x[i], tree) for i in range(num_layers))
+  return tuple(_layer(tree, i) for i in range(_num_layers(tree)))
 
 
 def _layer(tree: Any, i: int) -> Any:
