@@ -469,6 +469,23 @@ def to_decode_cache(cache: KVCache) -> KVCache:
   }
 
 
+def to_prefix_cache(cache: KVCache) -> KVCache:
+  """A prefill's cache [L, P, Sp, Hkv, hd] as the prompt cache of
+  `decode_with_prefix_cache`: one buffer per layer, {"k": L x [P, Hkv, Sp,
+  hd], "v": L x [P, Hkv, hd, Sp]} (tuples).
+
+  The layouts the prefix attention's matmuls read
+  (`layers.shared_prefix_attention`), made once before a decode loop: from
+  the prefill layout, XLA transposed every layer's prompt keys and values
+  at every decode step, 2L copies a step (docs/performance.md, "RoPE
+  tables").
+  """
+  return {
+    "k": unstack_layers(jnp.transpose(cache["k"], (0, 1, 3, 2, 4))),
+    "v": unstack_layers(jnp.transpose(cache["v"], (0, 1, 3, 4, 2))),
+  }
+
+
 def unstack_layers(tree: Any) -> tuple[Any, ...]:
   """A tree of [L, ...] leaves as a tuple of L trees (layer i's slices).
 
@@ -608,6 +625,7 @@ def decode_with_prefix_cache(
   kv_mask: Bool[Array, "b s"],
   *,
   activation_dtype=None,
+  rope_table=None,
 ):
   """One decode step of B = P·n rows whose caches start with P shared prompts.
 
@@ -621,22 +639,25 @@ def decode_with_prefix_cache(
 
   The layers run unrolled, not scanned: each layer's own-slot cache is a
   buffer of its own, written in place and read by the attention matmuls
-  where it lies. In a decode loop, pass `params["layers"]` and the prefix
-  cache as `unstack_layers` tuples made outside the loop, so that their
-  per-layer slices are not copied at every step either.
+  where it lies. In a decode loop, make these outside the loop, so that no
+  step copies or recomputes them: `params["layers"]` as `unstack_layers`
+  tuples, the prompt cache as `to_prefix_cache`, and `rope_table`.
 
   Args:
     config: the architecture.
     params: the params tree; params["layers"] stacked or `unstack_layers`'d.
     tokens: int [B, 1] new tokens; positions: their RoPE positions.
-    prefix_cache: {"k", "v"} [L, P, Sp, Hkv, hd] from a prefill, or each an
-      `unstack_layers` tuple of L [P, Sp, Hkv, hd].
+    prefix_cache: {"k", "v"} [L, P, Sp, Hkv, hd] from a prefill, or its
+      `to_prefix_cache` (k L x [P, Hkv, Sp, hd], v L x [P, Hkv, hd, Sp]).
     prefix_mask: bool/int [P, Sp] valid prompt slots.
     cache: the generated tokens' S slots, per layer, in the layout of
       `init_decode_cache` (k L x [B, Hkv, hd, S], v L x [B, Hkv, S, hd]).
     write_index: slot of the new token in `cache`; may be traced.
     kv_mask: bool/int [B, S] valid own slots, including the one written.
     activation_dtype: as `final_hidden_states`.
+    rope_table: optional `layers.rope_table` (cos, sin) [N, hd] covering
+      every position; the step's cos and sin are its rows at `positions`
+      (a position >= N reads NaN). Without it they are computed here.
 
   Returns:
     (logits float32 [B, 1, V], updated cache).
@@ -670,18 +691,34 @@ def decode_with_prefix_cache(
         f"k [B={b}, Hkv={config.num_kv_heads}, hd={hd}, S={s}] and "
         f"v [B, Hkv, S, hd] (`init_decode_cache`)"
       )
-  prefix_k0 = _layer(prefix_cache["k"], 0)
-  p, sp = prefix_k0.shape[:2]
+  if not isinstance(prefix_cache["k"], (tuple, list)):
+    if jnp.ndim(prefix_cache["k"]) != 5 or jnp.ndim(prefix_cache["v"]) != 5:
+      raise ValueError(
+        f"prefix_cache has k {jnp.shape(prefix_cache['k'])}, v "
+        f"{jnp.shape(prefix_cache['v'])}; expected a prefill cache "
+        "[L, P, Sp, Hkv, hd] or its `to_prefix_cache`"
+      )
+    prefix_cache = to_prefix_cache(prefix_cache)
+  p, _, sp, _ = _layer(prefix_cache["k"], 0).shape
   if (
     _num_layers(prefix_cache["k"]) != num_layers
+    or _num_layers(prefix_cache["v"]) != num_layers
     or _num_layers(params["layers"]) != num_layers
     or b % p
   ):
     raise ValueError(
       f"prefix_cache k has {_num_layers(prefix_cache['k'])} layers of "
-      f"{prefix_k0.shape}; expected L={num_layers} of [P, Sp, Hkv, hd] "
-      f"with P dividing B={b}, and params with {num_layers} layers"
+      f"[P={p}, Hkv, Sp={sp}, hd]; expected L={num_layers} with P dividing "
+      f"B={b}, and params with {num_layers} layers"
     )
+  want_pk = (p, config.num_kv_heads, sp, hd)
+  for i, (pk, pv) in enumerate(zip(prefix_cache["k"], prefix_cache["v"])):
+    if tuple(pk.shape) != want_pk or tuple(pv.shape) != (*want_pk[:2], hd, sp):
+      raise ValueError(
+        f"prefix_cache layer {i} has k {pk.shape}, v {pv.shape}; expected "
+        f"k [P={p}, Hkv={config.num_kv_heads}, Sp={sp}, hd={hd}] and v "
+        "[P, Hkv, hd, Sp] (`to_prefix_cache`)"
+      )
   if tuple(prefix_mask.shape) != (p, sp):
     raise ValueError(
       f"prefix_mask has shape {tuple(prefix_mask.shape)}; "
@@ -695,7 +732,15 @@ def decode_with_prefix_cache(
   causal = jnp.arange(s, dtype=jnp.int32) <= write_index
   mask = (causal[None] & kv_mask.astype(jnp.bool_))[:, None, :]
   prefix_mask = prefix_mask.astype(jnp.bool_)
-  cos, sin = layers.rope_cos_sin(config, positions)
+  if rope_table is None:
+    cos, sin = layers.rope_cos_sin(config, positions)
+  else:
+    if any(jnp.ndim(c) != 2 or jnp.shape(c)[1] != hd for c in rope_table):
+      raise ValueError(
+        f"rope_table has shapes {[jnp.shape(c) for c in rope_table]}; "
+        f"expected (cos, sin) [N, hd={hd}] (`layers.rope_table`)"
+      )
+    cos, sin = (jnp.take(c, positions, axis=0) for c in rope_table)
   zero = jnp.zeros((), jnp.int32)
 
   x = embed_tokens(params, tokens, activation_dtype)

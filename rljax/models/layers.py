@@ -103,6 +103,22 @@ def rope_cos_sin(
   return jnp.cos(angles), jnp.sin(angles)
 
 
+def rope_table(
+  config: ModelConfig, length: int
+) -> tuple[Float[Array, "n hd"], Float[Array, "n hd"]]:
+  """`rope_cos_sin` of positions 0 .. length-1: (cos, sin), each [length, hd].
+
+  For a decode loop, made once outside it and indexed by position at each
+  step: XLA fuses a step's cos and sin into each of its 2L rotary consumers
+  and evaluates them there per element, which cost ~8 % of a decode step's
+  op time at batch 512 on an AMX CPU (docs/performance.md, "RoPE tables").
+  """
+  if length <= 0:
+    raise ValueError(f"rope_table: length={length}; expected a positive int")
+  cos, sin = rope_cos_sin(config, jnp.arange(length, dtype=jnp.int32)[None])
+  return cos[0], sin[0]
+
+
 def apply_rope(
   x: Float[Array, "b t h hd"],
   cos: Float[Array, "b t hd"],
@@ -240,8 +256,8 @@ def attention(
 
 def shared_prefix_attention(
   q: Float[Array, "b 1 hq hd"],
-  k_prefix: Float[Array, "p sp hkv hd"],
-  v_prefix: Float[Array, "p sp hkv hd"],
+  k_prefix: Float[Array, "p hkv sp hd"],
+  v_prefix: Float[Array, "p hkv hd sp"],
   prefix_mask: Bool[Array, "p sp"],
   k: Float[Array, "b hkv hd s"],
   v: Float[Array, "b hkv s hd"],
@@ -257,16 +273,18 @@ def shared_prefix_attention(
   equal to `attention` over the row's concatenated cache [prefix; own], but
   each prompt's prefix is read once for its n rows, as one [n·g, hd] x
   [hd, sp] matmul per (prompt, kv head) rather than n matrix-vector products
-  over n copies. The rows' own keys and values come in the layouts the two
-  matmuls read (k [b, hkv, hd, s], v [b, hkv, s, hd]; `init_decode_cache`).
+  over n copies. Keys and values come in the layouts XLA:CPU's matmuls read
+  without a transpose: the prompt's as k_prefix [p, hkv, sp, hd], v_prefix
+  [p, hkv, hd, sp] (`decoder.to_prefix_cache`), the rows' own as k [b, hkv,
+  hd, s], v [b, hkv, s, hd] (`decoder.init_decode_cache`).
   """
   chex.assert_rank(
     [q, k_prefix, v_prefix, prefix_mask, k, v, mask], [4, 4, 4, 2, 4, 4, 3]
   )
-  chex.assert_equal_shape([k_prefix, v_prefix])
+  chex.assert_shape(v_prefix, (*k_prefix.shape[:2], *k_prefix.shape[:1:-1]))
   chex.assert_shape(k, (*v.shape[:2], v.shape[3], v.shape[2]))
   b, t, hq, hd = q.shape
-  p, sp, hkv, _ = k_prefix.shape
+  p, hkv, sp, _ = k_prefix.shape
   if t != 1:
     raise ValueError(f"shared_prefix_attention: q has {t} tokens; expected 1")
   if b % p or hq % hkv:
@@ -280,7 +298,7 @@ def shared_prefix_attention(
   qg = q.reshape(p, n, hkv, g, hd)
   pre = (
     jnp.einsum(
-      "pnkgd,pskd->pnkgs", qg, k_prefix, preferred_element_type=jnp.float32
+      "pnkgd,pksd->pnkgs", qg, k_prefix, preferred_element_type=jnp.float32
     )
     * scale
   )
@@ -298,7 +316,7 @@ def shared_prefix_attention(
   scores = jnp.concatenate([pre.reshape(b, hkv, g, sp), own], axis=-1)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum(
-    "pnkgs,pskd->pnkgd", probs[..., :sp].reshape(p, n, hkv, g, sp), v_prefix
+    "pnkgs,pkds->pnkgd", probs[..., :sp].reshape(p, n, hkv, g, sp), v_prefix
   )
   out = out.reshape(b, hkv, g, hd) + jnp.einsum(
     "bkgs,bksd->bkgd", probs[..., sp:], v

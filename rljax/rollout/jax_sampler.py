@@ -41,6 +41,7 @@ from jaxtyping import Array, Float, Int
 from rljax import models
 from rljax.models import decoder as decoder_lib
 from rljax.models import fusion as fusion_lib
+from rljax.models import layers as layers_lib
 from rljax.models import sharding as sharding_lib
 from rljax import quant as quant_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
@@ -346,10 +347,12 @@ def _generate_chunk(
     last_only=True,
   )
   last_logits = logits[:, -1]
-  # Per-layer buffers for the decode loop, sliced once here: a slice of a
-  # stacked [L, ...] array inside the loop is copied at every step
-  # (`decoder.unstack_layers`).
-  prefix = {name: decoder_lib.unstack_layers(x) for name, x in prefix.items()}
+  # What the decode loop reads but never changes is made once here, in the
+  # form it reads: per-layer weights and prompt keys (a slice of a stacked
+  # [L, ...] array inside the loop is copied at every step), the prompt keys
+  # in their matmuls' layouts, and the RoPE table (`decode_with_prefix_cache`).
+  prefix = decoder_lib.to_prefix_cache(prefix)
+  rope_table = layers_lib.rope_table(config, prompt_len + capacity)
   decode_params = {
     **params,
     "layers": decoder_lib.unstack_layers(params["layers"]),
@@ -395,6 +398,7 @@ def _generate_chunk(
       write_index,
       kv_mask,
       activation_dtype=plan.activation_dtype,
+      rope_table=rope_table,
     )
     tok, logp = sample(logits[:, 0], step_keys(step))
     tok = jnp.where(done, plan.pad_id, tok)

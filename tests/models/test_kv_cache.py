@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rljax import models
+from rljax.models import layers
 
 CONFIG = models.tiny_config(arch="qwen2")  # biases exercise the cache path too
 step = jax.jit(models.forward_with_cache, static_argnums=0)
@@ -263,9 +264,10 @@ def test_unstack_layers_slices_every_leaf():
     decoder.unstack_layers({})
 
 
-def test_shared_prefix_decode_takes_unstacked_weights_and_prefix(params):
-  """What the sampler's decode loop passes (`unstack_layers` outside the
-  loop) computes the same step as the stacked trees."""
+def test_shared_prefix_decode_takes_what_the_loop_makes_outside_it(params):
+  """What the sampler makes outside its decode loop (`unstack_layers`
+  weights, `to_prefix_cache`, `layers.rope_table`) gives the same step as
+  the stacked trees and positions."""
   from rljax.models import decoder  # pylint: disable=g-import-not-at-top
 
   tokens, mask = _left_padded_batch()
@@ -293,16 +295,83 @@ def test_shared_prefix_decode_takes_unstacked_weights_and_prefix(params):
   shared = jax.jit(decoder.decode_with_prefix_cache, static_argnums=0)
   want, want_cache = shared(CONFIG, params, *args, prefix, *tail)
   split_params = {**params, "layers": decoder.unstack_layers(params["layers"])}
-  split_prefix = {k: decoder.unstack_layers(v) for k, v in prefix.items()}
+  split_prefix = decoder.to_prefix_cache(prefix)
   got, got_cache = shared(CONFIG, split_params, *args, split_prefix, *tail)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   for name in ("k", "v"):
     for g, w in zip(got_cache[name], want_cache[name]):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+  # cos/sin looked up in a table (a separate evaluation: equal to rounding).
+  table = layers.rope_table(CONFIG, lp + own)
+  tabled = functools.partial(shared, rope_table=table)
+  got, got_cache = tabled(CONFIG, split_params, *args, split_prefix, *tail)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+  for name in ("k", "v"):
+    for g, w in zip(got_cache[name], want_cache[name]):
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5)
   # The step wrote slot 1 of every layer and left the others alone.
   k0 = np.asarray(got_cache["k"][0])
   np.testing.assert_array_equal(k0[..., 0], np.asarray(cache["k"][0])[..., 0])
   assert not np.array_equal(k0[..., 1], np.asarray(cache["k"][0])[..., 1])
+
+
+def test_prefix_cache_layout():
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+
+  full = jax.tree.map(
+    lambda c: jax.random.normal(jax.random.key(0), c.shape),
+    models.init_cache(CONFIG, 3, 5),
+  )
+  moved = decoder.to_prefix_cache(full)
+  hkv, hd = CONFIG.num_kv_heads, CONFIG.head_dim
+  assert len(moved["k"]) == len(moved["v"]) == CONFIG.num_layers
+  assert all(c.shape == (3, hkv, 5, hd) for c in moved["k"])
+  assert all(c.shape == (3, hkv, hd, 5) for c in moved["v"])
+  # Slot s of prompt p, head h: the same vector in both layouts.
+  np.testing.assert_array_equal(
+    moved["k"][1][2, 0, 4, :], full["k"][1, 2, 4, 0]
+  )
+  np.testing.assert_array_equal(
+    moved["v"][1][2, 0, :, 4], full["v"][1, 2, 4, 0]
+  )
+
+
+def test_rope_table_rows_are_rope_cos_sin_of_their_position():
+  cos, sin = layers.rope_table(CONFIG, 9)
+  assert cos.shape == sin.shape == (9, CONFIG.head_dim)
+  want_cos, want_sin = layers.rope_cos_sin(CONFIG, jnp.array([[0, 4, 8]]))
+  np.testing.assert_allclose(cos[jnp.array([0, 4, 8])], want_cos[0], atol=1e-6)
+  np.testing.assert_allclose(sin[jnp.array([0, 4, 8])], want_sin[0], atol=1e-6)
+  with pytest.raises(ValueError, match="length=0"):
+    layers.rope_table(CONFIG, 0)
+
+
+def test_shared_prefix_decode_rejects_bad_prefix_and_rope_table(params):
+  from rljax.models import decoder  # pylint: disable=g-import-not-at-top
+
+  prefix = models.init_cache(CONFIG, 2, 5)
+  call = functools.partial(
+    decoder.decode_with_prefix_cache,
+    CONFIG,
+    params,
+    jnp.zeros((4, 1), jnp.int32),
+    jnp.zeros((4, 1), jnp.int32),
+  )
+  tail = (
+    jnp.ones((2, 5)),
+    models.init_decode_cache(CONFIG, 4, 3),
+    0,
+    jnp.ones((4, 3)),
+  )
+  # Per-layer slices still in the prefill layout [P, Sp, Hkv, hd].
+  sliced = {k: decoder.unstack_layers(v) for k, v in prefix.items()}
+  with pytest.raises(ValueError, match="to_prefix_cache"):
+    call(sliced, *tail)
+  with pytest.raises(ValueError, match="prefill cache"):
+    call({k: v[0] for k, v in prefix.items()}, *tail)
+  bad_table = layers.rope_table(CONFIG, 8)[0][:, :3]
+  with pytest.raises(ValueError, match="rope_table"):
+    call(prefix, *tail, rope_table=(bad_table, bad_table))
 
 
 def test_decode_cache_layout():
