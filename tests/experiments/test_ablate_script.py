@@ -13,17 +13,34 @@ import time
 
 import pytest
 
+import compile_cache_util
 from rljax.train import config as config_lib
 
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
 SCRIPTS = os.path.join(ROOT, "experiments")
+# Filled by `_compile_cache` for this file's script runs.
+_CACHE_ENV: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_cache(tmp_path_factory):
+  """The scripts this file starts share one compilation cache: every run
+  here trains the same tiny model (`compile_cache_util`)."""
+  _CACHE_ENV.update(compile_cache_util.env(tmp_path_factory.mktemp("jax")))
+  yield
+  _CACHE_ENV.clear()
+
+
+def _script_env():
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **_CACHE_ENV)
+  env.pop("XLA_FLAGS", None)  # one device is enough and compiles faster
+  return env
 
 
 def _run(script, *args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # one device is enough and compiles faster
+  env = _script_env()
   proc = subprocess.run(
     [sys.executable, os.path.join(SCRIPTS, script), *args],
     capture_output=True,
@@ -293,8 +310,7 @@ def test_killed_ablation_resumes_where_it_stopped(tmp_path):
   command again skips a, resumes b from its checkpoint, and tables both."""
   path = _tiny_config(tmp_path, steps=4)
   out = tmp_path / "out"
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = _script_env()
   args = [
     sys.executable,
     os.path.join(SCRIPTS, "ablate.py"),
