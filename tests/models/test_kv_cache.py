@@ -309,6 +309,12 @@ def test_shared_prefix_decode_takes_what_the_loop_makes_outside_it(params):
   for name in ("k", "v"):
     for g, w in zip(got_cache[name], want_cache[name]):
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5)
+  # A table that ends before the rows' positions is read as NaN, not wrapped.
+  short = layers.rope_table(CONFIG, int(args[1].min()))
+  got, _ = shared(
+    CONFIG, split_params, *args, split_prefix, *tail, rope_table=short
+  )
+  assert np.isnan(np.asarray(got)).all()
   # The step wrote slot 1 of every layer and left the others alone.
   k0 = np.asarray(got_cache["k"][0])
   np.testing.assert_array_equal(k0[..., 0], np.asarray(cache["k"][0])[..., 0])
