@@ -26,6 +26,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
+import compile_cache_util
 from rljax.train import checkpoint as ckpt_lib
 from rljax.train import config as config_lib
 from rljax.train import guard
@@ -85,9 +86,7 @@ def env(tmp_path_factory):
   e.update(
     PYTHONPATH=REPO + os.pathsep + e.get("PYTHONPATH", ""),
     RLJAX_TEST_TOKENIZER_DIR=tok_dir,
-    JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+    **compile_cache_util.env(root / "jax_cache"),
   )
   e.pop("RLJAX_TEST_WAIT_FOR", None)
   return e
