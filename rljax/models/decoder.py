@@ -4,10 +4,11 @@ The params tree is the one fixed in docs/CONTRACTS.md: blocks stacked on a
 leading layer axis and run with `jax.lax.scan`, so compile time does not grow
 with depth. The one exception is the sampler's one-token decode step
 (`decode_with_prefix_cache`), which unrolls its layers over per-layer KV
-buffers, so that no step copies a layer's cache out of a stacked one. Pure functions (rather than a Module) are what the rest of rljax
-calls, because quantized `QTensor` leaves and `NamedSharding`s plug into a
-plain dict without module surgery. `Decoder` is a thin `flax.linen` wrapper for
-users who want `init`/`apply`.
+buffers, so that no step copies a layer's cache out of a stacked one. Pure
+functions (rather than a Module) are what the rest of rljax calls, because
+quantized `QTensor` leaves and `NamedSharding`s plug into a plain dict
+without module surgery. `Decoder` is a thin `flax.linen` wrapper for users
+who want `init`/`apply`.
 """
 
 from __future__ import annotations
