@@ -35,7 +35,8 @@ def _compile_cache(tmp_path_factory):
 
 def _script_env():
   env = dict(os.environ, JAX_PLATFORMS="cpu", **_CACHE_ENV)
-  env.pop("XLA_FLAGS", None)  # one device is enough and compiles faster
+  # One device is enough, and compiles fast (compile_cache_util).
+  env["XLA_FLAGS"] = compile_cache_util.FAST_COMPILE_XLA_FLAGS
   return env
 
 

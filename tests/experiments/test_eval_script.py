@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import compile_cache_util
 from rljax.train import loop as loop_lib
 from rljax.train.checkpoint import RunCheckpointer
 from rljax.train.config import apply_preset
@@ -26,7 +27,8 @@ def _run(*args):
     JAX_PLATFORMS="cpu",
     PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
   )
-  env.pop("XLA_FLAGS", None)
+  # One device is enough, and compiles fast (compile_cache_util).
+  env["XLA_FLAGS"] = compile_cache_util.FAST_COMPILE_XLA_FLAGS
   return subprocess.run(
     [sys.executable, os.path.join(ROOT, "experiments", "eval.py"), *args],
     capture_output=True,

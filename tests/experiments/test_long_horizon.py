@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+import compile_cache_util
 from rljax import instrument
 from rljax.data.records import Example
 
@@ -47,7 +48,8 @@ def test_sft_batch_masks_answer_and_eos_only():
 
 def _run(*args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  # One device is enough, and compiles fast (compile_cache_util).
+  env["XLA_FLAGS"] = compile_cache_util.FAST_COMPILE_XLA_FLAGS
   proc = subprocess.run(
     [
       sys.executable,

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import compile_cache_util
 from rljax import data as data_lib
 from rljax import evaluation
 from rljax.train import driver
@@ -46,7 +47,8 @@ def _run(script, *args):
     JAX_PLATFORMS="cpu",
     PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
   )
-  env.pop("XLA_FLAGS", None)
+  # One device is enough, and compiles fast (compile_cache_util).
+  env["XLA_FLAGS"] = compile_cache_util.FAST_COMPILE_XLA_FLAGS
   return subprocess.run(
     [sys.executable, os.path.join(ROOT, "experiments", script), *args],
     capture_output=True,

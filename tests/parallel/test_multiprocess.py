@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+import compile_cache_util
 from parallel import sharded_problem
 
 ROOT = os.path.dirname(
@@ -38,7 +39,12 @@ def _free_port() -> int:
 def test_two_processes_equal_one(tmp_path):
   out = str(tmp_path / "two.npz")
   port = _free_port()
-  env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(
+    os.environ,
+    PYTHONPATH=ROOT,
+    XLA_FLAGS=compile_cache_util.FAST_COMPILE_XLA_FLAGS,
+    JAX_PLATFORMS="cpu",
+  )
   procs = [
     subprocess.Popen(
       [

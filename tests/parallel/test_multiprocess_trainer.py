@@ -19,6 +19,7 @@ import sys
 import jax
 import pytest
 
+import compile_cache_util
 from parallel import trainer_problem
 
 ROOT = os.path.dirname(
@@ -43,7 +44,7 @@ def test_two_process_trainer_equals_one_process(tmp_path):
   env = dict(
     os.environ,
     PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
-    XLA_FLAGS="",
+    XLA_FLAGS=compile_cache_util.FAST_COMPILE_XLA_FLAGS,
     JAX_PLATFORMS="cpu",
   )
   procs = [

@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import pytest
 
+import compile_cache_util
 from rljax.rewards import reward_model as rm
 from rljax.rewards.pool import make_inputs
 from rljax.train import tasks
@@ -40,7 +41,8 @@ TINY_RL = [
 
 def _run(script, *args):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  env.pop("XLA_FLAGS", None)  # one device is enough and compiles faster
+  # One device is enough, and compiles fast (compile_cache_util).
+  env["XLA_FLAGS"] = compile_cache_util.FAST_COMPILE_XLA_FLAGS
   proc = subprocess.run(
     [sys.executable, os.path.join(SCRIPTS, script), *args],
     capture_output=True,
