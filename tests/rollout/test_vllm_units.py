@@ -451,6 +451,41 @@ class TestWeightSync:
     with pytest.raises(ValueError, match=r"^E: the weights are int8 .* bf16"):
       sync.prepare(codes, "E")
 
+  def test_int8_tree_floats_are_made_in_the_checkpoint_dtype(
+    self, tmp_path, monkeypatch
+  ):
+    """An INT8 checkpoint's unquantized tensors are bf16 but its float32
+    scales outnumber them: the tree must still be converted straight to
+    bf16, not to float32 and then cast back (a copy of the embedding per
+    sync)."""
+    import jax  # pylint: disable=g-import-not-at-top
+
+    from rljax import models  # pylint: disable=g-import-not-at-top
+    from rljax import quant  # pylint: disable=g-import-not-at-top
+
+    config = models.tiny_config()
+    params = models.init_params(config, jax.random.PRNGKey(0))
+    ckpt = models.export_compressed_tensors_int8(
+      config, params, str(tmp_path / "ckpt"), dtype="bfloat16"
+    )
+    sync = vllm_sync.WeightSync(ckpt, model_config=config)
+    made = []
+    convert = models.compressed_tensors_state_dict
+
+    def spy(*args, **kwargs):
+      made.append(kwargs["dtype"])
+      return convert(*args, **kwargs)
+
+    monkeypatch.setattr(models, "compressed_tensors_state_dict", spy)
+    out = sync.prepare(
+      quant.prepare_rollout_weights(config, params, "int8"), "E"
+    )
+    assert made == ["bfloat16"]
+    assert out["model.embed_tokens.weight"].dtype == BF16
+    scales = [k for k in out if k.endswith(".weight_scale")]
+    assert scales and all(out[k].dtype == np.float32 for k in scales)
+    assert out[scales[0].replace("_scale", "")].dtype == np.int8
+
   def test_params_of_an_unknown_kind_are_refused(self, tmp_path):
     sync = vllm_sync.WeightSync(_float_checkpoint(tmp_path / "ckpt"))
     with pytest.raises(TypeError, match=r"E weight sync: params is a list"):

@@ -167,10 +167,19 @@ class WeightSync:
     return self._model_config
 
   def _float_dtype_name(self) -> str:
+    """The checkpoint's dtype for the tensors it keeps unquantized.
+
+    Scales are left out: a compressed-tensors checkpoint holds more float32
+    `*.weight_scale` tensors than bf16 embeddings and norms, and taking
+    their dtype made every sync convert the embedding to float32 and back
+    (~0.09 s of a 0.15 s `prepare` for SmolLM2-135M INT8 on 2 cores).
+    """
     floats = [
       s.dtype
-      for s in self.manifest.specs.values()
-      if weight_sync.is_float_dtype(s.dtype) and s.dtype.itemsize > 1
+      for name, s in self.manifest.specs.items()
+      if weight_sync.is_float_dtype(s.dtype)
+      and s.dtype.itemsize > 1
+      and not name.endswith("_scale")
     ]
     names = [np.dtype(d).name for d in floats]
     return max(set(names), key=names.count) if names else "bfloat16"
