@@ -104,7 +104,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 # The files that took longest in CI (summed test time, AMX Xeon, 2 cores,
-# 2026-11-27: 250 s down to 95 s), heaviest first. xdist hands a file to
+# 2026-11-27: 235 s down to 93 s), heaviest first. xdist hands a file to
 # whichever worker is free, in queue order; by default it queues files by
 # their number of tests, which put the engine and trainer files (few tests,
 # minutes each) last, and one worker then ran them alone while the other sat
@@ -115,12 +115,12 @@ _HEAVIEST_FILES = (
   "rollout/test_vllm_sidecar.py",
   "train/test_trainer.py",
   "rewards/test_reward_experiments.py",
+  "train/test_trainer_vllm.py",
   "train/test_update.py",
-  "experiments/test_qurl_scripts.py",
   "experiments/test_ablate_script.py",
   "train/test_faults.py",
-  "train/test_trainer_vllm.py",
   "rollout/test_jax_sampler.py",
+  "experiments/test_qurl_scripts.py",
 )
 
 
