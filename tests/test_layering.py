@@ -19,6 +19,8 @@ _ROOT = os.path.join(
 # nothing of rljax; `study`
 # (ablation runs with per-problem held-out records) and `instrument` (the
 # small from-scratch decoder for long-horizon studies) drive the trainer.
+# `envs` (multi-turn environments and tools) may use data and rewards; the
+# engines will drive them, so they sit below rollout.
 LAYERS = (
   "hostmem",
   "tracing",
@@ -28,6 +30,7 @@ LAYERS = (
   "models",
   "data",
   "rewards",
+  "envs",
   "rollout",
   "train",
   "evaluation",

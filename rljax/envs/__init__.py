@@ -1,0 +1,82 @@
+"""rljax.envs: environments for multi-turn rollouts with tools.
+
+The protocol (``Environment``: reset with a problem, step with a model turn),
+a tool environment (``ToolEnv``, limits in ``ToolEnvConfig``), two tools
+(``CalculatorTool``: exact arithmetic without eval; ``PythonTool``: code in
+a sandboxed process, ``sandbox.py``), two tool-call formats (Qwen's
+``<tool_call>`` JSON and plain tags) and a generated task that needs the
+calculator (``generate_tool_arithmetic``). Engines and the trainer do not
+use them yet: multi-turn generation and training on trajectories are to
+come (issue 48, items 4 and 5).
+"""
+
+from rljax.envs.base import (
+  Environment,
+  StepResult,
+  TokenEnv,
+  TokenStep,
+  summarize,
+)
+from rljax.envs.calculator import CalculatorConfig, CalculatorError, calculate
+from rljax.envs.formats import (
+  FORMATS,
+  ParsedTurn,
+  QwenFormat,
+  TagFormat,
+  ToolCall,
+  ToolCallFormat,
+  make_format,
+  tool_schemas,
+)
+from rljax.envs.sandbox import (
+  SandboxConfig,
+  SandboxResult,
+  run_python,
+  sandbox_mode,
+)
+from rljax.envs.tasks import (
+  ToolArithmeticConfig,
+  generate_tool_arithmetic,
+  score_answer,
+)
+from rljax.envs.tool_env import ToolEnv, ToolEnvConfig, truncate
+from rljax.envs.tools import (
+  TOOL_ERROR_KINDS,
+  CalculatorTool,
+  PythonTool,
+  Tool,
+  ToolResult,
+)
+
+__all__ = [
+  "FORMATS",
+  "TOOL_ERROR_KINDS",
+  "CalculatorConfig",
+  "CalculatorError",
+  "CalculatorTool",
+  "Environment",
+  "ParsedTurn",
+  "PythonTool",
+  "QwenFormat",
+  "SandboxConfig",
+  "SandboxResult",
+  "StepResult",
+  "TagFormat",
+  "TokenEnv",
+  "TokenStep",
+  "Tool",
+  "ToolArithmeticConfig",
+  "ToolCall",
+  "ToolCallFormat",
+  "ToolEnv",
+  "ToolEnvConfig",
+  "ToolResult",
+  "calculate",
+  "generate_tool_arithmetic",
+  "make_format",
+  "run_python",
+  "sandbox_mode",
+  "score_answer",
+  "summarize",
+  "tool_schemas",
+]

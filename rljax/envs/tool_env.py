@@ -1,0 +1,230 @@
+"""An environment whose model calls tools: parse the call, run it, answer.
+
+Each model turn is parsed with the episode's ``ToolCallFormat``. A turn
+without a call is the final answer: it is scored (``reward_fn``) and the
+episode ends. A turn with calls gets one observation holding every call's
+result in order: the tool's output cut to the limits, or an error message
+for a call that could not be read (counted in ``malformed_calls``) or that
+failed (counted by kind in ``tool_errors``). The episode also ends, with
+reward 0, at ``max_turns`` model turns or ``max_total_tokens`` tokens after
+the prompt (model turns and observations together).
+
+Token counts come from ``count_tokens``; without a tokenizer the default is
+the UTF-8 byte count, an upper bound for byte-level BPE tokenizers (every
+token is at least one byte), so the limits hold either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+from rljax.core import _validation as v
+from rljax.data.records import Example
+from rljax.envs import formats as fmt
+from rljax.envs.base import StepResult
+from rljax.envs.tasks import score_answer
+from rljax.envs.tools import Tool, ToolResult
+
+__all__ = ["ToolEnv", "ToolEnvConfig", "truncate", "utf8_bytes"]
+
+_CUT_MARK = "\n[truncated]"
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolEnvConfig:
+  """Limits of one episode.
+
+  Attributes:
+    format: the tool-call format, "qwen" or "tags".
+    max_turns: model turns per episode (>= 1).
+    max_calls_per_turn: tool calls run per turn (>= 1); further calls get
+      an error observation and count as malformed.
+    max_tool_output_chars: characters of one tool output (>= 16).
+    max_tool_output_tokens: tokens of one tool output (>= 4).
+    max_total_tokens: tokens after the prompt, model and tools together
+      (>= 1).
+    tool_timeout_s: wall-time limit of one tool call (> 0).
+  """
+
+  format: str = "tags"
+  max_turns: int = 4
+  max_calls_per_turn: int = 2
+  max_tool_output_chars: int = 2000
+  max_tool_output_tokens: int = 512
+  max_total_tokens: int = 4096
+  tool_timeout_s: float = 5.0
+
+  def __post_init__(self):
+    for name, rule in _RULES:
+      v.check_field("ToolEnvConfig", name, getattr(self, name), rule)
+
+
+_RULES = (
+  ("format", v.one_of(*fmt.FORMATS)),
+  ("max_turns", v.all_of(v.is_int, v.at_least(1))),
+  ("max_calls_per_turn", v.all_of(v.is_int, v.at_least(1))),
+  ("max_tool_output_chars", v.all_of(v.is_int, v.at_least(16))),
+  ("max_tool_output_tokens", v.all_of(v.is_int, v.at_least(4))),
+  ("max_total_tokens", v.all_of(v.is_int, v.at_least(1))),
+  ("tool_timeout_s", v.all_of(v.is_real, v.in_range(0, 3600, lo_open=True))),
+)
+
+
+def utf8_bytes(text: str) -> int:
+  return len(text.encode("utf-8"))
+
+
+def truncate(
+  text: str, max_chars: int, max_tokens: int, count_tokens: Callable[[str], int]
+) -> tuple[str, bool]:
+  """(text cut to both limits with a "[truncated]" mark inside them, was
+  it cut). The token cut is the longest character prefix that fits
+  (binary search: ``count_tokens`` is called O(log n) times)."""
+  if len(text) <= max_chars and count_tokens(text) <= max_tokens:
+    return text, False
+  mark_tokens = count_tokens(_CUT_MARK)
+  lo, hi = 0, min(len(text), max_chars - len(_CUT_MARK))
+  while lo < hi:  # the longest prefix within the token budget
+    mid = (lo + hi + 1) // 2
+    if count_tokens(text[:mid]) + mark_tokens <= max_tokens:
+      lo = mid
+    else:
+      hi = mid - 1
+  return text[:lo] + _CUT_MARK, True
+
+
+@dataclasses.dataclass
+class _Episode:
+  example: Example
+  turns: int = 0
+  total_tokens: int = 0
+  tool_calls: int = 0
+  malformed_calls: int = 0
+  truncated_outputs: int = 0
+  tool_errors: dict[str, int] = dataclasses.field(default_factory=dict)
+  done: bool = False
+  stop_reason: str = ""
+
+  def info(self) -> dict[str, Any]:
+    return {
+      "turns": self.turns,
+      "total_tokens": self.total_tokens,
+      "tool_calls": self.tool_calls,
+      "malformed_calls": self.malformed_calls,
+      "truncated_outputs": self.truncated_outputs,
+      "tool_errors": dict(self.tool_errors),
+      "stop_reason": self.stop_reason,
+    }
+
+
+def _calls_run(results: Sequence[ToolResult]) -> int:
+  """Calls run so far in this turn (malformed ones ran nothing)."""
+  return sum(1 for r in results if r.error != "malformed")
+
+
+def score_final_answer(text: str, example: Example) -> float:
+  """The default ``reward_fn``: ``score_answer`` against ``example.answer``."""
+  return score_answer(text, example.answer)
+
+
+def default_prompt(example: Example, instructions: str) -> str:
+  return (
+    f"{instructions}\n\n{example.question}\n"
+    "Put the final answer in \\boxed{}."
+  )
+
+
+class ToolEnv:
+  """A tool-using episode per ``reset``; not thread-safe (one per worker).
+
+  Args:
+    tools: the tools the model may call, by their ``name``.
+    config: the limits (``ToolEnvConfig``).
+    reward_fn: ``(final_turn_text, example) -> float``; default
+      ``score_answer`` against ``example.answer``.
+    count_tokens: tokens of a text (default: UTF-8 bytes, an upper bound).
+    prompt_fn: ``(example, format_instructions) -> first observation``.
+  """
+
+  def __init__(
+    self,
+    tools: Sequence[Tool],
+    config: ToolEnvConfig = ToolEnvConfig(),
+    *,
+    reward_fn: Callable[[str, Example], float] | None = None,
+    count_tokens: Callable[[str], int] = utf8_bytes,
+    prompt_fn: Callable[[Example, str], str] = default_prompt,
+  ):
+    names = [t.name for t in tools]
+    if not tools or len(set(names)) != len(names):
+      raise ValueError(f"ToolEnv needs tools with distinct names; got {names}")
+    self.tools: Mapping[str, Tool] = {t.name: t for t in tools}
+    self.config = config
+    self.format = fmt.make_format(config.format)
+    self.reward_fn = reward_fn or score_final_answer
+    self.count_tokens = count_tokens
+    self.prompt_fn = prompt_fn
+    self.stop_sequences = self.format.stop_sequences(list(self.tools.values()))
+    self._episode: _Episode | None = None
+
+  def reset(self, example: Example) -> str:
+    self._episode = _Episode(example)
+    instructions = self.format.instructions(list(self.tools.values()))
+    return self.prompt_fn(example, instructions)
+
+  def step(self, turn: str) -> StepResult:
+    ep = self._episode
+    if ep is None or ep.done:
+      raise RuntimeError(
+        "ToolEnv.step: no episode in progress; call reset(example)"
+      )
+    ep.turns += 1
+    ep.total_tokens += self.count_tokens(turn)
+    parsed = self.format.parse(turn, list(self.tools.values()))
+    if not parsed.has_calls:
+      return self._end(ep, "answer", float(self.reward_fn(turn, ep.example)))
+    if ep.total_tokens >= self.config.max_total_tokens:
+      return self._end(ep, "max_total_tokens", 0.0)
+    results = []
+    for item in parsed.items:
+      if isinstance(item, str):
+        results.append(self._malformed(ep, item))
+      elif _calls_run(results) >= self.config.max_calls_per_turn:
+        limit = self.config.max_calls_per_turn
+        results.append(
+          self._malformed(ep, f"at most {limit} tool calls per turn")
+        )
+      else:
+        results.append(self._run(ep, item))
+    observation = self.format.observation(results)
+    ep.total_tokens += self.count_tokens(observation)
+    if ep.turns >= self.config.max_turns:
+      return self._end(ep, "max_turns", 0.0)
+    if ep.total_tokens >= self.config.max_total_tokens:
+      return self._end(ep, "max_total_tokens", 0.0)
+    return StepResult(observation, 0.0, False, ep.info())
+
+  def _end(self, ep: _Episode, reason: str, reward: float) -> StepResult:
+    ep.done, ep.stop_reason = True, reason
+    return StepResult("", reward, True, ep.info())
+
+  def _malformed(self, ep: _Episode, message: str) -> ToolResult:
+    ep.malformed_calls += 1
+    return ToolResult(f"error: malformed tool call: {message}", "malformed")
+
+  def _run(self, ep: _Episode, call: fmt.ToolCall) -> ToolResult:
+    ep.tool_calls += 1
+    result = self.tools[call.name].run(
+      call.arguments, self.config.tool_timeout_s
+    )
+    if result.error is not None:
+      ep.tool_errors[result.error] = ep.tool_errors.get(result.error, 0) + 1
+    output, cut = truncate(
+      result.output,
+      self.config.max_tool_output_chars,
+      self.config.max_tool_output_tokens,
+      self.count_tokens,
+    )
+    ep.truncated_outputs += cut
+    return dataclasses.replace(result, output=output)
