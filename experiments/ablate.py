@@ -34,10 +34,16 @@ disk after every run, including runs finished by earlier invocations and
 partial ones (status column). Per run: held-out accuracy before / final /
 best, mean reward over the first and last quarter, behavior-proximal KL,
 max ρ, clip fractions, the ACR-active fraction, rollout tokens/s and seconds
-per step; and per config, the mean ± std over finished seeds.
+per step (medians over the steps after the first, which compiles: `_warm`);
+and per config, the mean ± std over finished seeds. `plots.png` draws every
+finished run unsmoothed, each with its own marker and a small step offset
+so that identical runs stay visible. A grid cell's directory name has no
+'=' or '.' (`rollout_quant-int8_loss_eps_high-0p28_s0`).
 `<out_dir>/progress.json` says how far the study got, and
 `<out_dir>/cpu_log.jsonl` records the process CPU seconds of each run this
-script trained (a run killed mid-way logs nothing for its lost part).
+script trained (a run killed mid-way logs nothing for its lost part) and
+its memory: between runs the script drops what the finished run left
+(compiled programs, freed heap; `rljax.study.release_memory`).
 
 A run whose `model.name` is `instrument:<dir>` trains the small from-scratch
 decoder of experiments/long_horizon.py (`rljax.instrument`) instead of a
@@ -49,16 +55,19 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import resource
 import time
 
-from absl import app, flags
+from absl import flags
 import numpy as np
 
 from rljax import hostmem
 from rljax import distributed  # --coordinator_address, ... (multi-host)
+from rljax.train import cli
 from rljax.train import config as config_lib
 from rljax.train import flags as train_flags
+from rljax.train import preflight
 from rljax.train.config import TrainConfig
 from rljax.train.metrics import read_metrics
 
@@ -103,6 +112,14 @@ _ONLY = flags.DEFINE_list(
 _MAX_RUNS = flags.DEFINE_integer(
   "max_runs", 0, "Train at most this many runs in this invocation (0 = all)."
 )
+_KEEP_COMPILED = flags.DEFINE_bool(
+  "keep_compiled",
+  False,
+  "Keep the compiled programs of a finished run for the next (no "
+  "recompiling: a 4-run tiny grid 31 -> 4 CPU-s per later run) at the "
+  "cost of memory that grows run after run; off: each run starts from "
+  "what one run alone holds.",
+)
 _STOP_AFTER_S = flags.DEFINE_float(
   "stop_after_s",
   0.0,
@@ -116,12 +133,16 @@ def _parse_value(name: str, text: str):
   hint = config_lib.field_type(name)
   if hint is bool:
     if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
-      raise ValueError(f"--grid {name}={text!r}: expected true/false")
+      raise cli.UsageError(f"--grid {name}={text!r}: expected true/false")
     return text.lower() in ("1", "true", "yes")
-  if hint is int:
-    return int(text)
-  if hint is float or hint == (float | None):
-    return None if text == "None" else float(text)
+  try:
+    if hint is int:
+      return int(text)
+    if hint is float or hint == (float | None):
+      return None if text == "None" else float(text)
+  except ValueError:
+    kind = "an integer" if hint is int else "a number"
+    raise cli.UsageError(f"--grid {name}={text!r}: expected {kind}") from None
   return text
 
 
@@ -134,12 +155,12 @@ def grid_runs(grid: str) -> list[dict]:
   axes = []
   for part in grid.split(";"):
     if "=" not in part:
-      raise ValueError(f"--grid axis {part!r} is not FIELD=v1,v2")
+      raise cli.UsageError(f"--grid axis {part!r} is not FIELD=v1,v2")
     label, values = part.split("=", 1)
     label = label.strip()
     name = config_lib.legacy_name(label)
     if name not in fields:
-      raise ValueError(
+      raise cli.UsageError(
         f"--grid field {label!r} is not a TrainConfig field; expected a "
         "dotted field such as loss.eps_high"
       )
@@ -156,12 +177,17 @@ def grid_runs(grid: str) -> list[dict]:
 
 def load_config_file(path: str) -> tuple[dict, list[dict], list | None]:
   """Reads a --configs file: (shared settings, runs, seeds or None)."""
-  with open(path) as f:
-    data = json.load(f)
+  if not os.path.isfile(path):
+    raise cli.UsageError(f"--configs={path!r}: no such file")
+  with open(path, encoding="utf-8") as f:
+    try:
+      data = json.load(f)
+    except json.JSONDecodeError as e:
+      raise cli.UsageError(f"--configs={path!r}: not JSON ({e})") from None
   if isinstance(data, list):
     data = {"runs": data}
   if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-    raise ValueError(
+    raise cli.UsageError(
       f"{path}: expected a list of runs or an object with a "
       f"'runs' list; got {type(data).__name__}"
     )
@@ -175,15 +201,36 @@ def load_config_file(path: str) -> tuple[dict, list[dict], list | None]:
       settings["name"] = entry["name"]
     for key in config_lib.flatten(settings, source=f"{path} {where}"):
       if key not in fields:
-        raise ValueError(
+        raise cli.UsageError(
           f"{path}: {where} has {key!r}, which is not a TrainConfig field; "
           'expected a section ({"loss": {"eps_high": ...}}) or a '
           'dotted field ("loss.eps_high")'
         )
   for i, r in enumerate(data["runs"]):
     if not r.get("name"):
-      raise ValueError(f"{path}: runs[{i}] has no 'name'")
+      raise cli.UsageError(f"{path}: runs[{i}] has no 'name'")
   return shared, data["runs"], data.get("seeds")
+
+
+def dir_name(name: str) -> str:
+  """A run name as a directory name: no '=', '.' or path characters
+  ('rollout.quant=int8_loss.eps_high=0.28' -> 'rollout_quant-int8_loss_
+  eps_high-0p28'), so shells, globs and tools that split on dots read it."""
+  text = re.sub(r"(?<=\d)\.(?=\d)", "p", name)
+  text = text.replace("=", "-")
+  return re.sub(r"[^A-Za-z0-9_+-]", "_", text)
+
+
+def run_dir_for(out_dir: str, name: str, seed) -> str:
+  """`<out_dir>/<name>_s<seed>`, a grid cell's name (the one kind with '=')
+  through `dir_name`. A --configs run keeps its name as written: archived
+  studies and experiments/qurl_report.py find its runs by it. A grid
+  directory an older rljax made under the raw name is kept (its run
+  resumes there)."""
+  legacy = os.path.join(out_dir, f"{name}_s{seed}")
+  if "=" not in name or os.path.isdir(legacy):
+    return legacy
+  return os.path.join(out_dir, f"{dir_name(name)}_s{seed}")
 
 
 def plan_runs(
@@ -197,7 +244,7 @@ def plan_runs(
   algorithm's preset, not the settings of the base's algorithm.
   """
   if order not in ("run", "seed"):
-    raise ValueError(f"order={order!r}: expected 'run' or 'seed'")
+    raise cli.UsageError(f"order={order!r}: expected 'run' or 'seed'")
   pairs = (
     [(run, seed) for run in runs for seed in seeds]
     if order == "run"
@@ -206,13 +253,19 @@ def plan_runs(
   plan = []
   for run, seed in pairs:
     cell = {k: v for k, v in run.items() if k != "name"}
-    run_dir = os.path.join(out_dir, f"{run['name']}_s{seed}")
+    run_dir = run_dir_for(out_dir, run["name"], seed)
     cfg = train_flags.config_from_flags(
       shared,
       cell,
       {"run.seed": int(seed), "run.run_dir": run_dir, "run.resume": True},
     )
     plan.append((run, seed, cfg))
+  dirs = [cfg.run.run_dir for _, _, cfg in plan]
+  clash = sorted({d for d in dirs if dirs.count(d) > 1})
+  if clash:
+    raise cli.UsageError(
+      f"runs share a directory {clash}: give the runs distinct names"
+    )
   return plan
 
 
@@ -247,6 +300,7 @@ def collect(plan) -> list[dict]:
         "seed": int(seed),
         "status": status,
         "target_steps": cfg.run.steps,
+        "run_dir": cfg.run.run_dir,
         **summarize(cfg.run.run_dir),
       }
     )
@@ -308,6 +362,10 @@ def summarize(run_dir: str) -> dict:
     vals = [r[key] for r in part if isinstance(r.get(key), (int, float))]
     return float(np.mean(vals)) if vals else None
 
+  def median(key, part):
+    vals = [r[key] for r in part if isinstance(r.get(key), (int, float))]
+    return float(np.median(vals)) if vals else None
+
   q = max(1, len(train) // 4)
   return {
     "steps": len(train),
@@ -325,8 +383,11 @@ def summarize(run_dir: str) -> dict:
     "tis_truncated": mean("tis_truncated_fraction", train),
     "acr_active": mean("acr_active_fraction", train),
     "changed_codes": mean("quant/quantized_change_fraction", train),
-    "rollout_tok_s": mean("rollout_tokens_per_s", train),
-    "s_per_step": mean("time_step", train),
+    # Medians over the steps after the first: step 1 compiles every
+    # program (5.6 s/step against 0.135 warm on the tiny model), and a
+    # resumed process's first step does too, which the median outvotes.
+    "rollout_tok_s_warm": median("rollout_tokens_per_s", train[1:]),
+    "s_per_step_warm": median("time_step", train[1:]),
   }
 
 
@@ -356,8 +417,8 @@ def write_table(results: list[dict], out_dir: str) -> str:
     "tis_truncated",
     "acr_active",
     "changed_codes",
-    "rollout_tok_s",
-    "s_per_step",
+    "rollout_tok_s_warm",
+    "s_per_step_warm",
   ]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   for r in results:
@@ -383,7 +444,12 @@ def write_table(results: list[dict], out_dir: str) -> str:
       f"{_fmt(np.mean(eb) if eb else None)} | "
       f"{_fmt(np.mean(rl) if rl else None)} ± {_fmt(np.std(rl) if rl else None)} |"
     )
-  text = "\n".join(lines + agg) + "\n"
+  note = [
+    "",
+    "rollout_tok_s_warm, s_per_step_warm: medians over the steps after the "
+    "first (which compiles); the plot is not smoothed.",
+  ]
+  text = "\n".join(lines + note + agg) + "\n"
   if distributed.is_main_process():  # multi-host: one writer
     with open(os.path.join(out_dir, "table.md"), "w") as f:
       f.write(text)
@@ -403,7 +469,7 @@ def main(argv):
     if file_seeds is not None and not flags.FLAGS["seeds"].present:
       seeds = [str(s) for s in file_seeds]
   if not runs:
-    raise app.UsageError("give --grid and/or --configs")
+    raise cli.UsageError("give --grid and/or --configs")
   run_study(runs, shared, seeds, _OUT_DIR.value)
 
 
@@ -415,9 +481,22 @@ def run_study(
   plan = plan_runs(runs, shared, seeds, out_dir, order=_ORDER.value)
   unknown = set(_ONLY.value) - {run["name"] for run in runs}
   if unknown:
-    raise app.UsageError(
+    raise cli.UsageError(
       f"--only names {sorted(unknown)}, which are not runs "
       f"of this ablation: {[r['name'] for r in runs]}"
+    )
+  # What every run needs (model, data file, vLLM), before the first trains.
+  problems = sorted(
+    {
+      f"{run['name']}: {p}"
+      for run, _, cfg in plan
+      for p in preflight.problems(cfg)
+    }
+  )
+  if problems:
+    raise cli.UsageError(
+      f"{len(problems)} problem(s) in the planned runs:\n  "
+      + "\n  ".join(problems)
     )
   # Under multi-host every process trains every run (SPMD); process 0 alone
   # writes the study's own files (the runs' files are gated by the Trainer).
@@ -460,6 +539,10 @@ def run_study(
     cpu0, w0 = _cpu_seconds(), time.monotonic()
     run_one(cfg)
     trained += 1
+    from rljax import study  # pylint: disable=g-import-not-at-top
+
+    # The next run starts from what one run alone would (issue 43).
+    rss = study.rss_gib() if _KEEP_COMPILED.value else study.release_memory()
     if main:
       with open(os.path.join(out_dir, "cpu_log.jsonl"), "a") as f:
         record = {
@@ -467,6 +550,8 @@ def run_study(
           "resumed_from": step,
           "cpu_s": _cpu_seconds() - cpu0,
           "wall_s": time.monotonic() - w0,
+          "peak_rss_gib": _peak_rss_gib(),  # of the process so far
+          "rss_after_release_gib": rss,
         }
         f.write(json.dumps(record) + "\n")
     print(write_table(collect(plan), out_dir), flush=True)
@@ -479,12 +564,16 @@ def run_study(
     from rljax.train.plots import plot_runs
 
     plot_runs(
-      [os.path.join(out_dir, f"{r['name']}_s{r['seed']}") for r in done],
+      [r["run_dir"] for r in done],
       os.path.join(out_dir, "plots.png"),
       labels=[f"{r['name']} s{r['seed']}" for r in done],
-      smooth=3,
-    )
+    )  # not smoothed: the plot shows the numbers the table summarises
   return progress
+
+
+def _peak_rss_gib() -> float:
+  """The process's peak resident set size so far (GiB, Linux units)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def _cpu_seconds() -> float:
@@ -496,4 +585,4 @@ def _cpu_seconds() -> float:
 
 if __name__ == "__main__":
   hostmem.relaunch_with_huge_pages()
-  app.run(main)
+  cli.run(main)

@@ -18,9 +18,10 @@ import json
 import os
 import time
 
-from absl import app, flags
+from absl import flags
 
 from rljax import hostmem
+from rljax.train import cli
 from rljax import distributed  # --coordinator_address, ... (multi-host)
 from rljax.train import flags as train_flags
 
@@ -78,4 +79,4 @@ def main(argv):
 
 if __name__ == "__main__":
   hostmem.relaunch_with_huge_pages()
-  app.run(main)
+  cli.run(main)

@@ -127,6 +127,48 @@ _VLLM_SYNCS = flags.DEFINE_integer(
   "tensors that did not change).",
 )
 _OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
+_WORKLOADS = flags.DEFINE_list(
+  "workloads",
+  [],
+  "Rollouts shaped like RL (experiments/bench_workloads.py): real (GSM8K, "
+  "stop at EOS), longtail (seeded heavy-tailed lengths), fixed; given, they "
+  "run instead of --shapes: --prompts x --samples through --slots slots, "
+  "--batchings, --workload_quants, --engines.",
+)
+_WORKLOAD_QUANTS = flags.DEFINE_list(
+  "workload_quants", ["bf16", "int8"], "Formats of the --workloads rows."
+)
+_BATCHINGS = flags.DEFINE_list(
+  "batchings",
+  ["static", "continuous"],
+  "JAX sampler batchings of the --workloads rows.",
+)
+_SLOTS = flags.DEFINE_integer(
+  "slots", 32, "--workloads: the JAX sampler's decode slots (max_batch)."
+)
+_GROUP_WIDTHS = flags.DEFINE_list(
+  "group_widths",
+  ["0"],
+  "--workloads: continuous batching's rows per slot group, one row each "
+  "(0: n, a group is a prompt's n samples).",
+)
+_CHUNK_STEPS = flags.DEFINE_integer(
+  "chunk_steps", 32, "--workloads: decode steps between refills."
+)
+_MAX_NEW_TOKENS = flags.DEFINE_integer(
+  "max_new_tokens", 512, "--workloads=real: the response limit."
+)
+_LONG_TAIL_MAX = flags.DEFINE_integer(
+  "long_tail_max", 512, "--workloads=longtail: the longest sample."
+)
+_FIXED_TOKENS = flags.DEFINE_integer(
+  "fixed_tokens", 128, "--workloads=fixed: tokens per sample."
+)
+_DATA = flags.DEFINE_string(
+  "data",
+  None,
+  "--workloads: GSM8K jsonl (default ../shared/data/gsm8k/test.jsonl).",
+)
 _QUANT_FLOAT_LEAVES = flags.DEFINE_enum(
   "quant_float_leaves",
   "auto",
@@ -849,6 +891,40 @@ def decode_ab(
   return result
 
 
+def run_workloads(model, machine: dict) -> None:
+  """--workloads: the RL-shaped rows, their table, JSON and plot."""
+  import bench_workloads  # pylint: disable=g-import-not-at-top
+
+  settings = {
+    "workloads": _WORKLOADS.value,
+    "quants": _WORKLOAD_QUANTS.value,
+    "batchings": _BATCHINGS.value,
+    "engines": _ENGINES.value,
+    "prompts": _PROMPTS.value,
+    "samples": _SAMPLES.value,
+    "slots": _SLOTS.value,
+    "chunk_steps": _CHUNK_STEPS.value,
+    "group_widths": [int(w) for w in _GROUP_WIDTHS.value],
+    "max_new_tokens": _MAX_NEW_TOKENS.value,
+    "long_tail_max": _LONG_TAIL_MAX.value,
+    "fixed_tokens": _FIXED_TOKENS.value,
+    "seed": _SEED.value,
+    "data": _DATA.value or bench_workloads.GSM8K,
+    "vllm_kv_gib": _VLLM_KV_GIB.value,
+    "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value,
+    "out": _OUT.value,
+  }
+  rows = bench_workloads.run_workloads(model, settings, machine)
+  lines = bench_workloads.format_rows(rows)
+  print("\n".join(lines))
+  print(f"load average at end: {os.getloadavg()}")
+  if _MARKDOWN.value:
+    with open(_MARKDOWN.value, "w") as f:
+      f.write("\n".join(lines) + "\n")
+  if _PLOT.value:
+    bench_workloads.plot_occupancy(rows, _PLOT.value, plot_title(machine))
+
+
 def main(argv):
   del argv
   if _DECODE_AB.value:
@@ -883,7 +959,13 @@ def main(argv):
         "--random_init with --engines=vllm: the vLLM sidecar loads a "
         "checkpoint with its tokenizer; use --engines=jax"
       )
-    config = models.preset(_MODEL.value)
+    # "tiny" (a few-thousand-parameter model) is for dry runs of the
+    # scripts that call this one (experiments/gpu/run_all.py --dry).
+    config = (
+      models.tiny_config()
+      if _MODEL.value == "tiny"
+      else models.preset(_MODEL.value)
+    )
     model = models.Model(
       config=config,
       params=models.init_params(config, jax.random.PRNGKey(_SEED.value)),
@@ -891,6 +973,9 @@ def main(argv):
     )
   else:
     model = models.load_pretrained(_MODEL.value)
+  if _WORKLOADS.value:
+    run_workloads(model, machine)
+    return
   args = {
     "kl_rows": _KL_ROWS.value,
     "kl_chunk": _KL_CHUNK.value,

@@ -16,9 +16,8 @@ offline stand-in, which is not the paper's setting. Prompts longer than
 on an evaluated benchmark file is refused unless --allow_train_on_eval.
 """
 
-from absl import app
-
 from rljax import hostmem
+from rljax.train import cli
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
@@ -63,4 +62,4 @@ def main(argv):
 
 if __name__ == "__main__":
   hostmem.relaunch_with_huge_pages()
-  app.run(main)
+  cli.run(main)

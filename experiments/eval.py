@@ -7,8 +7,12 @@
 
 --model takes an HF directory, a .gguf file, the embedded default name, or an
 rljax run directory (latest checkpoint; read-only: nothing in it is written
-and no engine but --engine starts). Writes <out_dir>/summary.json and
-<out_dir>/<label>.jsonl (one record per sample) and prints a table.
+and no engine but --engine starts). Every dataset is read, its fields
+checked, before the model loads. Writes <out_dir>/<label>.jsonl (one record
+per sample) and <out_dir>/summary.json (rewritten after each dataset, so a
+later failure keeps the earlier results; `meta` names the model, engine,
+compute dtype, CPU and JAX version), and prints a table. A usage error
+prints `error: ...` and exits 2 (`rljax.train.cli`).
 
 Every result is keyed by the dataset's label: the dataset name, or an
 explicit LABEL= prefix. Two files of one loader need labels, e.g.
@@ -22,10 +26,11 @@ import json
 import os
 import time
 
-from absl import app, flags
+from absl import flags
 
 from rljax import hostmem
 from rljax import evaluation
+from rljax.train import cli
 from rljax.rollout.base import SamplingConfig
 
 _MODEL = flags.DEFINE_string(
@@ -100,22 +105,136 @@ def make_engine(model):
   )
 
 
+def check_model(path: str) -> None:
+  """Refuses, before anything loads, a --model that cannot be a policy; a
+  directory of runs (an ablation's --out_dir) names the runs in it."""
+  if path.lower() == "smollm2-135m-instruct" or path.endswith(".gguf"):
+    if path.endswith(".gguf") and not os.path.isfile(path):
+      raise cli.UsageError(f"--model={path!r}: no such .gguf file")
+    return
+  if not os.path.isdir(path):
+    raise cli.UsageError(
+      f"--model={path!r}: expected an HF directory, a .gguf file, an rljax "
+      "run directory or 'smollm2-135m-instruct' (no such path)"
+    )
+  config_json = os.path.join(path, "config.json")
+  if evaluation.is_run_dir(path):
+    return
+  if os.path.exists(config_json):
+    try:
+      with open(config_json, encoding="utf-8") as f:
+        rljax_run = "algorithm" in json.load(f)
+    except (OSError, ValueError):
+      rljax_run = False  # the loader names a broken HF config.json
+    if rljax_run:
+      raise cli.UsageError(
+        f"--model={path!r}: no checkpoint in this rljax run directory (it "
+        "stopped before its first checkpoint); train it further or evaluate "
+        "another"
+      )
+    return
+  runs = sorted(
+    d
+    for d in os.listdir(path)
+    if os.path.isdir(os.path.join(path, d))
+    and evaluation.is_run_dir(os.path.join(path, d))
+  )
+  if runs:
+    shown = ", ".join(os.path.join(path, d) for d in runs[:8])
+    more = f" (and {len(runs) - 8} more)" if len(runs) > 8 else ""
+    raise cli.UsageError(
+      f"--model={path!r} is a directory of {len(runs)} runs (an "
+      f"ablation's --out_dir?); evaluate one of them: {shown}{more}"
+    )
+  raise cli.UsageError(
+    f"--model={path!r}: the directory has no config.json (not an HF "
+    "model) and no checkpoints/ (not an rljax run directory)"
+  )
+
+
+def load_all_examples(specs) -> dict:
+  """{label: examples} of every dataset, read before the model loads: a
+  missing file, a bad row or fields the loader does not find are reported
+  now, not after the datasets before it were generated."""
+  out, problems = {}, []
+  for spec in specs:
+    if spec.name not in ("arithmetic", "countdown") and not os.path.exists(
+      spec.path
+    ):
+      problems.append(f"{spec.label}: no such file {spec.path!r}")
+      continue
+    try:
+      examples = evaluation.load_examples(spec)
+    except (ValueError, KeyError, OSError) as e:
+      problems.append(f"{spec.label}: {e}")
+      continue
+    if not examples:
+      problems.append(
+        f"{spec.label}: no usable row in {spec.path!r} (are the field names "
+        f"those the {spec.name!r} loader reads? rljax.data.DATASET_SPECS)"
+      )
+      continue
+    out[spec.label] = examples
+  if problems:
+    raise cli.UsageError("--datasets: " + "; ".join(problems))
+  return out
+
+
+def run_meta(model, sampling, t0: float) -> dict:
+  """What produced the numbers: model, engine, sampling, machine."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from rljax import models, quant  # pylint: disable=g-import-not-at-top
+
+  if _ENGINE.value == "jax" and _QUANT.value == "none":
+    compute = str(models.compute_dtype(model.params))
+  else:
+    compute = f"{_QUANT.value} weights ({_ENGINE.value})"
+  return {
+    "model": _MODEL.value,
+    "engine": _ENGINE.value,
+    "quant": _QUANT.value,
+    "compute_dtype": compute,
+    "samples": _SAMPLES.value,
+    "k": _K.value,
+    "temperature": sampling.temperature,
+    "top_p": sampling.top_p,
+    "max_new_tokens": _MAX_NEW.value,
+    "cpu": quant.cpu.host_cpu().model,
+    "jax_version": jax.__version__,
+    "jax_backend": jax.default_backend(),
+    "wall_s": time.perf_counter() - t0,
+  }
+
+
+def write_summary(meta: dict, results: dict) -> None:
+  """summary.json, rewritten after every dataset (a later dataset's failure
+  keeps the earlier ones' results)."""
+  path = os.path.join(_OUT_DIR.value, "summary.json")
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump({"meta": meta, "results": results}, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
 def main(argv):
   del argv
   if _K.value > _SAMPLES.value:
-    raise app.UsageError(f"--k={_K.value} exceeds --samples={_SAMPLES.value}")
+    raise cli.UsageError(f"--k={_K.value} exceeds --samples={_SAMPLES.value}")
   # Every dataset problem is reported before a model loads.
   try:
     specs = evaluation.parse_datasets(_DATASETS.value)
   except ValueError as e:
-    raise app.UsageError(f"--datasets: {e}") from None
-  missing = [
-    f"{s.label}: {s.path}"
-    for s in specs
-    if s.name not in ("arithmetic", "countdown") and not os.path.exists(s.path)
-  ]
-  if missing:
-    raise app.UsageError("--datasets: no such file: " + ", ".join(missing))
+    raise cli.UsageError(f"--datasets: {e}") from None
+  check_model(_MODEL.value)
+  if _ENGINE.value == "vllm":
+    import importlib.util  # pylint: disable=g-import-not-at-top
+
+    if importlib.util.find_spec("vllm") is None:
+      raise cli.UsageError(
+        "--engine=vllm: vLLM is not installed (`bash .ci/install` without "
+        "--no-vllm); or --engine=jax"
+      )
+  examples_of = load_all_examples(specs)
   t0 = time.perf_counter()
   model = evaluation.load_policy(_MODEL.value)
   engine = make_engine(model)
@@ -131,30 +250,21 @@ def main(argv):
   )
   os.makedirs(_OUT_DIR.value, exist_ok=True)
   results = {}
-  for spec in specs:
-    examples = evaluation.load_examples(spec)
-    summary, records = evaluation.evaluate_dataset(
-      model, engine, examples, sampling, _K.value
-    )
-    results[spec.label] = {"dataset": spec.name, "path": spec.path, **summary}
-    with open(os.path.join(_OUT_DIR.value, f"{spec.label}.jsonl"), "w") as f:
-      for r in records:
-        f.write(json.dumps(r) + "\n")
-    print(f"[eval] {spec.label}: {json.dumps(summary)}", flush=True)
-  engine.close()
-  meta = {
-    "model": _MODEL.value,
-    "engine": _ENGINE.value,
-    "quant": _QUANT.value,
-    "samples": _SAMPLES.value,
-    "k": _K.value,
-    "temperature": sampling.temperature,
-    "top_p": sampling.top_p,
-    "max_new_tokens": _MAX_NEW.value,
-    "wall_s": time.perf_counter() - t0,
-  }
-  with open(os.path.join(_OUT_DIR.value, "summary.json"), "w") as f:
-    json.dump({"meta": meta, "results": results}, f, indent=1)
+  try:
+    for spec in specs:
+      summary, records = evaluation.evaluate_dataset(
+        model, engine, examples_of[spec.label], sampling, _K.value
+      )
+      results[spec.label] = {"dataset": spec.name, "path": spec.path, **summary}
+      with open(os.path.join(_OUT_DIR.value, f"{spec.label}.jsonl"), "w") as f:
+        for r in records:
+          f.write(json.dumps(r) + "\n")
+      write_summary(run_meta(model, sampling, t0), results)
+      print(f"[eval] {spec.label}: {json.dumps(summary)}", flush=True)
+  finally:
+    engine.close()
+  meta = run_meta(model, sampling, t0)
+  write_summary(meta, results)
   n = _SAMPLES.value
   print(
     f"\n| dataset | examples | avg@{n} | avg@{n} (last number) | "
@@ -175,4 +285,4 @@ def main(argv):
 
 if __name__ == "__main__":
   hostmem.relaunch_with_huge_pages()
-  app.run(main)
+  cli.run(main)

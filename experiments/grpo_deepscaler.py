@@ -3,8 +3,8 @@ AIME24, MATH-500, AMC23, Minerva Math and OlympiadBench (Avg@k).
 
 Paper defaults (DeepScaleR recipe): KL loss 1e-3 (k3), temperature 0.6,
 8 samples per prompt, lr 1e-6, staged context lengths 8k → 16k → 24k
-(`--max_new_tokens` per stage; run the stages as consecutive runs with
---resume and a larger --max_new_tokens); Avg@16 at temperature 0.6, top-p
+(`--rollout.max_new_tokens` per stage; run the stages as consecutive runs
+with --run.resume and a larger --rollout.max_new_tokens); Avg@16 at temperature 0.6, top-p
 0.95. CPU overrides keep it small.
 
 Training data: DeepScaleR-Preview-Dataset (40k) is not available offline.
@@ -18,9 +18,8 @@ a message. Prompts longer than --task.max_prompt_tokens are dropped (metric
 refused unless --allow_train_on_eval.
 """
 
-from absl import app
-
 from rljax import hostmem
+from rljax.train import cli
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
@@ -74,4 +73,4 @@ def main(argv):
 
 if __name__ == "__main__":
   hostmem.relaunch_with_huge_pages()
-  app.run(main)
+  cli.run(main)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 
-from absl import app, flags
+from absl import flags
 
+from rljax.train import cli
 from rljax.train.plots import plot_runs
 
 _RUNS = flags.DEFINE_list(
@@ -22,17 +23,25 @@ _OUT = flags.DEFINE_string(
   "out", None, "PNG path; default <first run>/plots.png"
 )
 _LABELS = flags.DEFINE_list("labels", None, "Legend labels, one per run.")
-_SMOOTH = flags.DEFINE_integer("smooth", 1, "Moving-average window in steps.")
+_SMOOTH = flags.DEFINE_integer(
+  "smooth",
+  1,
+  "Moving-average window in steps (1 = none; a smoothed panel says so in "
+  "its title).",
+)
 
 
 def main(argv):
   del argv
   if not _RUNS.value:
-    raise app.UsageError("--runs is required (comma-separated run directories)")
+    raise cli.UsageError("--runs is required (comma-separated run directories)")
   out = _OUT.value or os.path.join(_RUNS.value[0], "plots.png")
-  titles = plot_runs(_RUNS.value, out, _LABELS.value, _SMOOTH.value)
+  try:
+    titles = plot_runs(_RUNS.value, out, _LABELS.value, _SMOOTH.value)
+  except (FileNotFoundError, ValueError) as e:  # a run or label the user gave
+    raise cli.UsageError(str(e)) from None
   print(f"wrote {out} ({len(titles)} panels: {', '.join(titles)})")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

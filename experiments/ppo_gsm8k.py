@@ -16,9 +16,8 @@ file is refused unless --allow_train_on_eval. Prompts longer than
 --task.max_prompt_tokens are dropped (metric `prompts_filtered_long`).
 """
 
-from absl import app
-
 from rljax import hostmem
+from rljax.train import cli
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
@@ -67,4 +66,4 @@ def main(argv):
 
 if __name__ == "__main__":
   hostmem.relaunch_with_huge_pages()
-  app.run(main)
+  cli.run(main)

@@ -40,6 +40,7 @@ from rljax.train import optim as optim_lib
 from rljax.train import placement
 from rljax.train import sharded
 from rljax.train import update as update_lib
+from rljax.models.logprobs import HEAD_SCOPE
 from rljax.train.memory_plan import compiled_bytes, plan, random_batch
 
 _MODEL = flags.DEFINE_string(
@@ -60,6 +61,15 @@ _REMAT = flags.DEFINE_bool(
   False,
   "Per-layer rematerialization in the decoder "
   "(UpdateSpec.remat -> token_logprobs(remat=True)).",
+)
+_REMAT_POLICY = flags.DEFINE_enum(
+  "remat_policy",
+  None,
+  ["none", "full", "dots"],
+  "Which activations the backward pass recomputes (overrides --remat): "
+  "none; full = every layer's forward again (--remat); dots = keep every "
+  "projection's output and the attention output, recompute the rest "
+  "(norms, RoPE, SwiGLU's product).",
 )
 _CHUNK = flags.DEFINE_integer(
   "logprob_chunk", 0, "Sequence chunk of the LM head."
@@ -132,6 +142,47 @@ def measure_matmul_peak(dtype, n: int = 0, repeats: int = 5) -> float:
     mm(a, b).block_until_ready()
     best = min(best, time.perf_counter() - t0)
   return 2.0 * n**3 / best
+
+
+def remat_setting() -> bool | str:
+  """UpdateSpec.remat from --remat_policy (or --remat)."""
+  policy = _REMAT_POLICY.value or ("full" if _REMAT.value else "none")
+  return {"none": False, "full": True, "dots": "dots"}[policy]
+
+
+def flops_accounting(
+  config, n_params: int, batch: int, seq: int, head_cols: int, remat, chunk
+) -> dict:
+  """Model FLOPs (what the step must compute) and hardware FLOPs (what it
+  does compute, recomputation included) of one update step, analytically.
+
+  Model FLOPs, per sequence: 6·N'·T for the decoder's weights (N' = params
+  less the [D, V] head; forward 2, backward 4), 6·D·V·C for the head on the
+  C columns it runs on, and 6·L·T²·Hq·Dh for causal attention (QKᵀ and PV,
+  2·2·T²·Hq·Dh forward per layer, half of it under the causal mask; backward
+  twice the forward). This is the PaLM-style MFU numerator with the causal
+  half counted once.
+  Hardware FLOPs add what is run twice: flash attention's backward
+  recomputes QKᵀ (+1/6 of the attention term); remat "full" re-runs each
+  layer's forward (+2·N'·T and the attention forward, 2·L·T²·Hq·Dh); "dots"
+  saves every projection and the attention output (nothing but elementwise
+  work is recomputed); a chunked head is recomputed in the backward
+  (+2·D·V·C).
+  """
+  head = config.hidden_size * config.vocab_size
+  body = n_params - head
+  attn_unit = config.num_layers * seq * seq * config.num_heads * config.head_dim
+  model = batch * (6.0 * body * seq + 6.0 * head * head_cols + 6.0 * attn_unit)
+  hw = model + batch * attn_unit  # flash backward: QKᵀ once more
+  if remat is True:
+    hw += batch * (2.0 * body * seq + 2.0 * attn_unit)
+  if chunk:
+    hw += batch * 2.0 * head * head_cols
+  return {
+    "model_flops": model,
+    "hardware_flops": hw,
+    "attention_model_flops": 6.0 * batch * attn_unit,
+  }
 
 
 def peak_memory_bytes(compiled) -> int:
@@ -222,13 +273,21 @@ def top_ops(trace_dir: str, n: int = 12) -> list[list]:
 def _print(result: dict) -> None:
   width = max(len(k) for k in result)
   for k, v in result.items():
-    if k == "top_ops":
+    if k in ("top_ops", "time_shares"):
       continue
     if isinstance(v, float):
       v = f"{v:.4g}"
     elif isinstance(v, int) and k.endswith("_bytes"):
       v = f"{v} ({v / 2**30:.2f} GiB)"
     print(f"{k:<{width}}  {v}")
+  shares = result.get("time_shares") or {}
+  if shares.get("total_ms"):
+    total = shares["total_ms"]
+    print(f"device time by kernel category (of {total:.1f} ms):")
+    for cat, ms in shares["by_category"].items():
+      print(f"  {cat:<12} {ms:10.1f} ms  {ms / total:6.1%}")
+    for scope, ms in shares["by_scope"].items():
+      print(f"  scope {scope:<14} {ms:10.1f} ms  {ms / total:6.1%}")
   if result.get("top_ops"):
     print("longest XLA ops in the traced step (ms, calls):")
     for name, ms, n in result["top_ops"]:
@@ -254,8 +313,14 @@ def main(argv):
   # freed buffers at SmolLM2 16x256) the same f32 matmul ran ~1.6x slower.
   # The decoder's matmuls run in the compute dtype: that is the peak to beat.
   peak = measure_matmul_peak(compute_dtype)
+  # The f32 peak is the CPU's reference (its update step runs f32); on an
+  # accelerator it costs seconds of a short lease and means nothing there.
   peak_f32 = (
-    peak if compute_dtype == jnp.float32 else measure_matmul_peak(jnp.float32)
+    peak
+    if compute_dtype == jnp.float32
+    else measure_matmul_peak(jnp.float32)
+    if jax.default_backend() == "cpu"
+    else float("nan")
   )
   params = models.init_params(config, jax.random.PRNGKey(0), dtype=dtype)
   n_params = sum(x.size for x in jax.tree.leaves(params))
@@ -270,7 +335,7 @@ def main(argv):
     model_config=config,
     loss=loss,
     micro_batches=_MICRO.value,
-    remat=_REMAT.value,
+    remat=remat_setting(),
     logprob_chunk=_CHUNK.value,
     param_transform=(
       sharded.cast_params_transform(compute_dtype)
@@ -311,11 +376,28 @@ def main(argv):
     jax.block_until_ready(m)
     times.append(time.perf_counter() - t0)
   step_s = float(np.median(times))
+  shares = {}
   if _TRACE.value:
     os.makedirs(_TRACE.value, exist_ok=True)
     with jax.profiler.trace(_TRACE.value, create_perfetto_trace=True):
       state, m = compiled(state, batch)
       jax.block_until_ready(m)
+    path = tracing.newest_trace(_TRACE.value)
+    if path:
+      shares = tracing.time_shares(
+        tracing.load_events(path),
+        scopes=(HEAD_SCOPE, "rematted_computation", "transpose("),
+        op_names=tracing.hlo_op_names(compiled.as_text()),
+      )
+  accounting = flops_accounting(
+    config,
+    n_params,
+    _BATCH.value,
+    _SEQ.value,
+    head_cols,
+    spec.remat,
+    _CHUNK.value,
+  )
   # XLA's cost analysis counts the body of a while loop once; the update step
   # scans over layers and micro-batches, so on such programs it undercounts by
   # the trip counts. MFU then uses the analytic 6·N·tokens instead.
@@ -334,6 +416,7 @@ def main(argv):
     "seq": _SEQ.value,
     "micro_batches": _MICRO.value,
     "remat": _REMAT.value,
+    "remat_policy": _REMAT_POLICY.value or ("full" if _REMAT.value else "none"),
     "compile_s": compile_s,
     "step_s": step_s,
     "flops": used_flops,
@@ -343,6 +426,9 @@ def main(argv):
     "achieved_flops_per_s": achieved,
     "peak_flops_per_s": peak,
     "mfu": achieved / peak,
+    **accounting,
+    "model_flops_utilization": accounting["model_flops"] / step_s / peak,
+    "hardware_flops_utilization": accounting["hardware_flops"] / step_s / peak,
     "peak_f32_flops_per_s": peak_f32,
     "mfu_vs_f32_peak": achieved / peak_f32,
     "activation_dtype": spec.activation_dtype or compute_dtype.name,
@@ -351,6 +437,7 @@ def main(argv):
     **compiled_memory(compiled),
     "trace_dir": _TRACE.value,
     "top_ops": top_ops(_TRACE.value) if _TRACE.value else [],
+    "time_shares": shares,
   }
   _print(result)
 

@@ -254,7 +254,11 @@ def main(argv):
     lines += [
       "Mean ± sample std over the finished seeds; per-step means "
       "over each run's steps; ACR-active = fraction of tokens whose "
-      "outcome ACR's enlarged bound changed against plain TIS.",
+      "outcome ACR's enlarged bound changed against plain TIS. UAQ s: "
+      "the scale the trainer applied; updates/rollout: "
+      "`update.ppo_epochs × update.minibatches` (1: R ≡ 1, so ACR is "
+      "TIS); ACR grad share: `acr_grad_share` (rljax/core/exposure.py), "
+      "– for runs made before it was logged.",
       "",
     ]
     lines += study_table(st) + [""]

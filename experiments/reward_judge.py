@@ -5,7 +5,8 @@ against the rubrics of experiments/data/judge_rubrics.txt on 0–10, mapped to
 [0, 1] (`rljax.rewards.judge`). By default this script starts a vLLM(-CPU)
 sidecar on 127.0.0.1 serving SmolLM2-135M-Instruct as the judge (exported
 once to --judge_export_dir), trains, and stops it. With --serve_judge=false
-it uses the server at --judge_url (loopback unless --judge_allow_remote).
+it uses the server at --reward.judge_url (loopback unless
+--reward.judge_allow_remote).
 
 A 135M judge is a weak grader: the point is the plumbing (requests, score
 parsing, counted failures, timeouts); use a larger judge for real runs:
@@ -57,7 +58,7 @@ _SERVE = flags.DEFINE_bool(
   "serve_judge",
   True,
   "Start a vLLM sidecar serving --judge_checkpoint "
-  "for the run (else use --judge_url).",
+  "for the run (else use --reward.judge_url).",
 )
 _JUDGE_CKPT = flags.DEFINE_string(
   "judge_checkpoint",

@@ -9,7 +9,7 @@ still uses the arithmetic verifier, so this run compares with verifier runs.
   python experiments/reward_model_grpo.py --reward.model_path=runs/reward_model
 
 Writes metrics.jsonl (`reward_mean` = the RM score; `reward_reward_model` its
-raw value) and plots.png under --run_dir; or plot several runs together:
+raw value) and plots.png under --run.run_dir; or plot several runs together:
   python experiments/plot_run.py --runs=runs/reward_model_grpo,runs/reward_vrcli
 """
 

@@ -13,7 +13,7 @@ verifier cannot grade a sentence.
 
   python experiments/reward_vrcli.py
   python experiments/reward_vrcli.py --task.data_path=my_pairs.jsonl \
-      --vrcli_reference=/path/to/frozen_hf_dir
+      --reward.vrcli_reference=/path/to/frozen_hf_dir
 """
 
 import os

@@ -5,8 +5,8 @@ token of prompt + response), fit with −log σ(r_chosen − r_rejected)
 (`rljax.rewards.reward_model`). Prints and plots held-out pair accuracy and
 writes, under --out_dir:
 
-  reward_model.json, orbax/, hf/   the model (`--reward=reward_model
-                                    --reward_model_path=<out_dir>` loads it)
+  reward_model.json, orbax/, hf/   the model (`--reward.name=reward_model
+                                    --reward.model_path=<out_dir>` loads it)
   rm_metrics.jsonl                 one row per step (train loss/accuracy,
                                     held-out eval_* on evaluated steps)
   rm_curve.png                     loss and held-out accuracy per step
@@ -250,7 +250,7 @@ def main(argv):
     f"{summary['wall_s']:.0f} s",
     flush=True,
   )
-  print(f"[rm] use it: --reward=reward_model --reward_model_path={out}")
+  print(f"[rm] use it: --reward.name=reward_model --reward.model_path={out}")
 
 
 if __name__ == "__main__":

@@ -121,6 +121,10 @@ _HEAVIEST_FILES = (
   "train/test_faults.py",
   "rollout/test_jax_sampler.py",
   "experiments/test_qurl_scripts.py",
+  "experiments/test_ablate_algorithms.py",
+  "rollout/test_continuous_batching.py",
+  "experiments/test_gpu_kit.py",
+  "train/test_critic_pretrain.py",
 )
 
 

@@ -109,3 +109,83 @@ class TestSummarize:
     assert not any(
       name.startswith(("$", "Thunk")) for name, _, _ in got["top_ops"]
     )
+
+
+class TestCategorize:
+  @pytest.mark.parametrize(
+    "name,category",
+    [
+      ("nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT", "matmul"),
+      ("sm90_xmma_gemm_i8i32_i8i32_i32_tn_n_tilesize128x128x128", "matmul"),
+      ("gemm_fusion_dot_339", "matmul"),
+      ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma", "attention"),
+      ("loop_multiply_fusion_6", "elementwise"),
+      ("input_reduce_fusion_2", "reduction"),
+      ("memcpy128", "copy"),
+      ("something_else", "other"),
+    ],
+  )
+  def test_kernel_names_seen_on_an_h200(self, name, category):
+    assert tracing.categorize(name) == category
+
+
+# The text of a compiled module as `compiled.as_text()` prints it: a fused
+# computation whose instructions carry the name stacks, the fusion that
+# calls it (no metadata of its own), and a plain dot.
+HLO = """HloModule jit_step
+%fused_computation.3 (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4] parameter(0)
+  ROOT %m = f32[4] multiply(%p0, %p0), metadata={op_name="jit(step)/transpose(jvp(logprob_head))/checkpoint/rematted_computation/mul"}
+}
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %a = f32[4] parameter(0)
+  %loop_multiply_fusion.3 = f32[4] fusion(%a), kind=kLoop, calls=%fused_computation.3
+  ROOT %dot.7 = f32[4] dot(%a, %a), metadata={op_name="jit(step)/jvp(decoder)/dot_general"}
+}
+"""
+
+
+class TestTimeShares:
+  def test_hlo_op_names_give_a_fusion_its_computations_stacks(self):
+    names = tracing.hlo_op_names(HLO)
+    assert "rematted_computation" in names["loop_multiply_fusion.3"]
+    assert "logprob_head" in names["loop_multiply_fusion.3"]
+    assert names["dot.7"] == "jit(step)/jvp(decoder)/dot_general"
+
+  def test_device_time_by_category_and_by_scope(self):
+    def op(name, hlo_op, dur):
+      event = _op(2, name, 0, dur)
+      event["args"] = {"hlo_op": hlo_op}
+      return event
+
+    events = [
+      _meta(1, "/host:CPU"),
+      _meta(2, "/device:GPU:0"),
+      _op(1, "launch", 0, 999),  # host spans are not device time
+      op("loop_multiply_fusion_3", "loop_multiply_fusion.3", 30),
+      op("nvjet_sm90_tst", "dot.7", 70),
+    ]
+    got = tracing.time_shares(
+      events,
+      scopes=("logprob_head", "rematted_computation", "decoder"),
+      op_names=tracing.hlo_op_names(HLO),
+    )
+    assert got["total_ms"] == pytest.approx(0.1)
+    assert got["by_category"] == pytest.approx(
+      {"matmul": 0.07, "elementwise": 0.03}
+    )
+    assert got["by_scope"] == pytest.approx(
+      {"logprob_head": 0.03, "rematted_computation": 0.03, "decoder": 0.07}
+    )
+
+  def test_kernels_inside_a_cuda_graph_are_named_by_kernel(self):
+    # Inside an XLA command buffer every kernel's hlo_op is the buffer
+    # ("command_buffer_1"); its name is the fusion's, with "_" for ".".
+    event = _op(2, "loop_multiply_fusion_3", 0, 40)
+    event["args"] = {"hlo_op": "command_buffer_1"}
+    got = tracing.time_shares(
+      [_meta(2, "/device:GPU:0"), event],
+      scopes=("rematted_computation",),
+      op_names=tracing.hlo_op_names(HLO),
+    )
+    assert got["by_scope"]["rematted_computation"] == pytest.approx(0.04)

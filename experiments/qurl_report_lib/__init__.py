@@ -5,6 +5,9 @@ Lowest first; a module imports only those before it:
             number formatting;
   studies   a study's run files on disk: loading, pooling, archiving,
             per-run summaries;
+  gates     what a claim may say: the arms' effective configs (the UAQ
+            scale applied), the fields two arms differ in, and the "not
+            tested / not exercised / not attributable" gates of issue 44;
   claims    the claims table: which configs each question compares, and the
             verdict of each;
   sections  the page's other sections and its figures.

@@ -4,6 +4,9 @@ paired bootstrap of final held-out accuracy."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from qurl_report_lib import gates
 from qurl_report_lib.stats import (
   CONFIDENCE,
   MARGIN,
@@ -14,73 +17,50 @@ from qurl_report_lib.stats import (
 )
 from qurl_report_lib.studies import final_scores
 
-# (question, study, claim, A, B, kind): B − A of final held-out accuracy.
+# The fields a claim compares; two arms that also differ elsewhere are
+# refused (gates.check_named).
+Q, C, U = "rollout.quant", "loss.correction", "rollout.uaq_scale"
+
+# (question, study, claim, A, B, kind, named fields): B − A of final held-out
+# accuracy. The quantized arms of the archived studies ran with UAQ 1.5 and
+# fp32 without (issue 44): claims across them name UAQ, in field and text.
 CLAIMS = (
   [
     (
       "1",
-      "q1_instrument",
-      "naive INT8 rollout degrades training",
+      study,
+      "naive INT8 rollout (+ UAQ 1.5) degrades training",
       "int8_naive",
       "fp32",
       "superiority",
-    ),
+      (Q, U),
+    )
+    for study in ("q1_instrument", "q1_smollm2")
+  ]
+  + [
     (
       "1",
-      "q1_instrument",
-      "INT8 + TIS is no worse than fp32",
+      study,
+      f"INT8 + {c.upper()} (+ UAQ 1.5) is no worse than fp32",
       "fp32",
-      "int8_tis",
+      f"int8_{c}",
       "non_inferiority",
-    ),
-    (
-      "1",
-      "q1_instrument",
-      "INT8 + ACR is no worse than fp32",
-      "fp32",
-      "int8_acr",
-      "non_inferiority",
-    ),
-    (
-      "1",
-      "q1_smollm2",
-      "naive INT8 rollout degrades training",
-      "int8_naive",
-      "fp32",
-      "superiority",
-    ),
-    (
-      "1",
-      "q1_smollm2",
-      "INT8 + TIS is no worse than fp32",
-      "fp32",
-      "int8_tis",
-      "non_inferiority",
-    ),
-    (
-      "1",
-      "q1_smollm2",
-      "INT8 + ACR is no worse than fp32",
-      "fp32",
-      "int8_acr",
-      "non_inferiority",
-    ),
+      (Q, C, U),
+    )
+    for study in ("q1_instrument", "q1_smollm2")
+    for c in ("tis", "acr")
+  ]
+  + [
     (
       "2",
-      "q2_instrument",
+      study,
       "ACR beats TIS where its bound binds",
       "int8_tis",
       "int8_acr",
       "superiority",
-    ),
-    (
-      "2",
-      "q2_smollm2",
-      "ACR beats TIS where its bound binds",
-      "int8_tis",
-      "int8_acr",
-      "superiority",
-    ),
+      (C,),
+    )
+    for study in ("q2_instrument", "q2_smollm2")
   ]
   + [
     (
@@ -90,6 +70,7 @@ CLAIMS = (
       f"int8_acr_lr{lr}",
       f"int8_acr_uaq{s}_lr{lr}",
       "superiority",
+      (U,),
     )
     for study in ("q3_uaq", "q3_instrument")
     for lr in ("1e-6", "1e-5")
@@ -99,18 +80,20 @@ CLAIMS = (
     (
       "4",
       "q4_long_horizon",
-      "INT8 + TIS falls behind fp32 over 1,000 steps (collapse)",
+      "INT8 + TIS (+ UAQ 1.5) falls behind fp32 over 1,000 steps (collapse)",
       "int8_tis",
       "fp32",
       "superiority",
+      (Q, C, U),
     ),
     (
       "4",
       "q4_long_horizon",
-      "INT8 + ACR is no worse than fp32 over 1,000 steps",
+      "INT8 + ACR (+ UAQ 1.5) is no worse than fp32 over 1,000 steps",
       "fp32",
       "int8_acr",
       "non_inferiority",
+      (Q, C, U),
     ),
     (
       "4",
@@ -119,22 +102,25 @@ CLAIMS = (
       "int8_tis",
       "int8_acr",
       "superiority",
+      (C,),
     ),
     (
       "5",
       "q5_fp8",
-      "naive FP8 (emulated) rollout degrades training",
+      "naive FP8 (emulated, + UAQ 1.5) rollout degrades training",
       "fp8_naive",
       "fp32",
       "superiority",
+      (Q, U),
     ),
     (
       "5",
       "q5_fp8",
-      "FP8 (emulated) + TIS is no worse than fp32",
+      "FP8 (emulated) + TIS (+ UAQ 1.5) is no worse than fp32",
       "fp32",
       "fp8_tis",
       "non_inferiority",
+      (Q, C, U),
     ),
     (
       "5",
@@ -143,6 +129,7 @@ CLAIMS = (
       "fp8_tis_q2",
       "fp8_acr_q2",
       "superiority",
+      (C,),
     ),
   ]
 )
@@ -153,26 +140,29 @@ CLAIMS += [
   (
     "5",
     "q5_instrument",
-    "naive FP8 (emulated) rollout degrades training",
+    "naive FP8 (emulated, + UAQ 1.5) rollout degrades training",
     "fp8_naive_q1",
     "fp32_q1",
     "superiority",
+    (Q, U),
   ),
   (
     "5",
     "q5_instrument",
-    "FP8 (emulated) + TIS is no worse than fp32",
+    "FP8 (emulated) + TIS (+ UAQ 1.5) is no worse than fp32",
     "fp32_q1",
     "fp8_tis_q1",
     "non_inferiority",
+    (Q, C, U),
   ),
   (
     "5",
     "q5_instrument",
-    "FP8 (emulated) + ACR is no worse than fp32",
+    "FP8 (emulated) + ACR (+ UAQ 1.5) is no worse than fp32",
     "fp32_q1",
     "fp8_acr_q1",
     "non_inferiority",
+    (Q, C, U),
   ),
   (
     "5",
@@ -181,6 +171,7 @@ CLAIMS += [
     "fp8_tis_q2",
     "fp8_acr_q2",
     "superiority",
+    (C,),
   ),
 ]
 # Question 2 also asks whether the corrected INT8 runs keep up with fp32
@@ -189,18 +180,20 @@ CLAIMS += [
   (
     "2",
     "q2_instrument",
-    f"INT8 + {c.upper()} is no worse than fp32 (4 x 2 updates per rollout)",
+    f"INT8 + {c.upper()} (+ UAQ 1.5) is no worse than fp32 (4 x 2 updates "
+    "per rollout)",
     "fp32",
     f"int8_{c}",
     "non_inferiority",
+    (Q, C, U),
   )
   for c in ("tis", "acr")
 ]
 # The same claims on runs made on a GPU (study `<name>_gpu`): another machine
 # and other seeds, so a separate study.
 CLAIMS += [
-  (q, f"{study}_gpu", f"{claim} (H100 runs)", a, b, kind)
-  for q, study, claim, a, b, kind in CLAIMS
+  (q, f"{study}_gpu", f"{claim} (H100 runs)", a, b, kind, named)
+  for q, study, claim, a, b, kind, named in CLAIMS
   if study in ("q2_instrument", "q4_long_horizon")
 ]
 # Q4's 1,000-step runs cost ~25 CPU-minutes each: its seeds were split over
@@ -215,9 +208,38 @@ CLAIMS += [
     a,
     b,
     kind,
+    named,
   )
-  for q, study, claim, a, b, kind in CLAIMS
+  for q, study, claim, a, b, kind, named in CLAIMS
   if study == "q4_long_horizon"
+]
+
+# Question 6: the fair test of ACR (issue 44 item 5, pre-registered in
+# experiments/configs/q6_acr_fair.json): several updates per rollout, UAQ off
+# in every arm, the deterministic CPU.
+CLAIMS += [
+  (
+    "6",
+    "q6_acr_fair",
+    f"{fmt_name}: ACR beats TIS (4 updates per rollout, UAQ off)",
+    f"{q}_tis",
+    f"{q}_acr",
+    "superiority",
+    (C,),
+  )
+  for q, fmt_name in (("int8", "INT8"), ("fp8", "FP8 (emulated)"))
+] + [
+  (
+    "6",
+    "q6_acr_fair",
+    f"{fmt_name} + {c.upper()} is no worse than fp32 (UAQ off)",
+    "fp32",
+    f"{q}_{c}",
+    "non_inferiority",
+    (Q, C, "loss.tis_cap"),
+  )
+  for q, fmt_name in (("int8", "INT8"), ("fp8", "FP8 (emulated)"))
+  for c in ("tis", "acr")
 ]
 
 QUESTIONS = {
@@ -226,12 +248,15 @@ QUESTIONS = {
   "3": "Does UAQ help where updates are rounded away?",
   "4": "Is there a long-horizon collapse (QuRL Fig. 3), and does ACR prevent it?",
   "5": "FP8 (emulated on CPU) for questions 1-2.",
+  "6": "The fair test of ACR: several updates per rollout, UAQ off, on the "
+  "deterministic CPU (pre-registered; issue 44).",
 }
 
 
 def compare(study: dict, a: str, b: str) -> dict | None:
   """Paired bootstrap of final accuracy B − A over the seeds both finished
-  (problems matched by uid); None if there is no such seed."""
+  (problems matched by uid); None if there is no such seed. `per_seed`:
+  each seed's mean B − A."""
   ra, rb = study["runs"].get(a, {}), study["runs"].get(b, {})
   rows_a, rows_b, seeds = [], [], []
   for seed in sorted(set(ra) & set(rb)):
@@ -247,13 +272,116 @@ def compare(study: dict, a: str, b: str) -> dict | None:
   if not seeds:
     return None
   delta, low, high = paired_bootstrap(rows_a, rows_b)
+  per_seed = (np.asarray(rows_b, float) - np.asarray(rows_a, float)).mean(1)
   return {
     "seeds": seeds,
     "problems": len(rows_a[0]),
     "delta": delta,
     "low": low,
     "high": high,
+    "per_seed": dict(zip(seeds, map(float, per_seed))),
   }
+
+
+def aa_floor(study: dict) -> tuple[float, str] | None:
+  """(largest |B − A|, which pair) over the A/A pairs of the study's GPU
+  seeds: arms that compute the same update (gates.same_update), so every
+  difference between them is the machine's nondeterminism."""
+  names = list(study["runs"])
+  found = []
+  for i, x in enumerate(names):
+    for y in names[i + 1 :]:
+      result = compare(study, x, y)
+      if result is None:
+        continue
+      for seed, d in result["per_seed"].items():
+        if seed not in study["gpu_seeds"]:
+          continue
+        if gates.same_update(study["runs"][x][seed], study["runs"][y][seed]):
+          found.append((abs(d), f"`{x}` vs `{y}`, seed {seed}"))
+  return max(found) if found else None
+
+
+def _lr_control(
+  study: dict, a: str, b: str, seed: int, scale: float
+) -> str | None:
+  """An arm of the study that differs from A (UAQ off) only in a learning
+  rate × s (within 10%; QuRL Table 4's control): what tells UAQ at scale s
+  from the learning-rate change it amounts to under Adam."""
+  run_a = study["runs"][a][seed]
+  lr_a = gates.effective_config(run_a)["optim.learning_rate"]
+  for name, by_seed in study["runs"].items():
+    if name in (a, b) or seed not in by_seed:
+      continue
+    diff = gates.run_differences(run_a, by_seed[seed])
+    if set(diff) == {"optim.learning_rate"}:
+      ratio = diff["optim.learning_rate"][1] / lr_a
+      if abs(ratio / scale - 1.0) <= 0.1:
+        return name
+  return None
+
+
+def _uaq(study: dict, name: str, seeds) -> str:
+  vals = sorted(
+    {
+      gates.effective_config(study["runs"][name][s])["rollout.uaq_scale"]
+      for s in seeds
+    }
+  )
+  return "/".join(f"{v:g}" for v in vals)
+
+
+def gate_claim(
+  study: dict, claim: str, a: str, b: str, named, result: dict, v: str, why: str
+) -> tuple[str, str]:
+  """The verdict after issue 44's gates (gates module docstring): refuses a
+  confounded comparison; an ACR-vs-TIS claim must have been testable and
+  exposed; a GPU comparison must exceed the machine's A/A floor."""
+  runs = []
+  for seed in result["seeds"]:
+    ra, rb = study["runs"][a][seed], study["runs"][b][seed]
+    gates.check_named(claim, a, b, ra, rb, named)
+    runs += [(ra, gates.effective_config(ra)), (rb, gates.effective_config(rb))]
+  corrections = {c.get("loss.correction") for _, c in runs}
+  if tuple(named) == ("loss.correction",) and corrections == {"tis", "acr"}:
+    gated = gates.acr_gate(runs)
+    if gated is not None:
+      return gated
+  elif corrections > {"acr"} and any(
+    gates.updates_per_rollout(c) == 1 for _, c in runs
+  ):
+    why += "; ACR ≡ TIS in these runs (one update per rollout: R ≡ 1)"
+  if tuple(named) == ("rollout.uaq_scale",) and v == "supported":
+    scale = gates.effective_config(study["runs"][b][result["seeds"][0]])[
+      "rollout.uaq_scale"
+    ]
+    control = _lr_control(study, a, b, result["seeds"][0], scale)
+    if control is None:
+      return gates.NOT_ATTRIBUTABLE, (
+        why + "; but under Adam a fold by s is a per-tensor learning rate "
+        "(×s on q/k/v/gate/up, ×1/s on the norm gains: rljax/quant/uaq.py) "
+        "and no arm at s = 1 with a larger learning rate tells the two apart"
+      )
+    why += f"; learning-rate control: `{control}`"
+  gpu = [s for s in result["seeds"] if s in study["gpu_seeds"]]
+  if gpu and v in ("supported", "not supported"):
+    floor = aa_floor(study)
+    gap = abs(float(np.mean([result["per_seed"][s] for s in gpu])))
+    if floor is None:
+      return gates.NOT_ATTRIBUTABLE, (
+        f"GPU seeds {gpu} and no A/A pair on that machine: its run-to-run "
+        "nondeterminism is unmeasured"
+      )
+    if gap <= floor[0]:
+      return gates.NOT_ATTRIBUTABLE, (
+        f"the GPU seeds' gap {gap:.3f} (absolute B − A) is within the A/A floor "
+        f"{floor[0]:.3f} ({floor[1]})"
+      )
+    why += (
+      f"; the GPU seeds' gap {gap:.3f} (absolute B − A) exceeds the A/A "
+      f"floor {floor[0]:.3f} ({floor[1]})"
+    )
+  return v, why
 
 
 def claims_section(studies: dict[str, dict]) -> tuple[list[str], list[dict]]:
@@ -266,12 +394,23 @@ def claims_section(studies: dict[str, dict]) -> tuple[list[str], list[dict]]:
     f"not supported if below −{MARGIN:g}; otherwise, or with fewer than "
     f"{MIN_SEEDS} paired seeds, not resolved at this scale.",
     "",
-    "| Q | study | claim | A | B | seeds | problems/seed | B − A | "
-    f"{int(CONFIDENCE * 100)}% CI | verdict | why |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
+    "Gates, read from each run's `config.json` and `metrics.jsonl` "
+    "(`experiments/qurl_report_lib/gates.py`): two arms may differ only in "
+    "the fields the claim names (else the page is not built); a claim "
+    f"that ACR beats TIS is **{gates.NOT_TESTED}** when the runs had "
+    "`update.ppo_epochs × update.minibatches == 1`, **not exercised** "
+    f"when ACR's gradient share is below {gates.EXPOSURE_GATE:g}, and "
+    "**not attributable** when the runs did not log it; a verdict from GPU "
+    "runs is **not attributable** unless the gap exceeds the A/A floor "
+    "(two arms computing the same update) of that machine. UAQ A/B: the "
+    "scale each arm's trainer applied.",
+    "",
+    "| Q | study | claim | A | B | UAQ A/B | updates/rollout | seeds | "
+    f"problems/seed | B − A | {int(CONFIDENCE * 100)}% CI | verdict | why |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   out = []
-  for q, study_name, claim, a, b, kind in CLAIMS:
+  for q, study_name, claim, a, b, kind, named in CLAIMS:
     study = studies.get(study_name)
     result = compare(study, a, b) if study else None
     ids = {"question": q, "study": study_name, "claim": claim, "a": a, "b": b}
@@ -283,21 +422,34 @@ def claims_section(studies: dict[str, dict]) -> tuple[list[str], list[dict]]:
       )
       row = {**ids, "verdict": "not resolved at this scale", "why": why}
       lines.append(
-        f"| {q} | {study_name} | {claim} | `{a}` | `{b}` | 0 | – | "
+        f"| {q} | {study_name} | {claim} | `{a}` | `{b}` | – | – | 0 | – | "
         f"– | – | **not resolved at this scale** | {why} |"
       )
     else:
       v, why = verdict(
         result["low"], result["high"], kind, len(result["seeds"])
       )
+      v, why = gate_claim(study, claim, a, b, named, result, v, why)
+      seeds = result["seeds"]
+      uaq = f"{_uaq(study, a, seeds)} / {_uaq(study, b, seeds)}"
+      updates = sorted(
+        {
+          gates.updates_per_rollout(gates.effective_config(study["runs"][n][s]))
+          for n in (a, b)
+          for s in seeds
+        }
+      )
       row = {
         **ids,
         "verdict": v,
         "why": why,
-        **result,
+        "uaq": uaq,
+        "updates_per_rollout": updates,
+        **{k: x for k, x in result.items() if k != "per_seed"},
       }
       lines.append(
-        f"| {q} | {study_name} | {claim} | `{a}` | `{b}` | "
+        f"| {q} | {study_name} | {claim} | `{a}` | `{b}` | {uaq} | "
+        f"{'/'.join(map(str, updates))} | "
         f"{len(result['seeds'])} | {result['problems']} | "
         f"{result['delta']:+.3f} | [{result['low']:+.3f}, "
         f"{result['high']:+.3f}] | **{v}** | {why} |"

@@ -17,6 +17,7 @@ import numpy as np
 from rljax.train import config as config_lib
 from rljax.train.metrics import read_metrics
 
+from qurl_report_lib import gates
 from qurl_report_lib.stats import fmt, mean_std, sample_mean_std
 from qurl_report_lib.studies import run_quant_curves, run_summary, train_rows
 
@@ -184,15 +185,24 @@ def study_table(study: dict) -> list[str]:
     ("clip_high", "clip high"),
     ("tis_truncated", "ρ > C"),
     ("acr_active", "ACR-active"),
+    ("acr_grad_share", "ACR grad share"),
     ("changed_codes", "codes changed / sync"),
     ("update_to_error", "update / quant error"),
     ("s_per_step", "s/step"),
   ]
   lines = [
-    "| config | seeds done | steps | " + " | ".join(k[1] for k in keys) + " |",
-    "|" + "---|" * (3 + len(keys)),
+    "| config | UAQ s | updates/rollout | seeds done | steps | "
+    + " | ".join(k[1] for k in keys)
+    + " |",
+    "|" + "---|" * (5 + len(keys)),
   ]
   for name, seeds in study["runs"].items():
+    # What the trainer applied (gates.effective_config), not the name.
+    cfgs = [gates.effective_config(d) for d in seeds.values()]
+    uaq = "/".join(sorted({f"{c['rollout.uaq_scale']:g}" for c in cfgs})) or "–"
+    updates = (
+      "/".join(sorted({str(gates.updates_per_rollout(c)) for c in cfgs})) or "–"
+    )
     done = [
       d
       for d in seeds.values()
@@ -202,7 +212,9 @@ def study_table(study: dict) -> list[str]:
       partial = [f"{len(train_rows(d))}" for d in seeds.values()]
       reached = f"{'/'.join(partial)} (partial)" if partial else "not started"
       lines.append(
-        f"| `{name}` | 0 | {reached} | " + " | ".join("–" for _ in keys) + " |"
+        f"| `{name}` | {uaq} | {updates} | 0 | {reached} | "
+        + " | ".join("–" for _ in keys)
+        + " |"
       )
       continue
     sums = [run_summary(d) for d in done]
@@ -211,7 +223,7 @@ def study_table(study: dict) -> list[str]:
       m, sd, n = sample_mean_std(r[key] for r in sums)
       cells.append(fmt(m) + (f" ± {fmt(sd)}" if sd is not None else ""))
     lines.append(
-      f"| `{name}` | {len(done)} | {sums[0]['steps']} | "
+      f"| `{name}` | {uaq} | {updates} | {len(done)} | {sums[0]['steps']} | "
       + " | ".join(cells)
       + " |"
     )
@@ -224,6 +236,7 @@ _PANELS = [
   ("behav_prox_kl", "behavior–proximal KL"),
   ("max_prox_behav_ratio", "max ρ"),
   ("acr_active_fraction", "ACR-active fraction"),
+  ("acr_grad_share", "ACR gradient share"),
   ("quant/quantized_change_fraction", "changed-code fraction per sync"),
 ]
 

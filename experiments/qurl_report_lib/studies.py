@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -25,6 +26,15 @@ def run_quant_curves(run_dir: str) -> dict:
     vals = [r[key] for r in train if isinstance(r.get(key), (int, float))]
     out[key] = float(np.mean(vals)) if vals else None
   return out
+
+
+def is_gpu(machine: str) -> bool:
+  """True if a study's `machine` line names an accelerator (whose runs are
+  not bit-reproducible, unlike the CPU's)."""
+  # Whole words: "output" holds "tpu".
+  return bool(
+    re.search(r"\b(nvidia|gpu|h100|h200|tpu|cuda)\b", machine.lower())
+  )
 
 
 def read_json(path, default=None):
@@ -61,8 +71,10 @@ def load_study(study_dir: str) -> dict:
     with open(cpu_log) as f:
       cpu = [json.loads(line) for line in f if line.strip()]
   cpu_s = sum(c.get("cpu_s", 0.0) for c in cpu)
+  seeds = {s for by_seed in runs.values() for s in by_seed}
   return {
     "dir": study_dir,
+    "gpu_seeds": seeds if is_gpu(setup.get("machine", "")) else set(),
     "setup": setup,
     "runs": runs,
     "status": status,
@@ -124,6 +136,7 @@ def pool_studies(parts: list[dict]) -> dict:
   setup["machine"] = "pooled (" + "; ".join(machines) + ")"
   return {
     "dir": "+".join(p["dir"] for p in parts),
+    "gpu_seeds": set().union(*(p["gpu_seeds"] for p in parts)),
     "setup": setup,
     "runs": runs,
     "status": status,
@@ -174,6 +187,7 @@ def run_summary(run_dir: str) -> dict:
     "clip_high": mean("clip_fraction_high", train),
     "tis_truncated": mean("tis_truncated_fraction", train),
     "acr_active": mean("acr_active_fraction", train),
+    "acr_grad_share": mean("acr_grad_share", train),
     "changed_codes": mean("quant/quantized_change_fraction", train),
     "update_to_error": mean("quant/update_to_quant_error", train),
     "s_per_step": mean("time_step", train),

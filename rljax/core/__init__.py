@@ -3,15 +3,26 @@
 Modules: `advantages` (GRPO, Dr. GRPO, RLOO, REINFORCE++, GAE, VC-PPO, VAPO),
 `objectives` (surrogates + QuRL off-policy corrections, value loss, entropy),
 `kl` (k1/k2/k3 estimators), `aggregation` (micro-batch-exact loss reduction),
-`shaping` (DAPO overlong shaping, length penalty, dynamic-sampling filters).
+`shaping` (DAPO overlong shaping, length penalty, dynamic-sampling filters),
+`nll` (VAPO's positive-example NLL), `exposure` (how much QuRL's ACR can
+change a batch: its active tokens and gradient share).
 """
 
-from rljax.core import advantages, aggregation, kl, objectives, shaping
+from rljax.core import (
+  advantages,
+  aggregation,
+  exposure,
+  kl,
+  nll,
+  objectives,
+  shaping,
+)
 from rljax.core.advantages import (
   discounted_returns,
   drgrpo,
   gae,
   grpo,
+  kl_penalized_returns,
   reinforce_pp,
   reinforce_pp_baseline,
   rloo,
@@ -34,6 +45,7 @@ from rljax.core.kl import (
   kl_loss_terms,
   kl_penalized_rewards,
 )
+from rljax.core.nll import positive_nll, positive_nll_terms
 from rljax.core.objectives import (
   CORRECTIONS,
   SURROGATES,
@@ -66,17 +78,21 @@ __all__ = [
   "advantages",
   "aggregation",
   "kl",
+  "nll",
   "objectives",
   "shaping",
   "discounted_returns",
   "drgrpo",
   "gae",
   "grpo",
+  "kl_penalized_returns",
   "reinforce_pp",
   "reinforce_pp_baseline",
   "rloo",
   "vapo_lambda",
   "vcppo_gae",
+  "positive_nll",
+  "positive_nll_terms",
   "AGGREGATION_MODES",
   "aggregate",
   "aggregate_mean",

@@ -109,12 +109,26 @@ def reinforce_pp(
   mask: Bool[ArrayLike, "*s"] | None = None,
   eps: float = 1e-6,
 ) -> Float[Array, "*s"]:
-  """REINFORCE++ advantage: batch whitening  Â = (G − mean_batch G) / (std_batch G + eps).
+  """REINFORCE++ advantage: global batch whitening (Hu et al. 2025, Eq. 10)
 
-  Hu 2025, REINFORCE++: no per-prompt baseline; mean and (population) std are
-  taken over every valid entry of the whole batch. `returns` is [N] (one
-  return per sample) or [B, T] token returns (see `discounted_returns`) with
-  `mask`; padding gets 0 and is excluded from the statistics.
+    Â_t = (G_t − mean_batch G) / (std_batch G + eps)
+
+  REINFORCE++ (Hu et al. 2025, "REINFORCE++: An Efficient RLHF Algorithm
+  with Robustness to Both Prompt and Reward Models") has no per-prompt
+  baseline: mean and std are taken over every valid entry of the whole
+  (global) batch. The paper whitens token advantages, so pass [B, T] token
+  returns (`kl_penalized_returns`, Eq. 8) with their `mask`: every valid
+  response token is one sample, and a long response weighs in proportion to
+  its length. [N] returns (one per sequence) whiten over sequences instead,
+  which is not the paper's estimator when lengths differ. Padding gets 0 and
+  is excluded from the statistics.
+
+  Convention: std is the population std (divide by the number of valid
+  entries n, ddof=0) and eps is added to the std. verl's `masked_whiten`
+  (used by its REINFORCE++ estimators) divides by the unbiased std
+  (Bessel's n − 1) with eps inside the square root, (x − μ)·rsqrt(σ²_{n−1} +
+  1e-8): its advantages are √((n−1)/n) times these, a difference that
+  vanishes for the thousands of tokens of a real batch (0.1% at n = 500).
   """
   v.check_rank("returns", returns, (1, 2))
   eps = _check_eps(eps)
@@ -127,21 +141,79 @@ def reinforce_pp(
   return _whiten(x, valid, eps)
 
 
+def kl_penalized_returns(
+  rewards: Float[ArrayLike, "B"],
+  token_kl: Float[ArrayLike, "B T"],
+  mask: Bool[ArrayLike, "B T"],
+  kl_coef: float,
+) -> Float[Array, "B T"]:
+  """REINFORCE++ token return with the KL penalty as reward-to-go (Hu et al.
+  2025, Eq. 8):
+
+    G_t = r(x, y) − β Σ_{i ≥ t} KL_i        (t, i valid response tokens)
+
+  The per-token reward is r(x, y)·[t = last] − β·KL_t, and with γ = 1 its
+  return from token t counts only the KL of token t and the tokens after
+  it: the first token carries the whole response's penalty, the last one
+  only its own. (Adding the penalty summed over the whole response to every
+  token would charge token t for KL it came before.)
+
+  Args:
+    rewards: [B] outcome rewards r(x, y) (for REINFORCE++-baseline, already
+      centred by the group mean).
+    token_kl: [B, T] per-token KL estimates KL_t, e.g. `kl.k1(logp_old,
+      ref_logp)`; values at padding are ignored.
+    mask: [B, T] valid response tokens.
+    kl_coef: β >= 0.
+
+  Returns:
+    [B, T] token returns, 0 at padding, no gradient. Whiten them with
+    `reinforce_pp(returns, mask)` (Eq. 10).
+  """
+  v.check_rank("rewards", rewards, 1)
+  v.check_rank("token_kl", token_kl, 2)
+  v.check_same_shape(token_kl=token_kl, mask=mask)
+  batch = v.shape_of(token_kl)[0]
+  if v.shape_of(rewards)[0] != batch:
+    raise ValueError(
+      f"rewards must have one entry per row of token_kl ({batch}); got "
+      f"shape {v.shape_of(rewards)}."
+    )
+  if isinstance(kl_coef, (int, float)):
+    kl_coef = v.check_real("kl_coef", kl_coef, low=0.0)
+  valid = v.as_mask("mask", mask)
+  kl = jax.lax.stop_gradient(jnp.where(valid, v.as_float(token_kl), 0.0))
+  r = jax.lax.stop_gradient(v.as_float(rewards))
+  # Σ_{i ≥ t}: a reversed cumulative sum along the tokens.
+  kl_to_go = jnp.flip(jnp.cumsum(jnp.flip(kl, axis=1), axis=1), axis=1)
+  return jnp.where(valid, r[:, None] - kl_coef * kl_to_go, 0.0)
+
+
 def reinforce_pp_baseline(
   rewards: Float[ArrayLike, "N"],
   group_size: int,
   eps: float = 1e-6,
   valid: Bool[ArrayLike, "N"] | None = None,
-) -> Float[Array, "N"]:
-  """REINFORCE++ with group baseline: Â = whiten_batch(r_i − mean_g(r)).
+  mask: Bool[ArrayLike, "N T"] | None = None,
+) -> Float[Array, "N"] | Float[Array, "N T"]:
+  """REINFORCE++-baseline: Â = whiten_batch(r_i − mean_g(r)).
 
-  Hu 2025, REINFORCE++-baseline: subtract the per-prompt mean (removes the
-  prompt difficulty), then whiten across the whole batch instead of per group
-  (avoids GRPO's small-group std). `valid` [N] marks the samples that take
-  part: the batch mean and std are taken over them only, and the rest get 0.
-  Filler groups (dynamic sampling pads a batch with masked-out groups) have
-  centred reward 0; counted in the std they would shrink it and inflate every
-  advantage by √(N/N_valid).
+  Hu et al. 2025, REINFORCE++-baseline: subtract the per-prompt mean
+  (removes the prompt difficulty), then whiten across the whole batch as
+  REINFORCE++ does (Eq. 10; avoids GRPO's small-group std).
+
+  With `mask` [N, T] (the paper's estimator) the centred reward is put on
+  every valid response token and the mean and std are taken over all valid
+  tokens of the batch: returns [N, T], 0 at padding. (For a KL penalty in
+  the reward, whiten `kl_penalized_returns(drgrpo(r), KL, mask, β)` with
+  `reinforce_pp` instead: equal to this at β = 0.) Without `mask`, each
+  sample is one entry: returns [N], whitened over sequences.
+
+  `valid` [N] marks the samples that take part: the batch statistics are
+  taken over them only, and the rest get 0. Filler groups (dynamic sampling
+  pads a batch with masked-out groups) have centred reward 0; counted in
+  the std they would shrink it and inflate every advantage by
+  √(N/N_valid). std convention: see `reinforce_pp`.
   """
   group_size = v.check_group_size(rewards, group_size)
   eps = _check_eps(eps)
@@ -151,7 +223,17 @@ def reinforce_pp_baseline(
   else:
     v.check_same_shape(rewards=rewards, valid=valid)
     keep = v.as_mask("valid", valid)
-  return _whiten(centered, keep, eps)
+  if mask is None:
+    return _whiten(centered, keep, eps)
+  v.check_rank("mask", mask, 2)
+  n = centered.shape[0]
+  if v.shape_of(mask)[0] != n:
+    raise ValueError(
+      f"mask must have one row per reward ({n}); got shape {v.shape_of(mask)}."
+    )
+  tokens = v.as_mask("mask", mask) & keep[:, None]
+  per_token = jnp.broadcast_to(centered[:, None], tokens.shape)
+  return _whiten(per_token, tokens, eps)
 
 
 def _check_lam(lam: Any, batch: int) -> jnp.ndarray:

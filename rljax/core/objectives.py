@@ -108,6 +108,8 @@ class PolicyLossConfig:
       token with ρ < τ, whatever the correction (see `importance_weights`).
     aggregation: one of aggregation.AGGREGATION_MODES.
     norm_const: divisor of "seq-mean-token-sum-norm" (None: padded length T).
+    positive_nll_coef: μ >= 0 of VAPO's positive-example NLL (`nll`); not
+      part of `policy_loss` (it needs the rewards): the trainer adds it.
   """
 
   surrogate: str = "ppo"
@@ -119,6 +121,9 @@ class PolicyLossConfig:
   aggregation: str = "token-mean"
   norm_const: float | None = None
   veto_threshold: float | None = None
+  # VAPO's positive-example NLL weight μ (`rljax.core.nll`); 0 = off. The
+  # term needs the rewards, so the trainer adds it (train/update.py).
+  positive_nll_coef: float = 0.0
 
   def __post_init__(self):
     v.check_choice("surrogate", self.surrogate, SURROGATES)
@@ -156,6 +161,10 @@ class PolicyLossConfig:
           f"has no min to bound. Set dual_clip=None."
         )
     set_("norm_const", aggregation.check_norm_const(self.norm_const))
+    set_(
+      "positive_nll_coef",
+      v.check_real("positive_nll_coef", self.positive_nll_coef, low=0.0),
+    )
     if self.veto_threshold is not None:
       set_(
         "veto_threshold",

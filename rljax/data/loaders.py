@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Iterable, Iterator, Literal, Mapping
 
 from rljax.data.records import (
@@ -48,22 +49,33 @@ def _first_present(
   return None
 
 
+_FINAL_PUNCTUATION = re.compile(r"[.?!:;][\"')\]]*$")
+
+
 def _composed_question(
   row: Mapping[str, Any], compose: Compose, fields: str
 ) -> tuple[str, str]:
   """(label, text) of a question joined from several fields."""
   parts = []
-  for name in compose.fields:
-    value = row.get(name)
+  for part in compose.fields:
+    names = compose.candidates(part)
+    found = _first_present(row, names)
+    value = None if found is None else found[1]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
       value = str(value)
     if not isinstance(value, str) or not value.strip():
       problem = "missing" if value is None else "empty or not a string"
       raise _RowError(
         "missing_field",
-        f"question part {name!r} of {compose} is {problem} (fields: {fields})",
+        f"question part {'/'.join(names)!r} of {compose} is {problem} "
+        f"(fields: {fields})",
       )
     parts.append(value.strip())
+  if compose.sentences:
+    parts = [
+      p if i == len(parts) - 1 or _FINAL_PUNCTUATION.search(p) else p + "."
+      for i, p in enumerate(parts)
+    ]
   return str(compose), compose.sep.join(parts)
 
 
@@ -77,7 +89,7 @@ def _row_to_example(
   fields = ", ".join(sorted(map(str, row))) or "none"
   if isinstance(field_map.question, Compose):
     question = _composed_question(row, field_map.question, fields)
-    question_fields = set(field_map.question.fields)
+    question_fields = field_map.question.names()
   else:
     question = _first_present(row, field_map.candidates("question"))
     if question is None:
@@ -188,15 +200,14 @@ def _jsonl_rows(path: str) -> Iterator[tuple[str, Any]]:
       if not line.strip():
         continue
       try:
-        yield location, json.loads(line)
+        row = json.loads(line)
       except json.JSONDecodeError as error:
-        yield (
-          location,
-          _RowError(
-            "invalid_json",
-            f"invalid JSON ({error.msg} at column {error.colno})",
-          ),
+        row = _RowError(
+          "invalid_json", f"invalid JSON ({error.msg} at column {error.colno})"
         )
+      except RecursionError:  # a value nested deeper than Python's stack
+        row = _RowError("invalid_json", "invalid JSON (nested too deeply)")
+      yield location, row
 
 
 def _dataset_name(path: str, name: str | None) -> str:

@@ -48,26 +48,50 @@ class Compose:
   pens.", "Question": "How many pens does he have now?"}`` into "Jack had 8
   pens. How many pens does he have now?". Every field must be present and a
   non-empty string (or a number); a row lacking one is a "missing_field"
-  error that names it.
+  error that names it. A part may be a tuple of candidate names, the first
+  present taken (``("body", "Body")``: exports differ in case).
 
   Attributes:
-    fields: the field names, in reading order.
+    fields: the field names (or candidate tuples), in reading order.
     sep: put between the stripped field values.
+    sentences: end every part but the last with a full stop when it has
+      no final punctuation. SVAMP's Body is a clause without one in about a
+      third of the problems ("... If there is a discount of 25 dollars on
+      each pack" + "How much do you have to pay?"); joined as is, the
+      question is a run-on sentence.
   """
 
-  fields: tuple[str, ...]
+  fields: tuple[str | tuple[str, ...], ...]
   sep: str = " "
+  sentences: bool = False
 
-  def __init__(self, *fields: str, sep: str = " "):
-    if not fields or not all(isinstance(f, str) and f for f in fields):
+  def __init__(
+    self, *fields: str | tuple[str, ...], sep: str = " ", sentences=False
+  ):
+    def ok(f):
+      if isinstance(f, tuple):
+        return bool(f) and all(isinstance(n, str) and n for n in f)
+      return isinstance(f, str) and bool(f)
+
+    if not fields or not all(ok(f) for f in fields):
       raise ValueError(
-        f"Compose fields={fields!r}; expected one or more field names"
+        f"Compose fields={fields!r}; expected one or more field names "
+        "(or tuples of candidate names)"
       )
     object.__setattr__(self, "fields", tuple(fields))
     object.__setattr__(self, "sep", sep)
+    object.__setattr__(self, "sentences", bool(sentences))
+
+  def candidates(self, part: str | tuple[str, ...]) -> tuple[str, ...]:
+    """The names one part may have, in order."""
+    return (part,) if isinstance(part, str) else tuple(part)
+
+  def names(self) -> set[str]:
+    """Every field name a part may be read from."""
+    return {n for part in self.fields for n in self.candidates(part)}
 
   def __str__(self) -> str:
-    return "+".join(self.fields)
+    return "+".join("/".join(self.candidates(f)) for f in self.fields)
 
 
 FieldNames = Union[str, Sequence[str]]
@@ -103,13 +127,23 @@ class FieldMap:
     return (names,) if isinstance(names, str) else tuple(names)
 
 
+def _nonfinite_number(text: str) -> bool:
+  """ "NaN", "inf", "-Infinity", "1e999": a number no answer can equal."""
+  try:
+    return not math.isfinite(float(text))
+  except ValueError:
+    return False
+
+
 def answer_text(value: Any) -> str | None:
   """A ground-truth value as a string: ``27.0`` -> "27", ``["3"]`` -> "3",
-  ``[1, 2]`` -> "1, 2"; None for empty or non-scalar values."""
+  ``[1, 2]`` -> "1, 2"; None for empty or non-scalar values, and for a
+  non-finite number ("#### NaN": no completion could be graded right)."""
   if value is None or isinstance(value, bool):
     return None
   if isinstance(value, str):
-    return value.strip() or None
+    text = value.strip()
+    return text if text and not _nonfinite_number(text) else None
   if isinstance(value, int):
     return str(value)
   if isinstance(value, float):

@@ -90,15 +90,19 @@ OLYMPIADBENCH = FieldMap(
   question=("problem", "question"), answer=("answer", "final_answer")
 )
 DEEPSCALER = FieldMap(question="problem", answer="answer")
-# Questions in two fields: the story ("Body") and the ask ("Question").
+# Questions in two fields: the story ("Body") and the ask ("Question"),
+# joined as sentences (a third of SVAMP's bodies end without a full stop).
 SVAMP = FieldMap(
-  question=Compose("Body", "Question"),
+  question=Compose("Body", "Question", sentences=True),
   answer="Answer",
   answer_extractor=number_answer,
 )
+# ASDiv as distributed in JSON Lines writes its fields in lower case
+# ("body", "question", "answer": "9 (apples)"); the capitalised names of the
+# XML release are read too.
 ASDIV = FieldMap(
-  question=Compose("Body", "Question"),
-  answer="Answer",
+  question=Compose(("body", "Body"), ("question", "Question"), sentences=True),
+  answer=("answer", "Answer"),
   answer_extractor=number_answer,
 )
 

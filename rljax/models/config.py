@@ -228,8 +228,11 @@ class ModelConfig:
         path = os.path.join(path, "config.json")
       if not os.path.isfile(path):
         raise FileNotFoundError(f"no HF config.json at {path!r}")
-      with open(path) as f:
-        config = json.load(f)
+      try:
+        with open(path) as f:
+          config = json.load(f)
+      except ValueError as e:  # JSONDecodeError, or not UTF-8
+        raise ValueError(f"{path}: not a valid JSON config ({e})") from e
     if not isinstance(config, Mapping):
       raise TypeError(
         f"ModelConfig.from_hf got {type(config).__name__}; "

@@ -9,6 +9,7 @@ or mis-shaped tensor is an error that names it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Mapping
@@ -256,6 +257,12 @@ def from_hf_state_dict(
   def read(name: str) -> np.ndarray:
     # Each tensor is read once (lazily from disk) and checked as it is read.
     array = np.asarray(state_dict[name])
+    if array.dtype.kind in "iub":  # cast to float, it would mean nothing
+      raise ValueError(
+        f"{source or 'state dict'}: tensor {name!r} holds {array.dtype} "
+        "values; expected floating-point weights (a quantized checkpoint "
+        "needs its own loader)"
+      )
     if check_finite:
       nan, inf = count_non_finite(array)
       if nan or inf:
@@ -289,6 +296,19 @@ def from_hf_state_dict(
 
 
 # ---------------------------------------------------------- safetensors dir
+@contextlib.contextmanager
+def _named(file: str, action: str):
+  """Errors of the safetensors reader (a truncated or damaged file) name
+  the file and what was being read; they do not by themselves."""
+  try:
+    yield
+  except Exception as e:  # safetensors raises its own SafetensorError
+    raise ValueError(
+      f"{file}: not a readable safetensors file ({action}: {e}); the file is "
+      "truncated or damaged: copy or export it again"
+    ) from e
+
+
 class LazyStateDict(Mapping):
   """Tensors of safetensors files, read from disk on access.
 
@@ -299,22 +319,28 @@ class LazyStateDict(Mapping):
   def __init__(self, files: list[str]):
     self._where: dict[str, str] = {}
     for file in files:
-      with safe_open(file, framework="np") as f:
-        for name in f.keys():
-          if name in self._where:
-            raise ValueError(
-              f"tensor {name!r} appears in two files "
-              f"({self._where[name]}, {file})"
-            )
-          self._where[name] = file
+      with _named(file, "reading its header"):
+        with safe_open(file, framework="np") as f:
+          names = list(f.keys())
+      for name in names:
+        if name in self._where:
+          raise ValueError(
+            f"tensor {name!r} appears in two files "
+            f"({self._where[name]}, {file})"
+          )
+        self._where[name] = file
 
   def shape(self, name: str) -> tuple[int, ...]:
-    with safe_open(self._where[name], framework="np") as f:
-      return tuple(f.get_slice(name).get_shape())
+    file = self._where[name]
+    with _named(file, f"reading tensor {name!r}"):
+      with safe_open(file, framework="np") as f:
+        return tuple(f.get_slice(name).get_shape())
 
   def __getitem__(self, name: str) -> np.ndarray:
-    with safe_open(self._where[name], framework="np") as f:
-      return f.get_tensor(name)
+    file = self._where[name]
+    with _named(file, f"reading tensor {name!r}"):
+      with safe_open(file, framework="np") as f:
+        return f.get_tensor(name)
 
   def __iter__(self):
     return iter(self._where)

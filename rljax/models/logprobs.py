@@ -17,6 +17,10 @@ from rljax.models import decoder
 from rljax.models.config import ModelConfig
 
 
+# Name scope of the LM head and log-softmax (see `_head_logprobs`).
+HEAD_SCOPE = "logprob_head"
+
+
 def _check_temperature(temperature):
   if isinstance(temperature, (int, float)) and not temperature > 0:
     raise ValueError(f"temperature={temperature!r}; expected > 0")
@@ -104,7 +108,7 @@ def token_logprobs(
   chunk_size: int | None = None,
   *,
   positions: Int[Array, "b t"] | None = None,
-  remat: bool = False,
+  remat: bool | str = False,
   activation_dtype=None,
   start: int = 0,
 ) -> tuple[Float[Array, "b t-1"], Float[Array, "b t-1"]]:
@@ -125,7 +129,8 @@ def token_logprobs(
       many positions (`lax.map`, each chunk rematerialized in the backward
       pass), so [B, T, V] logits never exist at once.
     positions: RoPE positions (see `decoder.final_hidden_states`).
-    remat: per-layer rematerialization of the decoder blocks.
+    remat: per-layer rematerialization of the decoder blocks (True, or
+      "dots": save the projections' outputs, `decoder.final_hidden_states`).
     activation_dtype: the forward pass's activation dtype (default the
       embedding's; float32 under bf16 weights is the CPU's mixed precision:
       bf16 x bf16 -> f32 dots, everything else in float32).
@@ -179,8 +184,11 @@ def _head_logprobs(config, params, hidden, targets, temperature, chunk_size):
   positions when set."""
 
   def head(h, y):
-    logits = decoder.logits_from_hidden(config, params, h)
-    return logprobs_from_logits(logits, y, temperature)
+    # The scope names the head's ops in a profile (rljax.tracing's
+    # "logprob_head" share); it changes nothing that is computed.
+    with jax.named_scope(HEAD_SCOPE):
+      logits = decoder.logits_from_hidden(config, params, h)
+      return logprobs_from_logits(logits, y, temperature)
 
   if chunk_size is None or chunk_size >= targets.shape[1]:
     return head(hidden, targets)

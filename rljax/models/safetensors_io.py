@@ -66,7 +66,17 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorSpec]:
         f"{path!r} is not a safetensors file (shorter than 8 bytes)"
       )
     (header_len,) = struct.unpack("<Q", raw_len)
-    header = json.loads(f.read(header_len))
+    size = os.fstat(f.fileno()).st_size
+    # A damaged length is not allocated: the header lies inside the file.
+    raw = f.read(header_len) if header_len <= size - 8 else b""
+  try:
+    if len(raw) != header_len:
+      raise ValueError(f"a {header_len}-byte header in a {size}-byte file")
+    header = json.loads(raw)
+  except ValueError as e:
+    raise ValueError(
+      f"{path!r} is not a safetensors file (truncated or damaged header: {e})"
+    ) from e
   specs = {}
   for name, entry in header.items():
     if name == "__metadata__":
@@ -88,9 +98,23 @@ def checkpoint_files(model_dir: str | os.PathLike) -> list[str]:
   `model.safetensors`, else every `*.safetensors` file."""
   model_dir = os.fspath(model_dir)
   index = os.path.join(model_dir, INDEX_FILE)
+  single = os.path.join(model_dir, SINGLE_FILE)
+  if os.path.isfile(index) and os.path.isfile(single):
+    # transformers would load the single file, rljax the shards: refuse to
+    # guess which one is the model.
+    raise ValueError(
+      f"{model_dir!r} holds both {INDEX_FILE} (sharded weights) and "
+      f"{SINGLE_FILE}; remove the one that is not the model"
+    )
   if os.path.isfile(index):
-    with open(index) as f:
-      names = sorted(set(json.load(f)["weight_map"].values()))
+    try:
+      with open(index) as f:
+        names = sorted(set(json.load(f)["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise ValueError(
+        f"{index}: not a safetensors index ({type(e).__name__}: {e}); "
+        "expected JSON with a 'weight_map' object"
+      ) from e
   elif os.path.isfile(os.path.join(model_dir, SINGLE_FILE)):
     names = [SINGLE_FILE]
   else:

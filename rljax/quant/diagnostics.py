@@ -328,6 +328,13 @@ class SyncDiagnostics:
     self._prev_params = None
     self._prev_codes = None
 
+  @property
+  def previous_params(self) -> Params | None:
+    """The params of the last call (the next call's reference), or None
+    before the first: what a resumed run must call with again to continue
+    the same series (`train.checkpoint.save_step`)."""
+    return self._prev_params
+
   def __call__(self, params: Params, qparams: Params) -> dict[str, float]:
     pairs = _quant_pairs(params, qparams, "SyncDiagnostics")
     paths = [tuple(name.split("/")) for name, _, _ in pairs]

@@ -14,6 +14,26 @@ input was scaled by s. An optimizer that normalises gradients (Adam) then takes
 the same-sized steps on a matrix s times smaller: relative to the quantization
 grid, updates grow by s and the ratio update² / quantization-error² by s².
 
+Under Adam this is exactly a per-tensor learning rate (issue 44). A leaf
+folded by s^k (k = −1 for the q/k/v/gate/up kernels, +1 for the two norm
+gains) has gradient s^(−k)·g in the folded coordinates; Adam's step
+m̂/(√v̂ + ε) does not change when every gradient of a tensor is scaled by the
+same constant (for ε ≪ √v̂), so the folded leaf moves by the plain step, and
+mapped back (× s^(−k)) the plain leaf moves by s^(−k) times it:
+
+  Adam(lr) on fold_uaq(θ, s)  ≡  Adam with lr·s on q/k/v/gate/up kernels and
+                                 lr/s on attn_norm.γ, mlp_norm.γ, on θ,
+
+with weight decay 0 (decoupled decay λ·θ is not rescaled with the step) and
+while a global-norm clip does not bind (it mixes tensors' gradients).
+`tests/quant/test_uaq.py::AdamEquivalenceTest` checks it over several optax
+steps to ~1e-6. So an accuracy gain from UAQ at one learning rate cannot be
+told from a gain from a larger learning rate without a control at s = 1 and
+lr × s (QuRL Table 4 has one); what UAQ adds beyond that is the grid: the
+quantized copy sees updates s times larger relative to its rounding step.
+An unquantized run with s ≠ 1 (`--rollout.quant=none --rollout.uaq_scale=s`)
+is that control's other half: the same optimizer geometry without rounding.
+
 Optional further folds through linear paths inside a block:
   * v → o: attention output is Σ_j softmax_ij v_j, linear in v, so scaling v's
     outputs (kernel columns and bias) by s and dividing o's input rows by s is

@@ -96,7 +96,7 @@ def check_address(url: str, allow_remote: bool = False) -> tuple[str, int]:
       raise ValueError(
         f"judge_url={url!r} resolves to non-loopback address(es) {remote}; "
         "the judge only talks to 127.0.0.1/::1 unless allowed explicitly "
-        "(--judge_allow_remote / JudgeConfig.allow_remote=True)"
+        "(--reward.judge_allow_remote / JudgeConfig.allow_remote=True)"
       )
   return host, port
 

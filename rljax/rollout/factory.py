@@ -28,6 +28,7 @@ def make_engine(
   run_dir: str = ".",
   vllm_urls: Sequence[str] | None = None,
   mesh: Any = None,
+  batching: str = "static",
 ):
   """The rollout engine `engine` for a model.
 
@@ -44,6 +45,8 @@ def make_engine(
     run_dir: where a vLLM engine keeps its start checkpoint and logs.
     vllm_urls: already running vLLM servers to use instead of launching.
     mesh: the JAX sampler runs sharded over this Mesh (None: one device).
+    batching: the JAX sampler's "static" or "continuous" batching
+      (`JaxSampler`); vLLM always batches continuously.
   """
   if engine == "jax":
     from rljax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
@@ -55,6 +58,7 @@ def make_engine(
       max_prompt_len=max_prompt_len,
       pad_id=pad_id,
       mesh=mesh,
+      batching=batching,
     )
   if engine == "vllm":
     from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top

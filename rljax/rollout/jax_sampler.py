@@ -1,29 +1,43 @@
-"""The JAX rollout engine: batched prefill + decode over a KV cache, in jit.
+"""The JAX rollout engine (`JaxSampler`): the rljax decoder sampling in jit.
 
-One `generate` call runs, per chunk of prompts, a single jitted program:
-  1. prefill: the chunk's prompts, LEFT-padded to a bucketed length Lp so that
-     every row's last prompt token sits in column Lp - 1, go through
-     `models.forward_with_cache` once per prompt (not once per sample);
-  2. the last logits are repeated n times (one row per sample); the prompt's
-     KV cache is not: its n samples attend to one shared prefix cache
-     (`decoder.decode_with_prefix_cache`) plus their own generated slots;
-  3. decode: a `jax.lax.while_loop` samples one token per row and step and
-     feeds it back, until every row has hit a stop token or max_new_tokens.
-Compiles are keyed by shapes and switches only (prompt bucket, prompt count,
-n, bucket of max_new_tokens, greedy/top-k/top-p on, number of stop ids, weight
-layout); temperature, top-p mass, stop ids and max_new_tokens are traced, so
-an RL loop compiles once per prompt bucket.
+The flow of one `generate(prompts, sampling)` call, file by file:
 
-Sampling of one step (`sample_next_token`) is a pure function of the logits
-and a PRNG key, so its math is tested on its own.
+  jax_sampler.JaxSampler      checks the request, holds the rollout weights
+        │                     (cast / quantized, `update_weights`) and picks
+        │                     the batching:
+        ├─ continuous (default off a mesh)
+        │    slot_scheduler.run   host loop: a queue of prompts, G slot groups
+        │         │               of n rows; refills freed groups between
+        │         │               chunks of decode steps
+        │         └─ slot_program   jitted prefill into free groups, decode
+        │                         chunks with per-row cache slots, cache
+        │                         resize (own KV capacity follows the
+        │                         longest live row)
+        └─ static (batching="static", and on a mesh)
+             static_program._generate_chunk  one program per chunk of
+                                  prompts: prefill, decode to its longest row
+  token_sampling                  one sampling step (temperature, top-k,
+                                  top-p, greedy) and the per-row PRNG keys,
+                                  shared by both programs
 
-On a mesh (`mesh=`, a ("data", "fsdp", "tensor") Mesh): the weights, INT8 /
-FP8 codes and their scales included, are laid out by the logical-axis rules
-(`rljax.models.sharding.param_shardings`: heads, kv_heads, mlp and vocab over
-"tensor", embed over "fsdp", which XLA all-gathers for each matmul); prompts,
-samples and both KV caches (prefix and generated) are split over
-("data", "fsdp") by rows and over "tensor" by KV heads. Greedy decoding gives
-the single-device tokens and log-probs (tests/rollout/test_jax_sampler.py).
+Both share the prompt's KV among its n samples (shared-prefix attention) and
+draw token t of sample j of prompt i from fold_in(key(seed, i, j), t), so
+greedy decoding gives the same tokens and log-probs either way
+(tests/rollout/test_continuous_batching.py).
+
+Compiles are keyed by shapes and switches only (prompt bucket, slot or
+prompt count, n, new-token capacity bucket, greedy/top-k/top-p on, number of
+stop ids, weight layout); temperature, top-p mass, stop ids and
+max_new_tokens are traced, so an RL loop compiles a bounded set of programs.
+
+On a mesh (`mesh=`, a ("data", "fsdp", "tensor") Mesh) the static program
+runs: the weights, INT8 / FP8 codes and their scales included, are laid out
+by the logical-axis rules (`rljax.models.sharding.param_shardings`: heads,
+kv_heads, mlp and vocab over "tensor", embed over "fsdp", which XLA
+all-gathers for each matmul); prompts, samples and both KV caches (prefix and
+generated) are split over ("data", "fsdp") by rows and over "tensor" by KV
+heads. Greedy decoding gives the single-device tokens and log-probs
+(tests/rollout/test_jax_sampler.py).
 """
 
 from __future__ import annotations
@@ -36,446 +50,25 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
 
 from rljax import models
 from rljax.models import decoder as decoder_lib
-from rljax.models import fusion as fusion_lib
-from rljax.models import layers as layers_lib
 from rljax.models import sharding as sharding_lib
 from rljax import quant as quant_lib
+from rljax.rollout import slot_scheduler
 from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
 from rljax.rollout.base import check_prompts
+from rljax.rollout.static_program import _generate_chunk
+from rljax.rollout.static_program import _Plan
+from rljax.rollout.static_program import decode_segments
+from rljax.rollout.static_program import new_token_capacity
+from rljax.rollout.token_sampling import _TOP_P_FAST_K  # noqa: F401
+from rljax.rollout.token_sampling import sample_keys
+from rljax.rollout.token_sampling import sample_next_token  # noqa: F401
 
 # Accepted values of `quant`; "none" and "f32" both mean "params as given".
 QUANT_MODES = quant_lib.ROLLOUT_MODES
 _LOW_BIT_MODES = quant_lib.MODES
-
-
-# ----------------------------------------------------------------------------
-# One sampling step.
-# ----------------------------------------------------------------------------
-
-
-# Vocabulary block of the two-level inverse-CDF draw (see `_inverse_cdf`).
-_CDF_BLOCK = 256
-# Nucleus search: exact among this many top logits, else bisection with this
-# many steps (2^-32 of the logit range, below float32 resolution).
-_TOP_P_FAST_K = 256
-_TOP_P_BISECTION_STEPS = 32
-
-
-def _first_argmax(x: jax.Array) -> jax.Array:
-  """Index of the first maximum of each row.
-
-  Two plain reductions (max, then min over a float iota), which XLA:CPU
-  vectorizes; `jnp.argmax` lowers to a variadic reduce that is several times
-  slower at [128, 49152].
-  """
-  vocab = x.shape[-1]
-  is_max = x == jnp.max(x, axis=-1, keepdims=True)
-  iota = jnp.arange(vocab, dtype=jnp.float32)  # exact: vocab < 2^24.
-  first = jnp.min(jnp.where(is_max, iota, float(vocab)), axis=-1)
-  # All-NaN rows match nothing: stay a valid id (their log-prob is NaN).
-  return jnp.minimum(first, vocab - 1).astype(jnp.int32)
-
-
-def _top_p_threshold(z: jax.Array, weights: jax.Array, top_p) -> jax.Array:
-  """Largest t with Σ_{z_v ≥ t} w_v ≥ top_p · Σ_v w_v.
-
-  {v : z_v ≥ t} is then the smallest set of most likely tokens whose mass
-  reaches top_p (ties at the cut kept). Exact from the sorted `_TOP_P_FAST_K`
-  largest logits when the nucleus lies among them (the usual case); otherwise
-  by bisection over the logit range, a fixed number of masked sums rather
-  than a [B, V] sort (slow on XLA:CPU).
-  """
-  total = jnp.sum(weights, axis=-1, keepdims=True)
-  target = top_p * total
-  live = weights > 0
-  peak = jnp.max(jnp.where(live, z, -jnp.inf), axis=-1, keepdims=True)
-
-  k = min(_TOP_P_FAST_K, z.shape[-1])
-  top = jax.lax.top_k(jnp.where(live, z, -jnp.inf), k)[0]  # descending
-  top_w = jnp.where(jnp.isfinite(top), jnp.exp(top - peak), 0.0)
-  # Rescale: `weights` were exponentiated against the unmasked peak.
-  top_w = top_w * jnp.max(weights, axis=-1, keepdims=True)
-  cum = jnp.cumsum(top_w, axis=-1)
-  kept = cum - top_w < target
-  fast = jnp.min(jnp.where(kept, top, jnp.inf), axis=-1, keepdims=True)
-  covered = cum[:, -1:] >= target
-
-  def bisection():
-    hi = peak
-    lo = jnp.min(jnp.where(live, z, hi), axis=-1, keepdims=True)
-
-    def body(_, bounds):
-      lo, hi = bounds
-      mid = 0.5 * (lo + hi)
-      mass = jnp.sum(jnp.where(z >= mid, weights, 0.0), axis=-1, keepdims=True)
-      enough = mass >= target
-      return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
-
-    lo, _ = jax.lax.fori_loop(0, _TOP_P_BISECTION_STEPS, body, (lo, hi))
-    return jnp.where(covered, fast, lo)
-
-  return jax.lax.cond(jnp.all(covered), lambda: fast, bisection)
-
-
-def _inverse_cdf(weights: jax.Array, uniforms: jax.Array) -> jax.Array:
-  """Index v with P(v) = w_v / Σ w for each row, from one uniform per row.
-
-  Two levels so that no [B, V] cumulative sum is needed: pick the block of
-  `_CDF_BLOCK` tokens by the cumulative block masses, then the token inside
-  it. A Gumbel-max draw would need B·V random numbers and two logarithms per
-  entry, the dominant cost of a decode step at batch 128 on CPU.
-  """
-  rows, vocab = weights.shape
-  num_blocks = -(-vocab // _CDF_BLOCK)
-  padded = jnp.pad(weights, ((0, 0), (0, num_blocks * _CDF_BLOCK - vocab)))
-  blocks = padded.reshape(rows, num_blocks, _CDF_BLOCK)
-  block_cdf = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [B, nb]
-  target = uniforms * block_cdf[:, -1]
-  block = jnp.sum(block_cdf <= target[:, None], axis=-1)
-  # Float rounding can push the target onto the total: stay on a block that
-  # has mass (the last one with positive cumulative increase).
-  block_iota = jnp.arange(num_blocks)
-  nonempty = jnp.diff(block_cdf, axis=-1, prepend=0.0) > 0
-  last_block = jnp.max(jnp.where(nonempty, block_iota, 0), axis=-1)
-  block = jnp.minimum(block, last_block)
-  before = jnp.where(
-    block > 0,
-    jnp.take_along_axis(block_cdf, jnp.maximum(block - 1, 0)[:, None], axis=-1)[
-      :, 0
-    ],
-    0.0,
-  )
-  inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]
-  inner_cdf = jnp.cumsum(inner, axis=-1)
-  offset = jnp.sum(inner_cdf <= (target - before)[:, None], axis=-1)
-  inner_iota = jnp.arange(_CDF_BLOCK)
-  last_inner = jnp.max(jnp.where(inner > 0, inner_iota, 0), axis=-1)
-  offset = jnp.minimum(offset, last_inner)
-  return (block * _CDF_BLOCK + offset).astype(jnp.int32)
-
-
-def sample_next_token(
-  logits: Float[Array, "B V"],
-  keys: jax.Array,
-  temperature: float = 1.0,
-  top_k: int = 0,
-  top_p: float = 1.0,
-  greedy: bool = False,
-) -> tuple[Int[Array, "B"], Float[Array, "B"]]:
-  """Samples one token per row and returns its behavior log-prob.
-
-  π(v) ∝ exp(z_v / T) on the support S = top-k(z) ∩ top-p(z / T) (top-k is
-  applied first, top-p on the renormalized top-k distribution, as in vLLM and
-  HF), 0 elsewhere; o ~ π and the returned log-prob is log π(o), i.e. the
-  log-prob under the distribution actually sampled from. With top_k=0 and
-  top_p=1 this is log_softmax(z / T)[o], what `models.token_logprobs`
-  computes at temperature T. Greedy (or T == 0): o = argmax z (first on
-  ties) and the log-prob is log_softmax(z)[o].
-
-  The draw is an inverse-CDF draw from one uniform per row (`_inverse_cdf`).
-
-  Args:
-    logits: float [B, V] next-token logits z.
-    keys: [B] PRNG keys, one per row (ignored when greedy).
-    temperature: T > 0 unless greedy; a float or a traced scalar.
-    top_k: keep the k largest logits; 0 means off; static.
-    top_p: nucleus mass in (0, 1]; the Python float 1.0 turns it off; a
-      traced scalar always applies the (then possibly no-op) nucleus mask.
-    greedy: argmax decoding; static.
-
-  Returns:
-    (tokens int32 [B], logp float32 [B]).
-  """
-  if logits.ndim != 2:
-    raise ValueError(
-      f"sample_next_token: logits shape {logits.shape}; expected [B, V]"
-    )
-  logits = logits.astype(jnp.float32)
-  take = lambda x, idx: jnp.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
-  if greedy or (isinstance(temperature, (int, float)) and temperature == 0.0):
-    tokens = _first_argmax(logits)
-    peak = jnp.max(logits, axis=-1, keepdims=True)
-    # The argmax logit is the peak: log_softmax(z)[o] = −log Σ exp(z − peak).
-    log_total = jnp.log(jnp.sum(jnp.exp(logits - peak), axis=-1))
-    return tokens, -log_total
-  vocab = logits.shape[-1]
-  z = logits / temperature
-  peak = jnp.max(z, axis=-1, keepdims=True)
-  # Unnormalized probabilities; truncation zeroes them (no -inf arithmetic).
-  weights = jnp.exp(z - peak)
-  if 0 < top_k < vocab:
-    # min over the k values, not [:, -1:]: XLA:CPU rewrites top_k followed
-    # by that slice into a full sort (~100x slower at [128, 49152]).
-    kth = jnp.min(jax.lax.top_k(z, top_k)[0], axis=-1, keepdims=True)
-    weights = jnp.where(z >= kth, weights, 0.0)
-  if not isinstance(top_p, (int, float)) or top_p < 1.0:
-    threshold = _top_p_threshold(z, weights, top_p)
-    weights = jnp.where(z >= threshold, weights, 0.0)
-  uniforms = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
-  tokens = _inverse_cdf(weights, uniforms)
-  log_total = jnp.log(jnp.sum(weights, axis=-1))
-  logp = take(z, tokens) - peak[:, 0] - log_total
-  return tokens, logp
-
-
-def sample_keys(
-  seed: int | jax.Array,
-  prompt_index: Int[Array, "B"],
-  sample_index: Int[Array, "B"],
-) -> jax.Array:
-  """Per-row PRNG keys from (seed, prompt index, sample index).
-
-  A row's key depends only on these three numbers, not on the batch it runs
-  in, so chunking or reordering a rollout does not change its samples.
-  """
-  base = jax.random.key(seed)
-
-  def one(p, s):
-    return jax.random.fold_in(jax.random.fold_in(base, p), s)
-
-  return jax.vmap(one)(prompt_index, sample_index)
-
-
-# ----------------------------------------------------------------------------
-# The jitted rollout program.
-# ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-  """Static shapes and switches of one compiled rollout program.
-
-  Temperature, top-p mass, stop ids and max_new_tokens are traced arguments,
-  so changing them does not recompile; `new_token_capacity` (a bucket
-  >= max_new_tokens) sizes the cache and the output buffers.
-  """
-
-  num_prompts: int
-  prompt_len: int
-  n: int
-  new_token_capacity: int
-  greedy: bool
-  top_k: int
-  use_top_p: bool
-  num_stop_ids: int
-  pad_id: int
-  cache_dtype: Any
-  activation_dtype: Any = None  # None: the embedding's dtype
-  mesh: Any = None  # a Mesh: the KV caches are constrained to its layout
-  fuse_projections: bool = False  # run `fusion.fuse_projections(params)`
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _generate_chunk(
-  config,
-  plan: _Plan,
-  params,
-  prompt_tokens,
-  prompt_mask,
-  keys,
-  temperature,
-  top_p,
-  stop_ids,
-  max_new_tokens,
-):
-  """Prefill + decode for one chunk of prompts.
-
-  Args:
-    config: decoder config (static).
-    plan: `_Plan` (static).
-    params: the rollout weights.
-    prompt_tokens, prompt_mask: int32 [P, Lp], left-padded.
-    keys: [P * n] per-row PRNG keys.
-    temperature, top_p: f32 scalars.
-    stop_ids: int32 [num_stop_ids] (a -1 placeholder when there are none).
-    max_new_tokens: int32 scalar <= plan.new_token_capacity.
-
-  Returns:
-    tokens int32 [P*n, capacity] (pad after the end), logp f32 [P*n, capacity]
-    (0 after the end), lengths int32 [P*n], and the number of decode steps.
-  """
-  num_prompts, prompt_len, n = plan.num_prompts, plan.prompt_len, plan.n
-  capacity = plan.new_token_capacity
-  if plan.fuse_projections:
-    # Once per chunk, outside the decode loop: a copy of the projection
-    # kernels (~0.3 ms of an H100's bandwidth for Qwen2.5-0.5B in bf16;
-    # those kernels, about half its weights, are held twice while the chunk
-    # runs) buys two matmuls per layer and step instead of five.
-    params = fusion_lib.fuse_projections(params)
-  rows = num_prompts * n
-  sample = functools.partial(
-    sample_next_token,
-    temperature=temperature,
-    top_k=plan.top_k,
-    top_p=top_p if plan.use_top_p else 1.0,
-    greedy=plan.greedy,
-  )
-
-  segments = decode_segments(capacity)
-
-  # The prompt's keys/values stay in one [P, Lp] prefix cache shared by its n
-  # samples (`decoder.decode_with_prefix_cache`); only the generated tokens
-  # get per-row slots, so decode attention never reads n copies of a prompt.
-  def laid_out(cache, shardings=sharding_lib.cache_shardings):
-    if plan.mesh is None:
-      return cache
-    return jax.lax.with_sharding_constraint(cache, shardings(plan.mesh, cache))
-
-  own_laid_out = functools.partial(
-    laid_out, shardings=sharding_lib.decode_cache_shardings
-  )
-  prefix = laid_out(
-    models.init_cache(config, num_prompts, prompt_len, plan.cache_dtype)
-  )
-  # Position 0 at each row's first real token, as `models.forward` numbers it.
-  positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-  logits, prefix = models.forward_with_cache(
-    config,
-    params,
-    prompt_tokens,
-    positions,
-    prefix,
-    0,
-    prompt_mask,
-    activation_dtype=plan.activation_dtype,
-    # Left padding puts every prompt's last token in the last column, the
-    # only one sampled from: the LM head runs on it alone.
-    last_only=True,
-  )
-  last_logits = logits[:, -1]
-  # What the decode loop reads but never changes is made once here, in the
-  # form it reads: per-layer weights and prompt keys (a slice of a stacked
-  # [L, ...] array inside the loop is copied at every step), the prompt keys
-  # in their matmuls' layouts, and the RoPE table (`decode_with_prefix_cache`).
-  prefix = decoder_lib.to_prefix_cache(prefix)
-  rope_table = layers_lib.rope_table(config, prompt_len + capacity)
-  decode_params = {
-    **params,
-    "layers": decoder_lib.unstack_layers(params["layers"]),
-  }
-
-  # Sample j of prompt i is row i*n + j.
-  cache = own_laid_out(
-    models.init_decode_cache(config, rows, segments[0], plan.cache_dtype)
-  )
-  kv_mask = jnp.zeros((rows, segments[0]), prompt_mask.dtype)
-  last_logits = jnp.repeat(last_logits, n, axis=0)
-  next_pos = jnp.repeat(positions[:, -1] + 1, n, axis=0)
-  live_prompt = jnp.repeat(prompt_mask[:, -1] > 0, n, axis=0)
-
-  def step_keys(step):
-    return jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
-
-  tok, logp = sample(last_logits, step_keys(0))
-  out_tokens = jnp.full((rows, capacity), plan.pad_id, jnp.int32)
-  out_logp = jnp.zeros((rows, capacity), jnp.float32)
-  out_tokens = out_tokens.at[:, 0].set(tok)
-  out_logp = out_logp.at[:, 0].set(logp)
-  lengths = jnp.ones((rows,), jnp.int32)
-  # Padding rows of a partial chunk (no real prompt) start finished.
-  done = jnp.isin(tok, stop_ids) | ~live_prompt
-
-  def body(state):
-    step, cache, prev_tok, pos, done, kv_mask, out_tokens, out_logp, lengths = (
-      state
-    )
-    write_index = step - 1  # the slot of prev_tok, sampled at step - 1
-    kv_mask = jax.lax.dynamic_update_slice(
-      kv_mask, jnp.ones((rows, 1), kv_mask.dtype), (0, write_index)
-    )
-    logits, cache = decoder_lib.decode_with_prefix_cache(
-      config,
-      decode_params,
-      prev_tok[:, None],
-      pos[:, None],
-      prefix,
-      prompt_mask,
-      cache,
-      write_index,
-      kv_mask,
-      activation_dtype=plan.activation_dtype,
-      rope_table=rope_table,
-    )
-    tok, logp = sample(logits[:, 0], step_keys(step))
-    tok = jnp.where(done, plan.pad_id, tok)
-    logp = jnp.where(done, 0.0, logp)
-    out_tokens = jax.lax.dynamic_update_slice(
-      out_tokens, tok[:, None], (0, step)
-    )
-    out_logp = jax.lax.dynamic_update_slice(out_logp, logp[:, None], (0, step))
-    lengths = lengths + (~done).astype(jnp.int32)
-    done = done | jnp.isin(tok, stop_ids)
-    return (
-      step + 1,
-      cache,
-      tok,
-      pos + 1,
-      done,
-      kv_mask,
-      out_tokens,
-      out_logp,
-      lengths,
-    )
-
-  state = (
-    jnp.int32(1),
-    cache,
-    tok,
-    next_pos,
-    done,
-    kv_mask,
-    out_tokens,
-    out_logp,
-    lengths,
-  )
-  # Decode in segments over a growing cache: attention reads every cache slot
-  # at every step, so early steps run on a short cache (see decode_segments).
-  for i, segment_end in enumerate(segments):
-    if i > 0:
-      grow = segment_end - segments[i - 1]
-      step, cache, prev_tok, pos, done, kv_mask, *outputs = state
-      # The slot axis: last of K [B, Hkv, hd, S], 2 of V [B, Hkv, S, hd].
-      pad = [(0, 0)] * 4
-      cache = own_laid_out(
-        {
-          "k": tuple(jnp.pad(c, pad[:3] + [(0, grow)]) for c in cache["k"]),
-          "v": tuple(
-            jnp.pad(c, pad[:2] + [(0, grow), (0, 0)]) for c in cache["v"]
-          ),
-        }
-      )
-      kv_mask = jnp.pad(kv_mask, ((0, 0), (0, grow)))
-      state = (step, cache, prev_tok, pos, done, kv_mask, *outputs)
-    limit = jnp.minimum(max_new_tokens, segment_end)
-
-    def cond(state, limit=limit):
-      step, _, _, _, done, *_ = state
-      return (step < limit) & ~jnp.all(done)
-
-    state = jax.lax.while_loop(cond, body, state)
-  steps, out_tokens, out_logp, lengths = state[0], state[6], state[7], state[8]
-  return out_tokens, out_logp, lengths, steps
-
-
-def decode_segments(capacity: int) -> tuple[int, ...]:
-  """New-token counts at which the decode cache grows: 64, 128, 256, ...
-
-  A decode step's attention reads all S cache slots, which on CPU costs about
-  as much as the matmuls at batch 128 and S ~ 200. Growing the cache in
-  doubling segments makes the average S over a 256-token rollout ~176 + Lp
-  instead of 256 + Lp, for one extra while-loop compile per segment.
-  """
-  ends = []
-  end = 64
-  while end < capacity:
-    ends.append(end)
-    end *= 2
-  ends.append(capacity)
-  return tuple(ends)
 
 
 # ----------------------------------------------------------------------------
@@ -492,17 +85,6 @@ def default_prompt_buckets(max_prompt_len: int) -> tuple[int, ...]:
     buckets.append(size)
   buckets.append(max_prompt_len)
   return tuple(sorted(set(b for b in buckets if b <= max_prompt_len)))
-
-
-def new_token_capacity(max_new_tokens: int) -> int:
-  """Decode buffer size for max_new_tokens: 16, 32, 64, then multiples of 64.
-
-  max_new_tokens itself is a traced loop bound; only this bucket is static.
-  """
-  for size in (16, 32, 64):
-    if max_new_tokens <= size:
-      return size
-  return -(-max_new_tokens // 64) * 64
 
 
 def _next_power_of_two(x: int) -> int:
@@ -555,6 +137,43 @@ def _with_head(config, head_quant: str, fake: bool, params):
   return {**params, "lm_head": {"kernel": head}}
 
 
+BATCHING_MODES = ("continuous", "static")
+
+
+def _check_row_limits(limits, rows: int, most: int) -> np.ndarray | None:
+  if limits is None:
+    return None
+  arr = np.asarray(limits)
+  if (
+    arr.shape != (rows,)
+    or not np.issubdtype(arr.dtype, np.integer)
+    or (arr.size and (arr.min() < 1 or arr.max() > most))
+  ):
+    raise ValueError(
+      f"JaxSampler.generate: max_new_tokens_per_sample has shape {arr.shape}"
+      f" and dtype {arr.dtype}; expected {rows} ints (prompts x n) in "
+      f"[1, max_new_tokens={most}]"
+    )
+  return arr.astype(np.int64)
+
+
+def _static_kv_bytes(config, plan: _Plan, steps: int) -> int:
+  """Bytes of a static chunk's prefix and own caches at its last segment."""
+  own = next(
+    (end for end in decode_segments(plan.new_token_capacity) if end >= steps),
+    plan.new_token_capacity,
+  )
+  per_token = (
+    2
+    * config.num_layers
+    * config.num_kv_heads
+    * config.head_dim
+    * jnp.dtype(plan.cache_dtype).itemsize
+  )
+  rows = plan.num_prompts * plan.n
+  return per_token * (plan.num_prompts * plan.prompt_len + rows * own)
+
+
 def _check_quant(quant: Any, where: str) -> str:
   if quant not in QUANT_MODES:
     raise ValueError(f"{where}: quant={quant!r}; expected one of {QUANT_MODES}")
@@ -588,6 +207,10 @@ class JaxSampler:
     head_quant: str = "none",
     mesh: Any = None,
     fuse_projections: bool | None = None,
+    batching: str = "static",
+    decode_slots: int | None = None,
+    chunk_steps: int = 32,
+    group_width: int | None = None,
   ):
     """Builds the sampler.
 
@@ -625,8 +248,36 @@ class JaxSampler:
         docs/performance.md), not on a CPU, where it measured no gain. Off
         on a mesh with a "tensor" axis > 1, where the kernels are split by
         heads and a fused output would not split at the shard boundaries.
+      batching: "static" (the default: each chunk of prompts decoded to
+        its longest row, `static_program`) or "continuous" (decode slots
+        refilled between chunks of steps as samples end,
+        `slot_scheduler`). Static stays the default because continuous has
+        not yet measured faster on this project's workloads
+        (docs/performance.md). A mesh always runs "static".
+      decode_slots: continuous batching's slot count S, rounded down to
+        whole groups of n (at least one group); default `max_batch`.
+      chunk_steps: continuous batching's most decode steps between two
+        refills.
+      group_width: continuous batching's rows per slot group, a divisor of
+        every request's n; default n (a group is one prompt's n samples,
+        reading one copy of its prompt's keys). Narrower groups refill
+        sooner after a sample ends, at the cost of n / width prefix copies
+        (`slot_scheduler.run`).
     """
     self._quant = _check_quant(quant, "JaxSampler")
+    if batching not in BATCHING_MODES:
+      raise ValueError(
+        f"JaxSampler: batching={batching!r}; expected one of {BATCHING_MODES}"
+      )
+    for name, value in (
+      ("decode_slots", decode_slots),
+      ("chunk_steps", chunk_steps),
+      ("group_width", group_width),
+    ):
+      if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or value < 1
+      ):
+        raise ValueError(f"JaxSampler: {name}={value!r}; expected an int >= 1")
     if not isinstance(max_prompt_len, int) or max_prompt_len < 1:
       raise ValueError(
         f"JaxSampler: max_prompt_len={max_prompt_len!r}; expected an int >= 1"
@@ -672,8 +323,16 @@ class JaxSampler:
     if fuse_projections is None:
       fuse_projections = jax.default_backend() != "cpu"
     self.fuse_projections = bool(fuse_projections) and not tensor_parallel
+    # The slot programs run on one device: a mesh keeps the static program.
+    self.batching = "static" if mesh is not None else batching
+    self.decode_slots = decode_slots
+    self.chunk_steps = chunk_steps
+    self.group_width = group_width
     self._params = None
     self._signatures: set[Any] = set()
+    # (seconds into the last continuous rollout, live share) per chunk.
+    self.last_timeline: list[tuple[float, float]] = []
+    self._last_kv_bytes = 0
     self._closed = False
     if params is not None:
       self.update_weights(params)
@@ -782,6 +441,14 @@ class JaxSampler:
     """
     prompts, chunks = self._check_generate_args(prompt_ids, sampling, "warmup")
     start = time.perf_counter()
+    if self.batching == "continuous":
+      slot_scheduler.warm(
+        self.rollout_config,
+        self._slot_params(),
+        sampling,
+        **self._slot_args(prompts, sampling),
+      )
+      return time.perf_counter() - start
     seen = set()
     for chunk in chunks:
       chunk_prompts = [prompts[i] for i in chunk]
@@ -792,14 +459,28 @@ class JaxSampler:
     return time.perf_counter() - start
 
   def generate(
-    self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    self,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    max_new_tokens_per_sample: Sequence[int] | None = None,
   ) -> RolloutBatch:
-    """Samples `sampling.n` responses per prompt (see `RolloutBatch`)."""
+    """Samples `sampling.n` responses per prompt (see `RolloutBatch`).
+
+    `max_new_tokens_per_sample` (P·n ints in [1, max_new_tokens], row order
+    of `RolloutBatch`) caps each sample on its own, as vLLM's per-request
+    `max_tokens` (the benchmark's long-tail workload).
+    """
     prompts, chunks = self._check_generate_args(
       prompt_ids, sampling, "generate"
     )
     n = sampling.n
+    limits = _check_row_limits(
+      max_new_tokens_per_sample, len(prompts) * n, sampling.max_new_tokens
+    )
     start = time.perf_counter()
+    self._last_kv_bytes = 0
+    if self.batching == "continuous":
+      return self._generate_continuous(prompts, sampling, start, limits)
     responses: list[list[int]] = []
     behav: list[np.ndarray] = []
     reasons: list[str] = []
@@ -811,8 +492,12 @@ class JaxSampler:
       iterator = tqdm(chunks, desc="rollout", unit="chunk")
     stop_set = set(sampling.stop_token_ids)
     for chunk in iterator:
+      rows = [i * n + j for i in chunk for j in range(n)]
       tokens, logp, lengths, steps = self._run_chunk(
-        [prompts[i] for i in chunk], chunk, sampling
+        [prompts[i] for i in chunk],
+        chunk,
+        sampling,
+        row_limits=None if limits is None else limits[rows],
       )
       decode_steps += steps
       for row in range(len(chunk) * n):
@@ -829,6 +514,7 @@ class JaxSampler:
       "tokens_per_s": num_tokens / seconds if seconds > 0 else float("inf"),
       "decode_steps": decode_steps,
       "chunks": len(chunks),
+      "kv_bytes_peak": self._last_kv_bytes,
     }
     return RolloutBatch(
       prompt_ids=prompts,
@@ -840,6 +526,72 @@ class JaxSampler:
     )
 
   # -- internals --------------------------------------------------------------
+
+  def _slot_params(self):
+    """The rollout weights as the slot programs read them (made per call)."""
+    layout = _weight_layout(self._params)
+    self._signatures.add(("prepare", self.fuse_projections, layout))
+    return slot_scheduler.prepare_params(self._params, self.fuse_projections)
+
+  def _slot_args(self, prompts, sampling) -> dict[str, Any]:
+    """The continuous engine's shapes for a request: G groups of n rows
+    (fewer for a small request, a power of two of its prompt count, as the
+    static engine's prompt count), the prompt bucket of its longest prompt."""
+    n = sampling.n
+    width = self.group_width or n
+    if n % width:
+      raise ValueError(
+        f"JaxSampler: group_width={width} does not divide "
+        f"SamplingConfig.n={n}; expected a divisor of every request's n"
+      )
+    most_groups = max(1, (self.decode_slots or self.max_batch) // width)
+    units = len(prompts) * (n // width)
+    groups = min(_next_power_of_two(units), most_groups)
+    layout = _weight_layout(self._params)
+    return {
+      "group_width": width,
+      "groups": groups,
+      "prompt_len": self._bucket(max(len(p) for p in prompts)),
+      "chunk_steps": self.chunk_steps,
+      "pad_id": self.pad_id,
+      "cache_dtype": self._default_cache_dtype(),
+      "activation_dtype": self.activation_dtype,
+      "note_program": lambda sig: self._signatures.add((sig, layout)),
+    }
+
+  def _generate_continuous(
+    self, prompts, sampling, start, limits
+  ) -> RolloutBatch:
+    out = slot_scheduler.run(
+      self.rollout_config,
+      self._slot_params(),
+      prompts,
+      list(range(len(prompts))),
+      sampling,
+      row_limits=limits,
+      **self._slot_args(prompts, sampling),
+    )
+    stop_set = set(sampling.stop_token_ids)
+    reasons = [
+      "stop" if ids and ids[-1] in stop_set else "length" for ids in out.tokens
+    ]
+    seconds = time.perf_counter() - start
+    num_tokens = int(sum(len(r) for r in out.tokens))
+    timing = {
+      "seconds": seconds,
+      "tokens": num_tokens,
+      "tokens_per_s": num_tokens / seconds if seconds > 0 else float("inf"),
+      **{k: v for k, v in out.stats.items() if k != "timeline"},
+    }
+    self.last_timeline = out.stats["timeline"]
+    return RolloutBatch(
+      prompt_ids=prompts,
+      response_ids=out.tokens,
+      behav_logp=out.logp,
+      finish_reason=reasons,
+      n=sampling.n,
+      timing=timing,
+    )
 
   def _bucket(self, length: int) -> int:
     for b in self.prompt_buckets:
@@ -896,6 +648,7 @@ class JaxSampler:
     prompt_index: list[int],
     sampling: SamplingConfig,
     max_steps: int | None = None,
+    row_limits: np.ndarray | None = None,
   ):
     n = sampling.n
     prompt_len = self._bucket(max(len(p) for p in prompts))
@@ -934,6 +687,12 @@ class JaxSampler:
     )
     self._signatures.add((plan, _weight_layout(self._params)))
     tokens, mask = self._put_rows(tokens), self._put_rows(mask)
+    limit = sampling.max_new_tokens
+    if max_steps is not None:
+      limit = min(max_steps, limit)
+    limits = np.full((num_prompts * n,), limit, np.int32)
+    if row_limits is not None:
+      limits[: len(prompts) * n] = np.minimum(row_limits, limit)
     out = _generate_chunk(
       self.rollout_config,
       plan,
@@ -944,13 +703,14 @@ class JaxSampler:
       jnp.float32(1.0 if greedy else sampling.temperature),
       jnp.float32(sampling.top_p),
       jnp.asarray(stop_ids, jnp.int32),
-      jnp.int32(
-        sampling.max_new_tokens
-        if max_steps is None
-        else min(max_steps, sampling.max_new_tokens)
-      ),
+      jnp.int32(limit),
+      self._put_rows(limits),
     )
     out_tokens, out_logp, lengths, steps = jax.device_get(out)
+    self._last_kv_bytes = max(
+      self._last_kv_bytes,
+      _static_kv_bytes(self.rollout_config, plan, int(steps)),
+    )
     return out_tokens, out_logp, lengths, int(steps)
 
   def _put_rows(self, x):

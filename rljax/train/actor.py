@@ -17,7 +17,35 @@ from rljax.rollout import factory as rollout_factory
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train import guard
+from rljax.train import placement as placement_lib
 from rljax.train.config import TrainConfig
+
+
+def rollout_mode(cfg: TrainConfig) -> str:
+  """The format `prepare_rollout_weights` makes for `cfg`'s engine.
+
+  `rollout.quant` as given, except "none" on the JAX sampler under a
+  bfloat16 compute dtype, which becomes "bf16": the trainer's proximal pass
+  runs θ cast to bf16 (`update.compute_params`), so the sampler must run
+  the same bf16 weights for behaviour = proximal to hold up to the
+  kernels' float32 accumulation order. Sampling from the float32 θ instead
+  was not a reference (issue 43): a step of Adam at lr 1e-5 moves most
+  weights by less than half a bf16 ulp, so the float32 sampler saw each
+  update and the bf16 proximal pass did not, and `behav_prox_kl` grew from
+  1e-4 to 1e-2 in three SmolLM2 steps. Under the CPU's mixed precision both
+  run bf16 x bf16 -> f32 dots over float32 activations
+  (`JaxSampler.activation_dtype`, `placement.activation_dtype`); on an
+  accelerator both run bf16 throughout. A vLLM engine keeps "none": it runs
+  its own kernels and is never the trainer's function.
+  """
+  mode = cfg.rollout.quant
+  if (
+    mode == "none"
+    and cfg.rollout.engine == "jax"
+    and placement_lib.compute_dtype(cfg) == "bfloat16"
+  ):
+    return "bf16"
+  return mode
 
 
 class Actor:
@@ -38,6 +66,7 @@ class Actor:
     self.quantized = cfg.rollout.quant in ("int8", "int8_wo", "fp8")
     self.diagnostics = quant.SyncDiagnostics() if self.quantized else None
     self.restarts = 0
+    self.rollout_mode = rollout_mode(cfg)
     self.engine = rollout_factory.make_engine(
       cfg.rollout.engine,
       model_config,
@@ -50,6 +79,7 @@ class Actor:
       run_dir=cfg.run.run_dir,
       vllm_urls=cfg.rollout.vllm_urls,
       mesh=mesh,
+      batching=cfg.rollout.batching,
     )
 
   def prepare(self, params: Any, step: int) -> tuple[Any, dict]:
@@ -62,12 +92,26 @@ class Actor:
     t0 = time.perf_counter()
     cfg = self.cfg
     rparams = quant.prepare_rollout_weights(
-      self.model_config, params, cfg.rollout.quant, fake=cfg.rollout.fake_quant
+      self.model_config, params, self.rollout_mode, fake=cfg.rollout.fake_quant
     )
     diag = self.diagnostics(params, rparams) if self.quantized else {}
     guard.require_finite(rparams, f"the rollout weights after step {step}")
     diag["time_quantize"] = time.perf_counter() - t0
     return rparams, diag
+
+  def diagnostics_reference(self) -> Any:
+    """θ of the last prepared sync, the QuRL diagnostics' reference for the
+    next one (None when not quantized or before the first sync)."""
+    if self.diagnostics is None:
+      return None
+    return self.diagnostics.previous_params
+
+  def restore_diagnostics_reference(self, params: Any, step: int) -> None:
+    """Makes `params` (θ of `step`) the diagnostics' reference again, as
+    after a resume: the next sync's diagnostics then compare against it as
+    in the uninterrupted run, not against the resume's own sync."""
+    if self.diagnostics is not None:
+      self.prepare(params, step)  # only its effect on the reference
 
   def push(self, rparams: Any, diag: dict) -> dict[str, float]:
     """Loads prepared weights into the engine; `prepare`'s diagnostics plus

@@ -60,7 +60,10 @@ def sequence_advantages(
   """Per-sequence advantages [B] for the outcome-reward estimators.
 
   `valid` marks sequences that take part (dynamic sampling may fill a batch
-  with masked-out groups); the returned advantage is 0 elsewhere.
+  with masked-out groups); the returned advantage is 0 elsewhere. The
+  REINFORCE++ estimators here whiten one number per sequence; the trainer
+  trains them token-level, as their paper does
+  (`build_batch.reinforce_pp_advantages`).
   """
   r = jnp.asarray(rewards, jnp.float32)
   g = cfg.rollout.group_size

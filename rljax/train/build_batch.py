@@ -99,6 +99,10 @@ def needs_prox(cfg: TrainConfig, prox_is_current: bool) -> bool:
   return (not prox_is_current) or cfg.kl.in_reward_coef > 0
 
 
+# Token-level estimators (Hu et al. 2025), not one number per sequence.
+REINFORCE_PP = ("reinforce_pp", "reinforce_pp_baseline")
+
+
 def outcome_advantages(
   cfg: TrainConfig,
   shaped: np.ndarray,
@@ -109,9 +113,13 @@ def outcome_advantages(
 ) -> jax.Array:
   """[B, T-1]: the sequence advantage on every response token.
 
-  With a KL reward penalty (REINFORCE++, Hu 2025) the summed per-token
-  −β·k_t joins the outcome reward before the baseline.
+  REINFORCE++ and REINFORCE++-baseline are token-level estimators
+  (`reinforce_pp_advantages`). For the group estimators a KL reward penalty
+  is sequence-level: the summed per-token −β·k_t joins the outcome reward
+  before the baseline.
   """
+  if cfg.advantage.estimator in REINFORCE_PP:
+    return reinforce_pp_advantages(cfg, shaped, mask, prox_logp, ref_logp)
   if cfg.kl.in_reward_coef > 0:
     penalized = kl_lib.kl_penalized_rewards(
       jnp.zeros(np.shape(mask), jnp.float32),
@@ -124,6 +132,39 @@ def outcome_advantages(
     shaped = shaped + np.asarray(penalized.sum(axis=1))
   seq_adv = batch_lib.sequence_advantages(cfg, shaped, valid)
   return jnp.asarray(seq_adv[:, None] * mask, jnp.float32)
+
+
+def reinforce_pp_advantages(
+  cfg: TrainConfig,
+  shaped: np.ndarray,
+  mask: np.ndarray,
+  prox_logp: jax.Array | None,
+  ref_logp: jax.Array | None,
+) -> jax.Array:
+  """[B, T-1]: REINFORCE++ as Hu et al. 2025 define it.
+
+  The return of token t is the outcome reward (REINFORCE++-baseline: minus
+  its group's mean) minus β times the KL of token t and every later token
+  (Eq. 8, `kl_penalized_returns`, with KL_t = k(log π_θold, log π_ref)),
+  whitened over every valid response token of the batch (Eq. 10,
+  `reinforce_pp`). The loss mask already excludes dynamic-sampling filler,
+  so the statistics are those of the kept samples.
+  """
+  valid = jnp.asarray(mask) > 0
+  rewards = jnp.asarray(shaped, jnp.float32)
+  if cfg.advantage.estimator == "reinforce_pp_baseline":
+    rewards = adv_lib.drgrpo(rewards, cfg.rollout.group_size)
+  token_kl = jnp.zeros(valid.shape, jnp.float32)
+  if cfg.kl.in_reward_coef > 0:
+    token_kl = kl_lib.kl_estimate(
+      jnp.where(valid, prox_logp, 0.0),
+      jnp.where(valid, ref_logp, 0.0),
+      cfg.kl.estimator,
+    )
+  returns = adv_lib.kl_penalized_returns(
+    rewards, token_kl, valid, cfg.kl.in_reward_coef
+  )
+  return adv_lib.reinforce_pp(returns, valid).astype(jnp.float32)
 
 
 def gae_advantages(
@@ -228,6 +269,8 @@ def build_batch(
     out["advantages"] = outcome_advantages(
       cfg, shaped, valid, mask, out["prox_logp"], ref_logp
     )
+  if cfg.loss.positive_nll_coef > 0:  # VAPO's NLL reads r > 0 (update.py)
+    out["rewards"] = jnp.asarray(np.where(valid, rewards, 0.0), jnp.float32)
   adv = np.asarray(out["advantages"])[np.asarray(mask) > 0]
   lengths = packed["response_lengths"]
   metrics = dict(

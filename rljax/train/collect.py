@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rljax.rewards import finite as finite_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train.config import TrainConfig
@@ -128,7 +129,7 @@ class Collector:
     cfg = self.cfg
     timing = {"time_rollout": 0.0, "time_reward": 0.0}
     rounds = []
-    gen_tokens = 0
+    gen_tokens = sampled = nonfinite = 0
     max_rounds = 1 + (
       cfg.advantage.max_resample_rounds if cfg.advantage.dynamic_sampling else 0
     )
@@ -146,13 +147,35 @@ class Collector:
       t0 = time.perf_counter()
       scores, comps = self.task.score(self._decode(rb), examples, rb.n)
       timing["time_reward"] += time.perf_counter() - t0
+      # NaN/inf rewards: their groups are dropped (rewards/finite.py).
+      raw = np.asarray(scores)
+      scores, finite_groups, bad = finite_lib.drop_nonfinite_groups(raw, rb.n)
+      sampled += raw.size
+      nonfinite += len(bad)
+      if len(bad):
+        print(
+          f"[rljax] step {step}: {finite_lib.describe(raw, bad)} from "
+          f"--reward.name={cfg.reward.name!r}; their groups are dropped",
+          flush=True,
+        )
+      scores = scores.astype(np.float32)
       rounds.append(
-        Round(rb, np.asarray(scores), comps, batch_lib.group_keep(cfg, scores))
+        Round(
+          rb,
+          scores,
+          comps,
+          batch_lib.group_keep(cfg, scores) & finite_groups,
+        )
       )
       if (
         sum(int(np.sum(r.keep)) for r in rounds) >= cfg.rollout.prompts_per_step
       ):
         break
+    if sampled and nonfinite == sampled:
+      raise finite_lib.NonFiniteRewardError(
+        f"step {step}: every reward is NaN or inf ({nonfinite} samples) from "
+        f"--reward.name={cfg.reward.name!r}; the reward function is broken"
+      )
     out = select(rounds, cfg.rollout.prompts_per_step)
     timing["rollout_tokens"] = float(gen_tokens)
     timing["rollout_tokens_per_s"] = gen_tokens / max(
@@ -161,6 +184,7 @@ class Collector:
     timing["dynamic_sampling_kept_groups"] = float(out.kept_groups)
     timing["dynamic_sampling_filtered_groups"] = float(out.dropped_groups)
     timing["dynamic_sampling_rounds"] = float(round_ + 1)
+    timing["reward_nonfinite"] = float(nonfinite)
     out.metrics = {
       **timing,
       **{f"reward_{k}": float(np.mean(v)) for k, v in out.components.items()},

@@ -22,6 +22,9 @@ import time
 import jax
 
 from rljax import distributed  # defines the multi-host flags
+from rljax.train import atomic
+from rljax.train import config as config_lib
+from rljax.train import metrics as metrics_lib
 from rljax.train.config import TrainConfig
 
 
@@ -151,9 +154,10 @@ def run_benchmarks(trainer, specs, plan: BenchmarkPlan) -> dict:
     results[spec.label] = {"dataset": spec.name, "path": spec.path, **summary}
     if not main:  # every process evaluates the same; one writes
       continue
-    with open(os.path.join(out_dir, f"{spec.label}.jsonl"), "w") as f:
-      for r in records:
-        f.write(json.dumps(r) + "\n")
+    atomic.write_text(
+      os.path.join(out_dir, f"{spec.label}.jsonl"),
+      "".join(json.dumps(r) + "\n" for r in records),
+    )
     print(
       f"[rljax] {spec.label} avg@{plan.samples}: "
       f"{summary[f'avg@{plan.samples}']:.4f} "
@@ -191,6 +195,8 @@ def run_experiment(
     f"run.steps={cfg.run.steps}",
     flush=True,
   )
+  for note in config_lib.notes(cfg):  # legitimate but unusual settings
+    say(f"[rljax] note: {note}", flush=True)
   try:
     before = {}
     if cfg.task.eval_size and trainer.step_num == 0:
@@ -201,10 +207,12 @@ def run_experiment(
         f"{before['eval_accuracy']:.3f}",
         flush=True,
       )
+    elif cfg.task.eval_size:  # a resume: measured by the run's first process
+      before = metrics_lib.recorded_eval(cfg.run.run_dir, 0)
     rows = trainer.run()
     after = {}
     if rows and "eval_accuracy" in rows[-1]:
-      # --eval_every already evaluated the last step: do not pay for it twice.
+      # --run.eval_every already evaluated the last step: do not pay for it twice.
       after = {k: v for k, v in rows[-1].items() if k.startswith("eval_")}
     elif cfg.task.eval_size:
       after = trainer.heldout.evaluate(trainer.local_policy_params())
@@ -225,7 +233,9 @@ def run_experiment(
       "mean_reward_last_quarter": _quarter_mean(rows, first=False),
       "eval_accuracy_before": before.get("eval_accuracy"),
       "eval_accuracy_after": after.get("eval_accuracy"),
+      "acr_exposure": acr_exposure_summary(rows),
     }
+    say(exposure_line(summary["acr_exposure"]), flush=True)
     if bench_specs:
       summary["benchmarks"] = run_benchmarks(trainer, bench_specs, benchmarks)
       k = benchmarks.samples
@@ -301,8 +311,7 @@ def write_outputs(cfg: TrainConfig, summary: dict, plot: bool) -> None:
 
     summary["plot"] = os.path.join(cfg.run.run_dir, "plots.png")
     plot_runs([cfg.run.run_dir], summary["plot"])
-  with open(os.path.join(cfg.run.run_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+  atomic.write_json(os.path.join(cfg.run.run_dir, "summary.json"), summary)
 
 
 def _quarter_mean(rows: list[dict], first: bool) -> float | None:
@@ -311,3 +320,31 @@ def _quarter_mean(rows: list[dict], first: bool) -> float | None:
   q = max(1, len(rows) // 4)
   part = rows[:q] if first else rows[-q:]
   return sum(r["reward_mean"] for r in part) / len(part)
+
+
+def acr_exposure_summary(rows: list[dict]) -> dict[str, float | None]:
+  """Means over the run's steps of ACR's exposure (rljax.core.exposure,
+  logged for every correction): whether ACR could have acted in this run."""
+  from rljax.core.exposure import METRIC_NAMES
+
+  out = {}
+  for key in METRIC_NAMES.values():
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    out[key] = sum(vals) / len(vals) if vals else None
+  return out
+
+
+def exposure_line(exposure: dict[str, float | None]) -> str:
+  """One line for the run's output: what ACR changed, or that it could not."""
+  from rljax.core.exposure import METRIC_NAMES
+
+  if exposure.get("acr_grad_share") is None:
+    return "[rljax] ACR exposure: not logged (no update ran)"
+  shown = ", ".join(
+    f"{name} {exposure[name]:.2e}" for name in METRIC_NAMES.values()
+  )
+  line = f"[rljax] ACR exposure (mean over steps): {shown}"
+  if exposure["acr_grad_share"] < 1e-3:
+    # The gate of experiments/qurl_report_lib/gates.py (issue 44).
+    line += " -- below 1e-3: ACR acted as TIS in this run"
+  return line

@@ -14,12 +14,14 @@ fields. Every problem of the result is reported at once
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Mapping
 
 from absl import flags
 
 from rljax.train import config as config_lib
 from rljax.train.config import ALGORITHMS, TrainConfig
+from rljax.train.config import help as help_lib
 
 FLAGS = flags.FLAGS
 # Script defaults per FlagValues (a test may define the flags on its own).
@@ -51,17 +53,9 @@ def define_train_flags(
   for name in config_lib.field_names():
     default = defaults.get(name, config_lib.field_default(name))
     ftype = config_lib.field_type(name)
-    section = name.partition(".")[0]
-    owner = config_lib.SECTIONS.get(section, TrainConfig).__name__
-    help_ = f"{owner}.{name.partition('.')[2] or name}"
+    help_ = help_lib.flag_help(name)
     if name == "algorithm":
-      flags.DEFINE_enum(
-        name,
-        default,
-        ALGORITHMS,
-        "Algorithm preset (sets several fields; explicit flags override it).",
-        **fv,
-      )
+      flags.DEFINE_enum(name, default, ALGORITHMS, help_, **fv)
     elif ftype is bool:
       flags.DEFINE_bool(name, default, help_, **fv)
     elif ftype is int:
@@ -72,6 +66,20 @@ def define_train_flags(
       flags.DEFINE_float(name, default, help_ + " (unset = None)", **fv)
     else:
       flags.DEFINE_string(name, default, help_, **fv)
+  if flag_values is FLAGS:
+    _list_sections_in_help()
+
+
+def _list_sections_in_help() -> None:
+  """`--help` shows the script's docstring and its own flags; the training
+  flags are defined here, so it would not show them at all. The section
+  list goes under the script's docstring (what absl prints first)."""
+  script = sys.modules.get("__main__")
+  if script is None or getattr(script, "_RLJAX_SECTIONS_LISTED", False):
+    return
+  doc = (script.__doc__ or "").rstrip()
+  script.__doc__ = (doc + "\n\n" if doc else "") + help_lib.sections_help()
+  script._RLJAX_SECTIONS_LISTED = True  # pylint: disable=protected-access
 
 
 def script_defaults(flag_values: flags.FlagValues = FLAGS) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Greedy accuracy of the full-precision policy on the task's held-out set
-(the trainer's `--eval_every` and the driver's before/after evaluation)."""
+(the trainer's `--run.eval_every` and the driver's before/after evaluation)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class HeldOut:
       self.tokenizer.decode(r, skip_special_tokens=True)
       for r in rb.response_ids
     ]
-    # The task's verifier even when --reward trains on another signal.
+    # The task's verifier even when --reward.name trains on another signal.
     scores, _ = self.task.verify(completions, examples, 1)
     return {
       "eval_accuracy": float((scores >= 1.0).mean()),

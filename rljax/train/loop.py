@@ -41,12 +41,15 @@ from rljax.train import batch as batch_lib
 from rljax.train import build_batch as build_batch_lib
 from rljax.train import checkpoint as checkpoint_lib
 from rljax.train import collect as collect_lib
+from rljax.train import critic_pretrain
 from rljax.train import guard
 from rljax.train import heldout as heldout_lib
 from rljax.train import optim as optim_lib
 from rljax.train import placement as placement_lib
+from rljax.train import preflight
 from rljax.train import update as update_lib
 from rljax.train import rundir as rundir_lib
+from rljax.train import config as config_lib
 from rljax.train.config import TrainConfig
 from rljax.train.guard import NonFiniteError  # noqa: F401  (its old home)
 from rljax.train.metrics import MetricsWriter
@@ -98,24 +101,33 @@ class Trainer:
   ):
     self.cfg = cfg
     self.show_progress = show_progress
-    # Lock, checkpoint and config checks come before anything loads or is
+    # The model, data file and engine the config names, then lock,
+    # checkpoint and config checks come before anything loads or is
     # written (config.json only once they pass).
+    preflight.check(cfg, model=model is None, data=task is None)
     self.run_dir = rundir_lib.RunDir(cfg)
     try:
       self._init(cfg, model, task)
     except BaseException:
-      self.run_dir.close()
+      # A start that failed leaves the directory as it found it (no
+      # config.json, checkpoints/ or lock of a run that never ran).
+      self.run_dir.abandon()
       raise
 
   def _init(self, cfg: TrainConfig, model, task) -> None:
     model = model or load_policy(cfg, cfg.run.seed)
     self.model_config = model.config
+    # Fields bounded by the model's shape, before any buffer is sized.
+    problems = config_lib.model_problems(cfg, model.config)
+    if problems:
+      raise config_lib.ConfigError(problems)
     self.tokenizer = model.tokenizer
     self.task = task or build_task(cfg, self.tokenizer)
-    quantized = cfg.rollout.quant in ("int8", "int8_wo", "fp8")
     # UAQ (QuRL §4.3): a one-time, function-preserving reparametrisation;
-    # training then runs in the folded parametrisation.
-    self.uaq_scale = cfg.rollout.uaq_scale if quantized else 1.0
+    # training then runs in the folded parametrisation. Applied whatever the
+    # rollout's format, so config.json records what ran and an unquantized
+    # run with s != 1 is UAQ's exact control (issue 44).
+    self.uaq_scale = cfg.rollout.uaq_scale
     # Master weights in model.param_dtype (a model passed in is cast too);
     # the forward passes run in the compute dtype (`spec.compute_dtype`).
     params = update_lib.cast_floating(model.params, cfg.model.param_dtype)
@@ -161,7 +173,11 @@ class Trainer:
       entropy_coef=cfg.update.entropy_coef,
       micro_batches=cfg.update.micro_batches,
       logprob_chunk=cfg.update.logprob_chunk,
-      remat=cfg.update.remat,
+      remat=(
+        "dots"
+        if cfg.update.remat and cfg.update.remat_policy == "dots"
+        else cfg.update.remat
+      ),
       prox_is_current=(n_updates == 1),
       uses_critic=cfg.uses_critic,
       value_clip=cfg.critic.value_clip,
@@ -178,6 +194,10 @@ class Trainer:
     self.state = update_lib.init_train_state(
       params, self.optimizer, critic_params, critic_opt
     )
+    # VC-PPO value pretraining: the run's first steps fit the critic alone.
+    self.total_steps = critic_pretrain.total_steps(cfg)
+    if critic_pretrain.steps(cfg):
+      self.critic_step = critic_pretrain.make_critic_step(self.spec, critic_opt)
     # cfg.mesh: state, reference and LoRA base on NamedShardings and
     # the update step jitted over the mesh; "1,1,1" changes nothing.
     place = self.placement = placement_lib.Placement.from_config(cfg)
@@ -208,6 +228,7 @@ class Trainer:
       cfg, self.model_config, self.tokenizer, self.task
     )
     self.pad_id = batch_lib.pad_id(self.tokenizer)
+    self._diag_reference = None  # QuRL diagnostics' θ saved by a pipelined run
     resume_step = self.run_dir.resume_step
     if resume_step is not None:
       self.state, self.step_num = checkpoint_lib.resume(
@@ -218,6 +239,22 @@ class Trainer:
         self.collector,
       )
       resume_step = self.step_num
+      # The config's betas and weight decay, not the checkpoint's (a change
+      # that run.allow_config_change allowed applies, as it is recorded).
+      st = self.state
+      self.state = st.replace(
+        opt_state=optim_lib.with_hyperparams(st.opt_state, cfg.optim_config())
+      )
+      if st.critic_opt_state is not None:
+        self.state = self.state.replace(
+          critic_opt_state=optim_lib.with_hyperparams(
+            st.critic_opt_state, cfg.optim_config(critic=True)
+          )
+        )
+      if cfg.run.pipelined:  # restored in `run`, after the refill sync
+        self._diag_reference = checkpoint_lib.diagnostics_reference(
+          self.checkpointer, resume_step, self.local_policy_params()
+        )
     self.writer = MetricsWriter(
       cfg.run.run_dir, cfg.run.tensorboard, resume_step
     )
@@ -241,6 +278,11 @@ class Trainer:
   def train_step(self) -> dict[str, float]:
     """One RL step (the phases numbered); returns its metrics row."""
     cfg, step, t_step = self.cfg, self.step_num + 1, time.perf_counter()
+    # Value pretraining (critic_pretrain.py): Monte-Carlo returns, the
+    # critic's update only, the policy and the engine's weights unchanged.
+    pretraining = critic_pretrain.is_pretraining(cfg, step)
+    batch_cfg = critic_pretrain.monte_carlo_config(cfg) if pretraining else cfg
+    update_step = self.critic_step if pretraining else self.update_step
     # 1. Rollout + rewards, with dynamic-sampling refills.
     rollout = self.collector.collect(step)
     if cfg.run.pipelined:  # step k+s's rollout starts now, with θ_k
@@ -249,7 +291,7 @@ class Trainer:
     # θ_old's (proximal) and the critic's passes run in the compute dtype,
     # as the update step's forward does (docs/precision.md).
     batch, batch_metrics = build_batch_lib.make_batch(
-      cfg, self.spec, rollout, self.pad_id, self._compute_policy_params,
+      batch_cfg, self.spec, rollout, self.pad_id, self._compute_policy_params,
       self.ref_params,
       update_lib.compute_critic(self.spec, self.state.critic_params),
       self.placement,
@@ -258,7 +300,7 @@ class Trainer:
     # 3. Update epochs: every update dispatched before any metric is read.
     seeds = batch_lib.minibatch_seeds(cfg.run.seed, step, cfg.update.ppo_epochs)
     self.state, updates = update_lib.run_epochs(
-      self.update_step, self.state, batch, self.frozen_params, seeds,
+      update_step, self.state, batch, self.frozen_params, seeds,
       cfg.update.minibatches,
     )  # fmt: skip
     # 4. Metrics fetch: one device→host transfer per step.
@@ -270,9 +312,11 @@ class Trainer:
     metrics = {**rollout.metrics, **batch_metrics}
     metrics["time_update"] = time.perf_counter() - t_update
     metrics.update(update_lib.reduce_metrics(updates))
+    if pretraining:
+      metrics["critic_pretrain"] = 1.0
     self.step_num = step
     # 6. Sync: θ_k, quantized, to the engine (pipelined: the worker does).
-    if not cfg.run.pipelined:
+    if not (cfg.run.pipelined or pretraining):
       metrics.update(self.actor.sync(*self._theta()))
     metrics.update(collect_lib.reward_metrics(rollout, self.task))
     metrics.update(self.actor.metrics())
@@ -280,14 +324,16 @@ class Trainer:
     if cfg.run.eval_every and step % cfg.run.eval_every == 0:
       metrics.update(self.heldout.evaluate(self._theta()[0]))
     row = self.writer.write(step, metrics)
-    if self.checkpointer.should_save(step, last=step == cfg.run.steps):
+    if self.checkpointer.should_save(step, last=step == self.total_steps):
       meta = checkpoint_lib.run_meta(
         step, cfg, self.uaq_scale, row, self.collector
       )
       pending = self.collector.pending_rollouts()
       checkpoint_lib.save_step(
-        self.checkpointer, step, self.state, meta, pending
-      )
+        self.checkpointer, step, self.state, meta, pending,
+        # Pipelined: the last sync's θ is a step older than the state.
+        self.actor.diagnostics_reference() if cfg.run.pipelined else None,
+      )  # fmt: skip
     return row
 
   def local_policy_params(self):
@@ -302,7 +348,8 @@ class Trainer:
     return self.local_policy_params(), self.step_num
 
   def run(self) -> list[dict[str, float]]:
-    """Trains to `cfg.run.steps` (from the restored step); returns the rows."""
+    """Trains to `cfg.run.steps` RL steps after any value pretraining
+    (`total_steps`, from the restored step); returns the rows."""
     cfg = self.cfg
     rows = []
     if cfg.run.pipelined:
@@ -310,19 +357,26 @@ class Trainer:
         # Restored in-flight rollouts: the engine needs weights for any
         # dynamic-sampling refill before the next scheduled push.
         self.actor.sync(*self._theta())
+      if self._diag_reference is not None:
+        # The next sync's QuRL diagnostics compare against the θ the
+        # uninterrupted run last synced, not against this resume's sync.
+        self.actor.restore_diagnostics_reference(
+          jax.tree.map(jnp.asarray, self._diag_reference), self.step_num - 1
+        )
+        self._diag_reference = None
       for k in range(self.collector.pending, cfg.run.max_staleness):
         self.collector.schedule(self.step_num + 1 + k, *self._theta())
     else:
       self.actor.sync(*self._theta())
     bar = tqdm(
-      total=cfg.run.steps,
+      total=self.total_steps,
       initial=self.step_num,
       desc="rl",
       disable=not (self.show_progress and distributed.is_main_process()),
       dynamic_ncols=True,
     )
     try:
-      while self.step_num < cfg.run.steps:
+      while self.step_num < self.total_steps:
         row = self.train_step()
         rows.append(row)
         bar.set_postfix(

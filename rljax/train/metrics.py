@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rljax import distributed
+from rljax.train import atomic
 
 
 def to_float(value: Any) -> float | None:
@@ -80,8 +81,8 @@ class MetricsWriter:
             kept.append(line)
         except json.JSONDecodeError:
           break  # a line cut by the crash ends the file
-    with open(self.path, "w", encoding="utf-8") as f:
-      f.writelines(kept)
+    # Atomic: a kill inside this rewrite must not lose the kept rows.
+    atomic.write_text(self.path, "".join(kept))
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
     row: dict[str, Any] = {"step": int(step)}
@@ -91,8 +92,16 @@ class MetricsWriter:
         row[k] = f if math.isfinite(f) else str(f)
     if self._file is None:
       return row
-    self._file.write(json.dumps(row) + "\n")
-    self._file.flush()
+    line = json.dumps(row) + "\n"
+    try:
+      self._file.write(line)
+      self._file.flush()
+    except OSError as e:
+      if atomic.is_disk_full(e):
+        raise atomic.DiskFullError(
+          os.path.dirname(self.path), len(line), "a metrics.jsonl row"
+        ) from e
+      raise
     if self._tb is not None:
       for k, v in row.items():
         if k != "step" and isinstance(v, float):
@@ -116,3 +125,21 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
       if line:
         rows.append(json.loads(line))
   return rows
+
+
+def recorded_eval(run_dir: str, step: int = 0) -> dict[str, float]:
+  """The held-out evaluation `metrics.jsonl` holds for `step` ({} if none):
+  a resumed run's "before training" numbers (step 0) were measured by the
+  process that started it."""
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        continue  # a line cut by a killed process
+      if row.get("step") == step and "eval_accuracy" in row:
+        return {k: v for k, v in row.items() if k.startswith("eval_")}
+  return {}

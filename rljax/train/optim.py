@@ -23,6 +23,7 @@ class OptimConfig:
   reads as (learning rate, updates).
   """
 
+  # 0 is accepted as a control run (the policy never moves), with a note.
   learning_rate: float = 1e-5
   # Optimizer updates in the run (the cosine length); 0 in a TrainConfig:
   # run.steps × update.ppo_epochs × update.minibatches.
@@ -82,6 +83,27 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
       weight_decay=cfg.weight_decay,
     ),
   )
+
+
+def _is_array(_, value) -> bool:
+  return isinstance(value, jax.Array)
+
+
+def with_hyperparams(opt_state, cfg: OptimConfig):
+  """`opt_state` holding `cfg`'s b1, b2 and weight_decay.
+
+  `inject_hyperparams` keeps them in the optimizer state, so a restored
+  state would bring back the checkpoint's values whatever the config says;
+  a resume applies the config's (a change `run.allow_config_change`
+  allowed), as it does the learning rate, a schedule of the step count.
+  """
+  values = {}
+  for name in ("b1", "b2", "weight_decay"):
+    old = optax.tree_utils.tree_get(opt_state, name, filtering=_is_array)
+    if old is not None:
+      new = jnp.asarray(getattr(cfg, name), old.dtype)
+      values[name] = jax.device_put(new, old.sharding)
+  return optax.tree_utils.tree_set(opt_state, _is_array, **values)
 
 
 def learning_rate(opt_state) -> jax.Array:

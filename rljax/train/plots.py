@@ -19,10 +19,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from rljax.train.metrics import read_metrics  # noqa: E402
 
-# (title, [(metric key, line style)], log scale)
+# (title, [(metric key, line style)], log scale). A style is a matplotlib
+# linestyle (name or dash tuple); the keys of one panel never share one.
 PANELS = [
   ("reward (mean)", [("reward_mean", "-")], False),
-  ("held-out accuracy", [("eval_accuracy", "-o")], False),
+  ("held-out accuracy", [("eval_accuracy", "-")], False),
   (
     "clip fraction",
     [("clip_fraction_low", "--"), ("clip_fraction_high", "-")],
@@ -46,14 +47,29 @@ PANELS = [
       ("time_reward", ":"),
       ("time_logprobs", "-."),
       ("time_update", "--"),
-      ("time_sync", "-"),
+      ("time_sync", (0, (6, 2, 1, 2, 1, 2))),  # dash-dot-dot
     ],
     False,
   ),
 ]
+# The y axis of each panel.
+Y_LABELS = {
+  "reward (mean)": "mean reward",
+  "held-out accuracy": "accuracy",
+  "clip fraction": "fraction of tokens",
+  "behavior-proximal KL": "KL (k3), nats/token",
+  "max ρ = π_prox/π_behav": "max ratio",
+  "weight update vs quant. error": "relative norm",
+  "response length": "tokens",
+  "seconds per phase": "seconds",
+}
+# One marker per run, so runs whose lines coincide stay visible (with the
+# small step offset below).
+MARKERS = ("o", "s", "^", "v", "D", "x", "P", "*")
 
 
 def moving_average(values: Sequence[float], window: int) -> list[float]:
+  """The trailing mean over `window` points (fewer at the start)."""
   if window <= 1:
     return list(values)
   out, acc = [], []
@@ -94,12 +110,23 @@ def plot_runs(
   ncol = 2 if len(drawn) > 1 else 1
   nrow = (len(drawn) + ncol - 1) // ncol
   fig, axes = plt.subplots(
-    nrow, ncol, figsize=(6.5 * ncol, 3.2 * nrow), squeeze=False
+    nrow,
+    ncol,
+    figsize=(9.5 * ncol, 3.2 * nrow),
+    squeeze=False,
+    layout="constrained",  # room for the legends outside the axes
   )
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  # Runs that logged the same numbers would hide each other: each run is
+  # shifted by a small fraction of a step and has its own marker.
+  offsets = [
+    0.0 if len(runs) == 1 else 0.15 * (i / (len(runs) - 1) - 0.5)
+    for i in range(len(runs))
+  ]
   for ax, (title, keys, log) in zip(axes.flat, drawn):
     if title == "seconds per phase" and len(runs) > 2:
       keys = [k for k in keys if k[0] in ("time_rollout", "time_update")]
+    smoothed = False
     for i, (rows, label) in enumerate(zip(runs, labels)):
       for key, style in keys:
         pts = [
@@ -116,24 +143,31 @@ def plot_runs(
         # Evaluations are a few sparse points: a moving average would blend
         # them into values that were never measured.
         window = 1 if key.startswith("eval_") else smooth
+        smoothed |= window > 1 and len(ys) > 1
         ax.plot(
-          xs,
+          [x + offsets[i] for x in xs],
           moving_average(ys, window),
-          style,
+          linestyle=style,
+          marker=MARKERS[i % len(MARKERS)],
+          markersize=3.5,
+          markevery=max(1, len(xs) // 20),
           color=colors[i % len(colors)],
           label=name,
-          markersize=3,
         )
-    ax.set_title(title)
+    # Said on the panel, since the table's numbers are not smoothed.
+    ax.set_title(
+      title + (f" (moving average, {smooth} steps)" if smoothed else "")
+    )
     ax.set_xlabel("step")
+    ax.set_ylabel(Y_LABELS.get(title, ""))
     if log:
       ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    # Outside the axes: a legend never covers the data.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   for ax in list(axes.flat)[len(drawn) :]:
     ax.axis("off")
-  fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-  fig.savefig(out_path, dpi=110)
+  fig.savefig(out_path, dpi=110, bbox_inches="tight")
   plt.close(fig)
   return [p[0] for p in drawn]

@@ -36,6 +36,7 @@ import socket
 from typing import Any, Callable, Mapping
 
 from rljax import distributed
+from rljax.train import atomic
 from rljax.train import config as config_lib
 from rljax.train.checkpoint import RunCheckpointer
 from rljax.train.config import TrainConfig
@@ -63,6 +64,7 @@ RUN_CONTROL_FIELDS = frozenset(
     "run.allow_config_change",
     "task.reward_workers",
     "rollout.vllm_urls",
+    "rollout.vllm_allow_remote",
     "mesh.data",
     "mesh.fsdp",
     "mesh.tensor",
@@ -76,6 +78,10 @@ class RunDirLockedError(RuntimeError):
 
 class ConfigChangeError(ValueError):
   """A resume would continue a run with a different configuration."""
+
+
+class RunDirExistsError(FileExistsError):
+  """A start without `run.resume` in a directory that holds checkpoints."""
 
 
 def _now() -> str:
@@ -111,7 +117,7 @@ class RunDirLock:
       raise RunDirLockedError(
         f"run_dir={run_dir!r} is in use by another rljax run "
         f"({_describe(holder)}); wait for it to end or stop it, or choose "
-        "another --run_dir"
+        "another --run.run_dir"
       ) from None
     except BaseException:
       os.close(fd)
@@ -157,8 +163,8 @@ def allowed_changes(cfg: TrainConfig) -> frozenset[str]:
     if not matched:
       unknown.append(name)
   if unknown:
-    raise ValueError(
-      f"run.allow_config_change names {sorted(unknown)}, which are not "
+    raise ConfigChangeError(
+      f"--run.allow_config_change names {sorted(unknown)}, which are not "
       "TrainConfig fields; expected a comma-separated list of dotted fields "
       "(e.g. loss.eps_high) or sections (e.g. loss)"
     )
@@ -218,15 +224,6 @@ def check_resume_config(
   return changes
 
 
-def _write_json_atomic(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=1)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-
-
 class RunDir:
   """`cfg.run.run_dir`, opened for training by this process (see module doc).
 
@@ -239,6 +236,18 @@ class RunDir:
   def __init__(self, cfg: TrainConfig, log: Callable[[str], Any] = print):
     allowed_changes(cfg)  # a bad field name fails before anything is touched
     self.cfg = cfg
+    # What this start created, for `abandon` to remove.
+    self._created = [
+      p
+      for p in (
+        cfg.run.run_dir,
+        os.path.join(cfg.run.run_dir, "checkpoints"),
+        os.path.join(cfg.run.run_dir, CONFIG_FILE),
+        os.path.join(cfg.run.run_dir, LOCK_FILE),
+      )
+      if not os.path.exists(p)
+    ]
+    self.resume_step = None
     os.makedirs(cfg.run.run_dir, exist_ok=True)
     main = distributed.is_main_process()
     # The other processes of a multi-host run share process 0's lock.
@@ -256,7 +265,7 @@ class RunDir:
       if not main:
         self.checkpointer.reload()  # process 0 may have set steps aside
         return
-      _write_json_atomic(
+      atomic.write_json(
         os.path.join(cfg.run.run_dir, CONFIG_FILE), cfg.to_dict()
       )
       if self.changes:
@@ -289,10 +298,10 @@ class RunDir:
     if latest is None:
       return None, {}
     if not cfg.run.resume:
-      raise FileExistsError(
+      raise RunDirExistsError(
         f"run_dir={cfg.run.run_dir!r} already holds checkpoints up to step "
-        f"{latest}; pass --resume to continue that run, or choose another "
-        "--run_dir"
+        f"{latest}; pass --run.resume to continue that run, or choose "
+        "another --run.run_dir"
       )
     step, damaged = ckpt.latest_verified_step()
     meta = ckpt.read_meta(step)
@@ -306,6 +315,23 @@ class RunDir:
         f"damaged ({reason}); moved to {dest}; resuming from step {step}"
       )
     return step, changes
+
+  def abandon(self) -> None:
+    """`close` after a start that failed before its first step: removes
+    what this start created (config.json, an empty checkpoints/, the lock
+    file, the directory if it is then empty), so the next start finds the
+    directory as it was. A resumed run's files are the run's: kept."""
+    self.close()
+    if self.resume_step is not None or not distributed.is_main_process():
+      return
+    for path in reversed(self._created):
+      try:
+        if os.path.isdir(path):
+          os.rmdir(path)  # only when empty: anything else was not ours
+        else:
+          os.remove(path)
+      except OSError:
+        pass
 
   def close(self) -> None:
     if self.checkpointer is not None:

@@ -3,7 +3,7 @@ scored, and where the data iterator stands (saved in checkpoints).
 
 A `Task` joins `rljax.data` (examples, templates, the resumable iterator) and
 `rljax.rewards` (verifiers in a process pool with per-item timeouts) behind
-the few calls the loop makes. `--reward` swaps the training reward for a
+the few calls the loop makes. `--reward.name` swaps the training reward for a
 learned reward model, VR-CLI or an LLM judge (`build_reward`); held-out
 evaluation keeps the verifier (`Task.verify`), so runs with different rewards
 are compared on the same accuracy.
@@ -161,7 +161,7 @@ def build_task(cfg: TrainConfig, tokenizer) -> Task:
     if not cfg.task.data_path:
       raise ValueError(
         f"task={cfg.task.name!r} is not a generated task {GENERATED_TASKS}; "
-        f"give its file with --data_path (datasets: "
+        f"give its file with --task.data_path (datasets: "
         f"{sorted(data_lib.DATASET_SPECS)})"
       )
     rows = list(data_lib.load_dataset(cfg.task.name, cfg.task.data_path))
@@ -217,6 +217,11 @@ def build_task(cfg: TrainConfig, tokenizer) -> Task:
   )
 
 
+# More characters than any token of a BPE vocabulary covers (their merges
+# reach a few dozen): a bound on a prompt's length before tokenizing it.
+MAX_CHARS_PER_TOKEN = 64
+
+
 def drop_long_prompts(
   examples: Sequence[data_lib.Example], render, tokenizer, max_tokens: int
 ) -> tuple[list[data_lib.Example], int]:
@@ -225,13 +230,20 @@ def drop_long_prompts(
   A prompt the engine cannot hold would stop the run at the step that
   draws it; dropping it up front (the usual `filter_overlong_prompts` of
   RL recipes) keeps the run going, and the count is reported.
+
+  A question longer than `max_tokens * MAX_CHARS_PER_TOKEN` characters is
+  dropped without being tokenized: one 50 MB line of a data file would
+  otherwise take ~13 GB to tokenize, only to be dropped.
   """
-  kept = [
-    e
-    for e in examples
-    if len(tokenizer.encode(render(e.question), add_special_tokens=False))
-    <= max_tokens
-  ]
+  limit = max_tokens * MAX_CHARS_PER_TOKEN
+
+  def fits(e: data_lib.Example) -> bool:
+    if len(e.question) > limit:
+      return False
+    text = render(e.question)
+    return len(tokenizer.encode(text, add_special_tokens=False)) <= max_tokens
+
+  kept = [e for e in examples if fits(e)]
   return kept, len(examples) - len(kept)
 
 
@@ -240,7 +252,7 @@ def build_reward(cfg: TrainConfig, tokenizer):
 
   reward_model: a Bradley–Terry reward model dir (`reward_model_path`);
   vrcli: VR-CLI with a frozen reference (`vrcli_reference`, default the
-  initial policy, `--model`), y = the example's answer; judge: an
+  initial policy, `--model.name`), y = the example's answer; judge: an
   OpenAI-compatible judge at `judge_url` with the rubrics of
   `judge_rubrics`.
   """

@@ -1,4 +1,4 @@
-"""The "tiny" model of `--model=tiny`: a random few-layer decoder with the
+"""The "tiny" model of `--model.name=tiny`: a random few-layer decoder with the
 real SmolLM2 tokenizer, for tests and CPU smoke runs (never for results).
 
 The models layer owns it (`models.load_named("tiny")`, so evaluation can

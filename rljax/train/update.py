@@ -4,12 +4,13 @@ The loss of a minibatch is assembled from the `rljax.core` kernels, each a
 (sum S, denominator D) pair in its own aggregation mode:
 
   L(θ) = Σ_mb S_pg(θ; mb) / D_pg  +  β_KL Σ_mb S_kl(θ; mb) / D_mask
-         − β_H Σ_mb S_H(θ; mb) / D_mask
+         − β_H Σ_mb S_H(θ; mb) / D_mask  +  μ Σ_mb S_NLL(θ; mb) / D_pos
 
 D_pg = Σ_mb `objectives.policy_loss_denominator` counts only the tokens the
 correction keeps (mis and the sequence-level rejections drop tokens from the
-sum *and* the denominator); D_mask counts the loss mask. Both depend on the
-masks and ρ only, so they are known before any gradient is taken (when
+sum *and* the denominator); D_mask counts the loss mask; D_pos the tokens of
+the positive-reward responses (VAPO's NLL term, `core.nll`, when μ > 0).
+All depend on the masks, rewards and ρ only, so they are known before any gradient is taken (when
 θ_prox is the current θ and the correction rejects, ρ needs one forward pass
 first). Gradients of the micro-batches are therefore summed, not averaged,
 and the step's loss and gradient equal those of `objectives.policy_loss` +
@@ -34,7 +35,9 @@ import optax
 from rljax import models
 from rljax import quant
 from rljax.core import aggregation as agg_lib
+from rljax.core import exposure as exposure_lib
 from rljax.core import kl as kl_lib
+from rljax.core import nll as nll_lib
 from rljax.core import objectives
 from rljax.train import optim as optim_lib
 
@@ -63,7 +66,9 @@ class UpdateSpec:
   entropy_coef: float = 0.0
   micro_batches: int = 1
   logprob_chunk: int = 0
-  remat: bool = False
+  # True: recompute each decoder layer in the backward pass; "dots": keep
+  # the projections' outputs and recompute the rest (decoder docstring).
+  remat: bool | str = False
   # When θ_prox is the very θ being differentiated (one epoch, one
   # minibatch), prox_logp = stop_gradient(logp) and no extra forward pass is
   # needed.
@@ -255,6 +260,19 @@ def policy_loss_sum(spec: UpdateSpec, params, mb: Batch, denoms: dict):
   pg_sum, _, metrics = objectives.policy_loss_terms(
     logp, prox, mb["behav_logp"], mb["advantages"], mask, spec.loss
   )
+  # What ACR would change in this batch, logged for every correction: a
+  # study must see it before it attributes anything to ACR (issue 44).
+  exposure = exposure_lib.acr_exposure(
+    logp,
+    prox,
+    mb["behav_logp"],
+    mb["advantages"],
+    mask,
+    eps_low=spec.loss.eps_low,
+    eps_high=spec.loss.eps_high,
+    cap=spec.loss.tis_cap,
+  )
+  metrics.update(exposure_lib.exposure_metrics(exposure))
   total = pg_sum / denoms["pg"]
   if spec.kl_coef > 0:
     kl_sum, _ = kl_lib.kl_loss_terms(
@@ -274,6 +292,12 @@ def policy_loss_sum(spec: UpdateSpec, params, mb: Batch, denoms: dict):
       entropy, mask, spec.loss.aggregation, spec.loss.norm_const
     )
     total = total - spec.entropy_coef * ent_sum / denoms["mask"]
+  if spec.loss.positive_nll_coef > 0:
+    # VAPO: + μ·L_NLL, a token mean over the positive responses' tokens of
+    # the whole minibatch (D_pos), so the micro-batches sum to it exactly.
+    nll_sum, _ = nll_lib.positive_nll_terms(logp, mask, mb["rewards"])
+    total = total + spec.loss.positive_nll_coef * nll_sum / denoms["pos"]
+    metrics["positive_nll_sum"] = jax.lax.stop_gradient(nll_sum)
   metrics["entropy"] = agg_lib.masked_mean(jax.lax.stop_gradient(entropy), mask)
   metrics["pg_loss_sum"] = pg_sum
   return total, metrics
@@ -318,10 +342,19 @@ def _denominators(spec: UpdateSpec, micro: Batch) -> dict:
 
   d_pg, d_mask = jax.lax.map(one, micro)
   # An all-masked minibatch: every sum is 0, and 0/1 keeps the step finite.
-  return {
+  out = {
     "pg": jnp.maximum(d_pg.sum(), 1e-8),
     "mask": jnp.maximum(d_mask.sum(), 1e-8),
   }
+  if spec.loss.positive_nll_coef > 0:  # D_pos: tokens of r > 0 responses
+    d_pos = jax.lax.map(
+      lambda mb: nll_lib.positive_nll_terms(
+        jnp.zeros(mb["loss_mask"].shape), mb["loss_mask"], mb["rewards"]
+      )[1],
+      micro,
+    )
+    out["pos"] = jnp.maximum(d_pos.sum(), 1e-8)
+  return out
 
 
 def value_loss_sum(spec: UpdateSpec, critic_params, mb: Batch, denoms: dict):
@@ -403,6 +436,8 @@ def make_update_step(
     pg = lambda p, mb, d: policy_loss_sum(spec, merge(p), mb, d)
     loss, grads, metrics = _accumulate(pg, state.params, micro, denoms)
     grad_norm = optax.global_norm(grads)
+    if "positive_nll_sum" in metrics:  # L_NLL of the minibatch (VAPO)
+      metrics["positive_nll"] = metrics["positive_nll_sum"] / denoms["pos"]
     # Nothing non-finite may reach the params or the optimizer state: keep
     # the old state and report it (the trainer stops with a debug dump).
     params, opt_state, finite = guarded_update(

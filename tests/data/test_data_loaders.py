@@ -102,6 +102,15 @@ class TestBadInput:
         "no answer could be read",
       ),
       ('{"problem": "q2", "answer": ', "invalid_json", "invalid JSON"),
+      # Issue 43 item 21: 200,000 levels deep is a named, skippable row.
+      (
+        '{"problem": ' + "[" * 200_000 + "]" * 200_000 + "}",
+        "invalid_json",
+        "invalid JSON \\(nested too deeply\\)",
+      ),
+      # Issue 43 item 22: no completion can equal a NaN gold answer.
+      ('{"problem": "q2", "answer": "NaN"}', "bad_answer", "no answer"),
+      ('{"problem": "q2", "answer": "-inf"}', "bad_answer", "no answer"),
       ("[1, 2]", "not_object", "row is a JSON list"),
       (
         b'{"problem": "caf\xe9", "answer": "1"}',
@@ -276,6 +285,77 @@ class TestFieldMaps:
     )
     assert rewards.math_reward("The answer is 9 apples.", ds[0].answer) == 1.0
     assert rewards.math_reward("The answer is 10 apples.", ds[0].answer) == 0.0
+
+  def test_svamp_as_distributed_joins_sentences(self, tmp_path):
+    # Issue 43 item 4: rows as SVAMP ships them (SVAMP.json, one object per
+    # line here). A third of the bodies end in a clause without a full stop;
+    # "... on each pack How much ..." was a run-on sentence.
+    rows = [
+      {
+        "ID": "chal-1",
+        "Body": "Each pack of dvds costs 76 dollars. If there is a discount "
+        "of 25 dollars on each pack",
+        "Question": "How much do you have to pay to buy each pack?",
+        "Equation": "( 76.0 - 25.0 )",
+        "Answer": 51.0,
+        "Type": "Subtraction",
+      },
+      {
+        "ID": "chal-2",
+        "Body": "Dan had $ 3 left with him after he bought a candy bar. If "
+        "he had $ 4 at the start.",
+        "Question": "How much did the candy bar cost?",
+        "Equation": "( 4.0 - 3.0 )",
+        "Answer": 1.0,
+        "Type": "Subtraction",
+      },
+    ]
+    path = write_lines(
+      tmp_path, [json.dumps(r) for r in rows], name="svamp.jsonl"
+    )
+    ds = data.load_dataset("svamp", path)
+    assert ds[0].question == (
+      "Each pack of dvds costs 76 dollars. If there is a discount of 25 "
+      "dollars on each pack. How much do you have to pay to buy each pack?"
+    )
+    assert ds[1].question.endswith(
+      "at the start. How much did the candy bar cost?"
+    )
+    assert [ex.answer for ex in ds] == ["51", "1"]
+
+  def test_asdiv_as_distributed_lower_case_fields(self, tmp_path):
+    # Issue 43 item 4: ASDiv's JSON Lines release writes body / question /
+    # answer in lower case, with the unit after the number; the old loader
+    # read only "Body"/"Question"/"Answer" and skipped every row.
+    rows = [
+      {
+        "body": "Seven red apples and two green apples are in the basket.",
+        "question": "How many apples are in the basket?",
+        "solution_type": "Addition",
+        "answer": "9 (apples)",
+        "formula": "7+2=9",
+      },
+      {
+        "body": "Ellen has six more balls than Marin. Marin has nine balls.",
+        "question": "How many balls does Ellen have?",
+        "solution_type": "Addition",
+        "answer": "15 (balls)",
+        "formula": "6+9=15",
+      },
+    ]
+    path = write_lines(
+      tmp_path, [json.dumps(r) for r in rows], name="asdiv.jsonl"
+    )
+    ds = data.load_dataset("asdiv", path)
+    assert ds.stats.skipped == 0
+    assert (ds[0].question, ds[0].answer) == (
+      "Seven red apples and two green apples are in the basket. How many "
+      "apples are in the basket?",
+      "9",
+    )
+    assert ds[1].answer == "15"
+    assert ds[0].metadata["formula"] == "7+2=9"
+    assert "body" not in ds[0].metadata  # the question's parts are not kept
 
   def test_compose_rejects_no_fields(self):
     with pytest.raises(ValueError, match="Compose fields"):

@@ -214,7 +214,15 @@ def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
     run_cfg["rollout"]["group_size"],
     run_cfg["run"]["steps"],
   ) == ("int8", "acr", 4, 2)
-  assert "| fp | 0 | done | 2 |" in (out / "table.md").read_text()
+  table_md = (out / "table.md").read_text()
+  assert "| fp | 0 | done | 2 |" in table_md
+  # Issue 43 item 10: speeds without the compiling first step, said so.
+  assert "s_per_step_warm" in table_md and "after the first" in table_md
+  assert all(r["s_per_step_warm"] is not None for r in table)
+  # Issue 43 item 8: each run's memory, after what it held was released.
+  log = [json.loads(x) for x in open(out / "cpu_log.jsonl")]
+  assert [r["run"] for r in log] == ["fp_s0", "q_s0"]
+  assert all(0 < r["rss_after_release_gib"] <= r["peak_rss_gib"] for r in log)
   assert (out / "plots.png").stat().st_size > 10_000
   # A second call finds every run finished and only rebuilds the table.
   again = _run(
@@ -269,7 +277,7 @@ def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
   assert grpo.kl.coef == dapo.kl.coef == 0.002
   assert grpo.run.steps == dapo.run.steps == 3
   assert (
-    dapo.run.run_dir == str(tmp_path / "algorithm=dapo_s0") and dapo.run.resume
+    dapo.run.run_dir == str(tmp_path / "algorithm-dapo_s0") and dapo.run.resume
   )
 
 
@@ -351,6 +359,10 @@ def test_killed_ablation_resumes_where_it_stopped(tmp_path):
   assert "[ablate] resuming b seed=0 from step" in again.stdout
   assert os.path.getmtime(out / "a_s0" / "metrics.jsonl") == a_mtime
   assert _steps_of(out / "b_s0") == [1, 2, 3, 4]  # no step twice, none lost
+  # Issue 43 item 11: the resumed process keeps the first one's evaluation
+  # before training (it was null).
+  b_summary = json.loads((out / "b_s0" / "summary.json").read_text())
+  assert b_summary["eval_accuracy_before"] is not None
   table = json.loads((out / "table.json").read_text())
   assert [(r["name"], r["status"], r["steps"]) for r in table] == [
     ("a", "done", 4),
@@ -418,3 +430,19 @@ def test_seeds_are_an_axis_and_progress_is_read_from_disk(tmp_path):
     progress["pending"],
     progress["stopped"],
   ) == (1, 1, 2, "--max_runs=1")
+
+
+def test_grid_run_directories_have_no_equals_or_dots(tmp_path):
+  # Issue 43 item 11; a directory an older rljax made keeps being used.
+  ablate = _load_ablate()
+  name = ablate.grid_runs("rollout.quant=int8;loss.eps_high=0.28")[0]["name"]
+  assert name == "rollout.quant=int8_loss.eps_high=0.28"  # the table's label
+  path = ablate.run_dir_for(str(tmp_path), name, 0)
+  assert os.path.basename(path) == "rollout_quant-int8_loss_eps_high-0p28_s0"
+  (tmp_path / f"{name}_s0").mkdir()
+  assert ablate.run_dir_for(str(tmp_path), name, 0) == str(
+    tmp_path / f"{name}_s0"
+  )
+  assert ablate.run_dir_for(str(tmp_path), "int8_acr", 1) == str(
+    tmp_path / "int8_acr_s1"
+  )

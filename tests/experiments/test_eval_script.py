@@ -91,6 +91,10 @@ def test_two_files_of_one_loader_keep_both_results(tiny_run_dir, tmp_path):
   results = json.load(open(out / "summary.json"))["results"]
   assert {k: v["examples"] for k, v in results.items()} == {"a": 2, "b": 3}
   assert results["a"]["path"] == a and results["b"]["dataset"] == "math500"
+  # Issue 43 item 11: what produced the numbers.
+  meta = json.load(open(out / "summary.json"))["meta"]
+  assert meta["cpu"] and meta["jax_version"] and meta["jax_backend"] == "cpu"
+  assert meta["compute_dtype"] == "float32"
   for label, n in (("a", 2), ("b", 3)):
     assert len(open(out / f"{label}.jsonl").read().splitlines()) == n
 
@@ -107,3 +111,50 @@ def test_duplicate_labels_are_refused_before_the_model_loads(tmp_path):
   assert "duplicate dataset labels: 'math500'" in proc.stderr
   assert "/no/such/model" not in proc.stderr  # no model load was tried
   assert not os.path.exists(tmp_path / "out")
+
+
+def _no_traceback(proc):
+  """A user error: exit status 2, the message, no traceback (issue 43)."""
+  assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "error: " in proc.stderr
+
+
+def test_every_dataset_is_read_before_the_model_loads(tiny_run_dir, tmp_path):
+  # Issue 43 item 5: b's rows lack the math500 fields; the old script
+  # generated a's answers first and then lost them in b's traceback.
+  a = _math_file(tmp_path / "a.jsonl", [1])
+  b = tmp_path / "b.jsonl"
+  b.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+  out = tmp_path / "out"
+  proc = _run(
+    f"--model={tiny_run_dir}",
+    f"--datasets=a=math500:{a},b=math500:{b}",
+    f"--out_dir={out}",
+  )
+  _no_traceback(proc)
+  assert "b: " in proc.stderr and "no question field problem" in proc.stderr
+  assert "[eval] a:" not in proc.stdout  # nothing generated before
+  assert not out.exists()
+
+
+def test_a_directory_of_runs_names_its_runs(tmp_path):
+  # Issue 43 item 6: an ablation's --out_dir is not a model.
+  for name in ("a_s0", "b_s0"):
+    run = tmp_path / "abl" / name
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"algorithm": "grpo"}))
+  proc = _run(f"--model={tmp_path / 'abl'}", f"--out_dir={tmp_path / 'out'}")
+  _no_traceback(proc)
+  assert "a directory of 2 runs" in proc.stderr
+  assert str(tmp_path / "abl" / "a_s0") in proc.stderr
+
+
+def test_usage_error_prints_the_message_only(tmp_path):
+  # Issue 43 item 7: absl's UsageError printed 50 lines of help first.
+  proc = _run("--samples=1", "--k=4", f"--out_dir={tmp_path / 'out'}")
+  _no_traceback(proc)
+  assert proc.stderr.strip().splitlines()[-1] == (
+    "error: --k=4 exceeds --samples=1"
+  )
+  assert "--max_new_tokens" not in proc.stderr  # no help text

@@ -95,10 +95,33 @@ def test_sample_mean_std():
   assert stats.sample_mean_std([]) == (None, None, 0)
 
 
-def _fake_run(study, name, seed, correct, steps=2):
-  """A finished run directory as rljax/study.py writes it."""
+def _fake_config(name, minibatches=4, uaq_scale=1.0, **sections):
+  """The nested config.json of arm `name` (`<quant>_<correction>`)."""
+  quant, _, correction = name.partition("_")
+  cfg = {
+    "rollout": {
+      "quant": "none" if quant == "fp32" else quant,
+      "uaq_scale": uaq_scale,
+    },
+    "loss": {"correction": correction.split("_")[0] or "naive"},
+    "update": {"ppo_epochs": 1, "minibatches": minibatches},
+  }
+  for section, fields in sections.items():
+    cfg.setdefault(section, {}).update(fields)
+  return cfg
+
+
+def _fake_run(
+  study, name, seed, correct, steps=2, config=None, grad_share=0.01
+):
+  """A finished run directory as rljax/study.py writes it; `config` is its
+  config.json (default `_fake_config(name)`), grad_share the logged
+  acr_grad_share (None: not logged, as before issue 44)."""
   run = study / f"{name}_s{seed}"
   run.mkdir(parents=True)
+  (run / "config.json").write_text(
+    json.dumps(_fake_config(name) if config is None else config)
+  )
   acc = float(np.mean(correct))
   rows = [{"step": 0, "eval_accuracy": 0.25}]
   rows += [
@@ -109,6 +132,7 @@ def _fake_run(study, name, seed, correct, steps=2):
       "behav_prox_kl": 1e-3,
       "max_prox_behav_ratio": 1.5,
       "acr_active_fraction": 0.01 * s,
+      **({} if grad_share is None else {"acr_grad_share": grad_share}),
     }
     for s in range(1, steps + 1)
   ]
@@ -163,7 +187,9 @@ def test_claims_from_run_files(tmp_path):
   missing = by[("q4_long_horizon", "int8_tis", "fp32")]
   assert missing["why"] == "no runs of this study are archived"
   table = "\n".join(sections.study_table(studies["q2_instrument"]))
-  assert "| `int8_acr` | 3 | 2 | 0.250 ± 0.000 | 1.000 ± 0.000 |" in table
+  assert (
+    "| `int8_acr` | 1 | 4 | 3 | 2 | 0.250 ± 0.000 | 1.000 ± 0.000 |" in table
+  )
   png = tmp_path / "fig.png"
   assert sections.study_figure(studies["q2_instrument"], str(png))
   assert png.stat().st_size > 10_000
@@ -202,9 +228,12 @@ def test_pooled_study_pairs_within_each_part(tmp_path):
     {"q4_long_horizon_pooled": pooled, "q4_long_horizon": parts[1]}
   )
   by = {(c["study"], c["a"], c["b"]): c for c in claims}
-  assert by[("q4_long_horizon_pooled", "int8_tis", "int8_acr")]["verdict"] == (
-    "supported"
-  )
+  pooled_claim = by[("q4_long_horizon_pooled", "int8_tis", "int8_acr")]
+  # The interval alone would support it; a GPU seed without an A/A pair on
+  # its machine makes it not attributable (issue 44).
+  assert pooled_claim["low"] > 0
+  assert pooled_claim["verdict"] == "not attributable"
+  assert "no A/A pair" in pooled_claim["why"]
   alone = by[("q4_long_horizon", "int8_tis", "int8_acr")]
   assert alone["verdict"] == "not resolved at this scale"
   # The parts' CPU seconds are counted once per directory.

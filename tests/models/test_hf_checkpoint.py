@@ -241,3 +241,49 @@ def test_training_from_a_dir_without_tokenizer_names_the_files(
   assert "tokenizer.json" in message and "tokenizer_config.json" in message
   with pytest.raises(FileNotFoundError, match="has no tokenizer"):
     models.load_tokenizer(tmp_path)
+
+
+class TestDamagedInputsAreNamed:
+  """Issue 43 items 21-22: a damaged checkpoint file, an ambiguous
+  directory or integer weights are refused with the file's name."""
+
+  def test_a_truncated_safetensors_file_is_named(self, tmp_path, random_params):
+    models.save_hf(QWEN2, random_params(QWEN2), tmp_path, dtype="float32")
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"model\.safetensors.*truncated"):
+      models.load_hf(tmp_path)
+    path.write_bytes(data[:100])  # inside the JSON header
+    with pytest.raises(ValueError, match=r"model\.safetensors"):
+      models.load_hf(tmp_path)
+
+  def test_a_broken_config_json_is_named(self, tmp_path, random_params):
+    models.save_hf(QWEN2, random_params(QWEN2), tmp_path, dtype="float32")
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2",')
+    with pytest.raises(ValueError, match=r"config\.json: not a valid JSON"):
+      models.load_hf(tmp_path)
+
+  def test_shards_beside_a_single_file_are_refused(
+    self, tmp_path, random_params
+  ):
+    params = random_params(QWEN2)
+    models.save_hf(QWEN2, params, tmp_path, max_shard_bytes=20_000)
+    models.save_hf(QWEN2, params, tmp_path / "single", dtype="float32")
+    os.replace(
+      tmp_path / "single" / "model.safetensors", tmp_path / "model.safetensors"
+    )
+    with pytest.raises(ValueError) as e:
+      models.load_hf(tmp_path)
+    assert "model.safetensors.index.json" in str(e.value)
+    assert "and model.safetensors" in str(e.value)
+
+  def test_integer_weights_are_refused_by_name(self, random_params):
+    sd = {
+      k: np.array(v)
+      for k, v in models.to_hf_state_dict(QWEN2, random_params(QWEN2)).items()
+    }
+    name = "model.layers.1.mlp.up_proj.weight"
+    sd[name] = sd[name].astype(np.int32)
+    with pytest.raises(ValueError, match=f"'{name}' holds int32"):
+      models.from_hf_state_dict(QWEN2, sd, source="d")

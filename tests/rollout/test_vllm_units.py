@@ -23,6 +23,7 @@ from rljax.models import safetensors_io
 from rljax.rollout import base
 from rljax.rollout.vllm import api as vllm_api
 from rljax.rollout.vllm import client as vllm_client
+from rljax.rollout.vllm import config as vllm_config
 from rljax.rollout import vllm_sidecar
 from rljax.rollout import weight_sync
 from rljax.rollout.vllm import process as vllm_process
@@ -810,6 +811,67 @@ class TestProbe:
       SidecarError, match="tied at the top on every probe prompt"
     ):
       _probe([-np.log(2.0)] * 4)
+
+
+class TestEngineUrls:
+  """Issue 43 item 17: --rollout.vllm_urls get the run's API key, so only
+  loopback servers unless --rollout.vllm_allow_remote."""
+
+  def test_loopback_urls_pass(self):
+    urls = "http://127.0.0.1:8000, http://localhost:8001,http://[::1]:9"
+    assert vllm_config.check_engine_urls(urls) == [
+      "http://127.0.0.1:8000",
+      "http://localhost:8001",
+      "http://[::1]:9",
+    ]
+
+  @pytest.mark.parametrize(
+    "url,match",
+    [
+      ("http://10.2.3.4:8000", r"non-loopback address\(es\) \['10.2.3.4'\]"),
+      ("ftp://127.0.0.1:21", "not a URL"),
+      ("http://127.0.0.1:port", "not a URL"),
+      ("127.0.0.1:8000", "not a URL"),
+    ],
+  )
+  def test_others_are_refused_naming_the_url(self, url, match):
+    with pytest.raises(ValueError, match=match) as e:
+      vllm_config.check_engine_urls(f"http://127.0.0.1:1,{url}")
+    assert repr(url) in str(e.value)
+
+  def test_remote_urls_pass_when_allowed(self):
+    url = "http://10.2.3.4:8000"
+    assert vllm_config.check_engine_urls(url, allow_remote=True) == [url]
+
+  def test_the_health_wait_of_attached_servers_is_bounded(
+    self, tmp_path, monkeypatch
+  ):
+    """A --rollout.vllm_urls server gets ATTACH_HEALTH_TIMEOUT_S, not the
+    600 s of a launch (the issue saw 300 s of silent retries). The attach
+    itself is recorded, not run: no server is needed to see its config."""
+    import jax  # pylint: disable=g-import-not-at-top
+
+    from rljax import models  # pylint: disable=g-import-not-at-top
+    from rljax.rollout.vllm import export as vllm_export
+
+    config = models.tiny_config()
+    params = models.init_params(config, jax.random.PRNGKey(0))
+    seen = []
+
+    def attach(url, model_dir=None, config=None, model_config=None):
+      seen.append((url, config.startup_timeout_s))
+      return "engine"
+
+    monkeypatch.setattr(vllm_export.VLLMSidecar, "attach", attach)
+    engine = vllm_export.engine_for_model(
+      config,
+      params,
+      str(tmp_path / "start"),
+      urls="http://127.0.0.1:9",
+      config=VLLMSidecarConfig(startup_timeout_s=600.0),
+    )
+    assert engine == "engine"
+    assert seen == [("http://127.0.0.1:9", vllm_config.ATTACH_HEALTH_TIMEOUT_S)]
 
 
 class TestFailures:

@@ -1,6 +1,7 @@
 """TrainConfig validation and the algorithm presets (no compute)."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -481,3 +482,147 @@ def test_a_cross_check_that_cannot_run_does_not_hide_the_others():
     "update.minibatches",
     "loss.correction",
   ]
+
+
+class TestSilentSettings:
+  """Issue 43 items 12, 13, 17, 22: settings that made a run silently not
+  what it said are refused by field, value and range before anything loads;
+  the legitimate research settings among them are accepted with a note."""
+
+  @pytest.mark.parametrize(
+    "layer,field",
+    [
+      ({"loss.eps_low": 1.5}, "loss.eps_low"),
+      ({"rollout.temperature": 1e-30}, "rollout.temperature"),
+      ({"rollout.uaq_scale": 1e-30}, "rollout.uaq_scale"),
+      (
+        {"rollout.fake_quant": True, "rollout.quant": "none"},
+        "rollout.fake_quant",
+      ),
+      ({"run.max_staleness": 3}, "run.max_staleness"),
+      (
+        {"advantage.estimator": "gae", "critic.value_coef": 0.0},
+        "critic.value_coef",
+      ),
+      ({"rollout.vllm_urls": "http://127.0.0.1:8000"}, "rollout.vllm_urls"),
+      ({"optim.weight_decay": float("inf")}, "optim.weight_decay"),
+      ({"kl.coef": float("inf")}, "kl.coef"),
+      ({"update.entropy_coef": float("inf")}, "update.entropy_coef"),
+      ({"model.lora_alpha": float("inf")}, "model.lora_alpha"),
+      ({"optim.learning_rate": float("nan")}, "optim.learning_rate"),
+      ({"run.seed": 99999999999999999999}, "run.seed"),
+      ({"run.run_dir": ""}, "run.run_dir"),
+      ({"task.reward_workers": 1000}, "task.reward_workers"),
+    ],
+  )
+  def test_refused_with_field_value_and_range(self, layer, field):
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.resolve("grpo", layer)
+    assert [p.field for p in e.value.problems] == [field]
+    assert f"--{field}=" in str(e.value) and "expected" in str(e.value)
+
+  def test_every_float_field_is_finite_unless_documented(self):
+    floats = [
+      n
+      for n in config_lib.field_names()
+      if config_lib.field_type(n) in (float, float | None)
+    ]
+    for name in floats:
+      problems = config_lib.validation.field_problems(name, math.inf)
+      assert bool(problems) != (name in config_lib.validation.INF_ALLOWED), name
+
+  def test_pipelined_staleness_and_a_vllm_url_on_loopback_pass(self):
+    cfg = config_lib.resolve(
+      "grpo",
+      {
+        "run.pipelined": True,
+        "run.max_staleness": 3,
+        "rollout.engine": "vllm",
+        "rollout.vllm_urls": "http://127.0.0.1:8000,http://localhost:8001",
+      },
+    )
+    assert cfg.run.max_staleness == 3
+
+  def test_a_remote_engine_url_needs_the_allow_flag(self):
+    layer = {
+      "rollout.engine": "vllm",
+      "rollout.vllm_urls": "http://10.1.2.3:80",
+    }
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.resolve("grpo", layer)
+    assert [p.field for p in e.value.problems] == ["rollout.vllm_urls"]
+    assert "--rollout.vllm_allow_remote" in str(e.value)
+    assert "10.1.2.3" in str(e.value)
+    layer["rollout.vllm_allow_remote"] = True
+    assert config_lib.resolve("grpo", layer).rollout.vllm_allow_remote
+
+  @pytest.mark.parametrize(
+    "layer,words",
+    [
+      ({"loss.eps_high": math.inf}, "--loss.eps_high=inf"),
+      ({"loss.eps_low": math.inf}, "--loss.eps_low=inf"),
+      ({"optim.learning_rate": 0.0}, "--optim.learning_rate=0"),
+    ],
+  )
+  def test_research_settings_are_accepted_with_a_note(self, layer, words):
+    assert config_lib.notes(config_lib.resolve("grpo")) == []
+    (note,) = config_lib.notes(config_lib.resolve("grpo", layer))
+    assert note.startswith(words)
+
+  def test_model_bounds_lora_rank_and_the_generation_length(self):
+    from rljax.models import config as model_config_lib
+
+    smollm2 = model_config_lib.tiny_config(
+      hidden_size=576, max_position_embeddings=8192
+    )
+    ok = config_lib.resolve("grpo", {"model.lora_rank": 64})
+    assert config_lib.model_problems(ok, smollm2) == []
+    for layer, field in [
+      ({"model.lora_rank": 100000}, "model.lora_rank"),
+      ({"rollout.max_new_tokens": 100000}, "rollout.max_new_tokens"),
+      # the prompt bound and the generation together past the context
+      (
+        {"rollout.max_new_tokens": 8100, "task.max_prompt_tokens": 128},
+        "rollout.max_new_tokens",
+      ),
+    ]:
+      problems = config_lib.model_problems(
+        config_lib.resolve("grpo", layer), smollm2
+      )
+      assert [p.field for p in problems] == [field], layer
+      assert "8192" in str(problems[0]) or "576" in str(problems[0])
+
+
+def test_messages_name_dotted_flags_not_the_old_flat_ones():
+  """Issue 43 item 20: a message, docstring or help text of the library or
+  of a training script tells users a flag the CLI accepts (`--run.resume`,
+  never the flat `--resume` that the CLI rejects)."""
+  import ast
+  import glob
+  import os
+  import re
+
+  root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+  scripts = (
+    "main ppo_gsm8k dapo_math grpo_deepscaler reward_model_grpo "
+    "reward_vrcli reward_judge ablate"
+  ).split()
+  files = glob.glob(os.path.join(root, "rljax", "**", "*.py"), recursive=True)
+  files += [os.path.join(root, "experiments", f"{n}.py") for n in scripts]
+  old = set(config_lib.LEGACY_KEYS) | {"resume", "run_dir"}
+  # vLLM's own command-line flag, in a docstring that describes its launch.
+  foreign = {("vllm_sidecar.py", "--model")}
+  found = []
+  for path in files:
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        continue
+      if re.fullmatch(r"--[\w-]+", node.value):
+        continue  # one argv item of another program
+      for m in re.finditer(r"(?<![\w.-])--(\w+)(?![\w.])", node.value):
+        if m.group(1) in old:
+          if (os.path.basename(path), m.group(0)) not in foreign:
+            found.append(f"{os.path.relpath(path, root)}:{node.lineno} {m[0]}")
+  assert not found, found

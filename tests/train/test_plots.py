@@ -78,3 +78,57 @@ def test_errors_name_the_problem(tmp_path):
   other = _write_run(tmp_path / "b", [{"step": 1, "unknown_metric": 1.0}])
   with pytest.raises(ValueError, match="no known metric"):
     plots.plot_runs([other], str(tmp_path / "p.png"))
+
+
+def _figure(monkeypatch, *args, **kwargs):
+  """The figure `plot_runs` draws (kept from its `plt.close`)."""
+  kept = []
+  monkeypatch.setattr(plots.plt, "close", kept.append)
+  plots.plot_runs(*args, **kwargs)
+  return kept[0]
+
+
+def _two_identical_runs(tmp_path):
+  rows = [
+    {
+      "step": s,
+      "reward_mean": 0.25,
+      "time_rollout": 1.0,
+      "time_reward": 0.1,
+      "time_logprobs": 0.2,
+      "time_update": 2.0,
+      "time_sync": 0.3,
+    }
+    for s in (1, 2, 3)
+  ]
+  return [_write_run(tmp_path / n, rows) for n in ("a", "b")]
+
+
+def test_what_the_figure_says(tmp_path, monkeypatch):
+  # Issue 43 item 10: smoothing unsaid, identical runs hidden, no y labels,
+  # legends over the data, two phases in one solid style.
+  runs = _two_identical_runs(tmp_path)
+  fig = _figure(monkeypatch, runs, str(tmp_path / "p.png"), smooth=3)
+  axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+  assert "reward (mean) (moving average, 3 steps)" in axes
+  for title, ax in axes.items():
+    assert ax.get_ylabel(), title
+    legend = ax.get_legend()
+    # Anchored right of the axes (x > 1 in axes coordinates).
+    anchor = legend.get_bbox_to_anchor().transformed(ax.transAxes.inverted())
+    assert anchor.x0 > 1.0, title
+  reward = axes["reward (mean) (moving average, 3 steps)"].get_lines()
+  assert len(reward) == 2
+  assert reward[0].get_marker() != reward[1].get_marker()
+  assert list(reward[0].get_xdata()) != list(reward[1].get_xdata())
+  phases = axes["seconds per phase (moving average, 3 steps)"].get_lines()
+  one_run = [ln for ln in phases if ln.get_label().startswith("a: ")]
+  # The dash pattern as drawn (get_linestyle says "--" for any dashes).
+  styles = [str(ln._unscaled_dash_pattern) for ln in one_run]  # pylint: disable=protected-access
+  assert len(one_run) == 5 and len(set(styles)) == 5, styles
+
+
+def test_unsmoothed_titles_say_nothing(tmp_path, monkeypatch):
+  runs = _two_identical_runs(tmp_path)
+  fig = _figure(monkeypatch, runs[:1], str(tmp_path / "p.png"))
+  assert "reward (mean)" in [ax.get_title() for ax in fig.axes]

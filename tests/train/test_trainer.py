@@ -45,8 +45,10 @@ def small_config(algorithm, run_dir, **kw):
     learning_rate=1e-3,
     export_hf=False,
   )
-  if algorithm in ("ppo", "vapo"):
+  if algorithm in ("ppo", "vapo", "orz"):
     base.update(group_size=2)
+  # VAPO's 50 value-pretraining steps: tests/train/test_critic_pretrain.py.
+  base["critic.pretrain_steps"] = 0
   base.update(kw)
   return apply_preset(algorithm, **base)
 
@@ -145,7 +147,7 @@ def test_existing_run_dir_without_resume_is_refused(tmp_path):
   trainer = make_trainer(small_config("grpo", tmp_path, steps=1))
   trainer.run()
   trainer.close()
-  with pytest.raises(FileExistsError, match="--resume"):
+  with pytest.raises(FileExistsError, match="--run.resume"):
     make_trainer(small_config("grpo", tmp_path, steps=1))
 
 
@@ -179,3 +181,162 @@ def test_nan_stops_the_step_and_dumps_the_batch(tmp_path, monkeypatch):
   with open(dumped) as f:
     assert not np.isfinite(json.load(f)["loss"])
   assert os.path.exists(os.path.join(str(tmp_path), "debug_step1", "batch.npz"))
+
+
+class _NanTask(LetterTask):
+  """LetterTask whose reward is NaN for the samples in `nan_at` (all:
+  every sample)."""
+
+  nan_at = (1,)
+
+  def score(self, completions, examples, n):
+    scores, comps = super().score(completions, examples, n)
+    scores = scores.copy()
+    scores[list(self.nan_at) if self.nan_at != "all" else slice(None)] = np.nan
+    return scores, comps
+
+
+def _nan_trainer(cfg, nan_at):
+  tokenizer = testing.tiny_tokenizer()
+  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
+  task = _NanTask(
+    examples[8:],
+    examples[:8],
+    tokenizer,
+    data_lib.ChatTemplate(tokenizer),
+    cfg.rollout.prompts_per_step,
+    cfg.run.seed,
+    cfg.task.max_prompt_tokens,
+    reward_workers=0,
+  )
+  task.nan_at = nan_at
+  return loop_lib.Trainer(cfg, task=task, show_progress=False)
+
+
+def test_a_nan_reward_drops_its_group_counted_and_named(tmp_path, capsys):
+  """Issue 43 item 22: a NaN reward no longer turns its group's advantages
+  (and the step) into NaN: the group is dropped, counted and named."""
+  cfg = small_config("grpo", tmp_path, steps=1, rollout_quant="none")
+  trainer = _nan_trainer(cfg, (1,))
+  try:
+    (row,) = trainer.run()
+  finally:
+    trainer.close()
+  assert row["reward_nonfinite"] == 1.0
+  assert row["valid_fraction"] == 0.5  # one of the two groups trained on
+  assert np.isfinite(row["loss"]) and row["applied"] == 1.0
+  assert np.isfinite(row["reward_mean"])
+  assert "1 non-finite reward (sample 1: nan)" in capsys.readouterr().out
+
+
+def test_a_step_whose_every_reward_is_nan_is_refused(tmp_path):
+  cfg = small_config("grpo", tmp_path, steps=1, rollout_quant="none")
+  trainer = _nan_trainer(cfg, "all")
+  try:
+    with pytest.raises(ValueError, match="every reward is NaN or inf"):
+      trainer.run()
+  finally:
+    trainer.close()
+
+
+def test_pipelined_resume_keeps_the_qurl_diagnostics_series(tmp_path):
+  """Issue 43 item 14: after a pipelined resume the first sync's QuRL
+  diagnostics compare θ against the θ the uninterrupted run synced last
+  (saved with the checkpoint), so they equal the uninterrupted run's
+  instead of reading 0 (θ against itself)."""
+  kw = dict(steps=4, pipelined=True, rollout_quant="int8")
+  full = make_trainer(small_config("grpo", tmp_path / "full", **kw))
+  try:
+    full_rows = full.run()
+  finally:
+    full.close()
+  cut = make_trainer(
+    small_config("grpo", tmp_path / "cut", **dict(kw, steps=2))
+  )
+  try:
+    cut.run()
+  finally:
+    cut.close()
+  resumed = make_trainer(
+    small_config("grpo", tmp_path / "cut", **dict(kw, resume=True))
+  )
+  try:
+    resumed_rows = resumed.run()
+  finally:
+    resumed.close()
+  assert [r["step"] for r in resumed_rows] == [3, 4]
+  keys = [
+    "quant/quantized_change_fraction",
+    "quant/update_to_quant_error",
+    "quant/normalized_weight_update",
+    "quant/normalized_kernel_update",
+  ]
+  assert full_rows[3]["quant/quantized_change_fraction"] > 0
+  for got, want in zip(resumed_rows, full_rows[2:]):
+    np.testing.assert_allclose(
+      [got[k] for k in keys], [want[k] for k in keys], rtol=1e-5,
+      err_msg=f"step {got['step']}",
+    )  # fmt: skip
+
+
+def test_allowed_optimizer_changes_apply_on_resume(tmp_path):
+  """Issue 43 item 19: --run.allow_config_change=optim.b1,optim.b2,
+  optim.weight_decay is recorded in config_changes.jsonl, and the resumed
+  optimizer uses the new values (inject_hyperparams kept the old ones)."""
+  import optax
+
+  first = make_trainer(small_config("grpo", tmp_path, steps=1))
+  try:
+    first.run()
+  finally:
+    first.close()
+  resumed = make_trainer(
+    small_config(
+      "grpo",
+      tmp_path,
+      steps=2,
+      resume=True,
+      **{"optim.b1": 0.5, "optim.b2": 0.9, "optim.weight_decay": 0.1},
+      allow_config_change="optim.b1,optim.b2,optim.weight_decay",
+    )
+  )
+  try:
+    for name, value in (("b1", 0.5), ("b2", 0.9), ("weight_decay", 0.1)):
+      got = optax.tree_utils.tree_get(
+        resumed.state.opt_state,
+        name,
+        filtering=lambda _, v: isinstance(v, jax.Array),
+      )
+      np.testing.assert_allclose(float(got), value, rtol=1e-6, err_msg=name)
+    (row,) = resumed.run()
+  finally:
+    resumed.close()
+  assert row["step"] == 2 and np.isfinite(row["loss"])
+  with open(os.path.join(str(tmp_path), "config_changes.jsonl")) as f:
+    changes = json.loads(f.readline())["changes"]
+  assert sorted(changes) == ["optim.b1", "optim.b2", "optim.weight_decay"]
+
+
+def test_a_huge_question_is_dropped_without_being_tokenized():
+  """Issue 43 item 23: a row far longer than any prompt that fits is dropped
+  before tokenizing (a 50 MB line took ~13 GB to tokenize)."""
+  from rljax.train import tasks as tasks_lib
+
+  tokenizer = testing.tiny_tokenizer()
+  encoded = []
+
+  class Spy:
+    def encode(self, text, **kw):
+      encoded.append(len(text))
+      return tokenizer.encode(text, **kw)
+
+  limit = 64 * tasks_lib.MAX_CHARS_PER_TOKEN
+  examples = [
+    data_lib.Example("What is 2 + 3?", "5"),
+    data_lib.Example("x" * (limit + 1), "1"),  # 64 tokens cannot hold it
+  ]
+  kept, dropped = tasks_lib.drop_long_prompts(
+    examples, lambda q: q, Spy(), max_tokens=64
+  )
+  assert [e.answer for e in kept] == ["5"] and dropped == 1
+  assert encoded == [len("What is 2 + 3?")]

@@ -21,6 +21,7 @@ import numpy as np
 from rljax.quant import cpu as cpu_lib
 from rljax.rollout.base import RolloutBatch
 from rljax.rollout.base import SamplingConfig
+from rljax.rollout.vllm.config import ATTACH_HEALTH_TIMEOUT_S
 from rljax.rollout.vllm.config import SidecarError
 from rljax.rollout.vllm.config import VLLMSidecarConfig
 from rljax.rollout.vllm.process import EXTENSION_CLASS
@@ -80,7 +81,9 @@ class EngineClient:
         raise self.server.failure(
           "starting up",
           "not healthy after "
-          f"{self.config.startup_timeout_s:.0f} s (startup_timeout_s)",
+          f"{self.config.startup_timeout_s:.0f} s (the health wait: "
+          "VLLMSidecarConfig.startup_timeout_s, at most "
+          f"{ATTACH_HEALTH_TIMEOUT_S:.0f} s for a --rollout.vllm_urls server)",
         )
       time.sleep(0.5)
 

@@ -7,13 +7,67 @@ weight format a checkpoint directory declares (`checkpoint_quant_mode`).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import math
 import os
+import socket
+import urllib.parse
 from typing import Mapping
 
 from rljax.core import _validation as v
 from rljax.rollout.base import EngineFailure
+
+
+# The health wait of an attached (already running) server: it is up or it is
+# not; the launch's 600 s are for a server still loading its weights.
+ATTACH_HEALTH_TIMEOUT_S = 60.0
+
+
+def check_engine_urls(urls: str, allow_remote: bool = False) -> list[str]:
+  """The URLs of `--rollout.vllm_urls` (comma-separated), each checked.
+
+  An attached engine receives the run's bearer key on every request and can
+  be told to reload weights from any path, so an address that does not
+  resolve to loopback only is refused unless `allow_remote`
+  (`--rollout.vllm_allow_remote`). Raises ValueError naming the URL.
+  """
+  out = []
+  for url in (u.strip() for u in urls.split(",")):
+    if not url:
+      continue
+    parsed = urllib.parse.urlsplit(url)
+    try:
+      port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except ValueError:  # a port that is not a number
+      port = None
+    if (
+      parsed.scheme not in ("http", "https") or not parsed.hostname or not port
+    ):
+      raise ValueError(f"{url!r} is not a URL; expected http://host:port")
+    if not allow_remote:
+      try:
+        infos = socket.getaddrinfo(
+          parsed.hostname, port, proto=socket.IPPROTO_TCP
+        )
+      except socket.gaierror as e:
+        raise ValueError(
+          f"{url!r}: cannot resolve {parsed.hostname!r} ({e})"
+        ) from None
+      remote = sorted(
+        {
+          a
+          for a in (info[4][0] for info in infos)
+          if not ipaddress.ip_address(a.split("%")[0]).is_loopback
+        }
+      )
+      if remote:
+        raise ValueError(
+          f"{url!r} resolves to non-loopback address(es) {remote}, which "
+          "would receive the run's API key"
+        )
+    out.append(url)
+  return out
 
 
 # Checkpoint `quantization_config.format` of compressed-tensors -> mode.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from rljax.rollout.vllm.config import ATTACH_HEALTH_TIMEOUT_S
 from rljax.rollout.vllm.config import VLLMSidecarConfig
 from rljax.rollout.vllm.pool import VLLMSidecarPool
 from rljax.rollout.vllm.process import is_cpu_build
@@ -38,8 +40,8 @@ def export_checkpoint(
     if is_cpu_build():
       raise ValueError(
         "quant='fp8' with engine='vllm' needs CUDA: vLLM's CPU "
-        "build has no FP8 kernels; use --engine=jax (FP8 "
-        "emulation) or --rollout_quant=int8"
+        "build has no FP8 kernels; use --rollout.engine=jax (FP8 "
+        "emulation) or --rollout.quant=int8"
       )
     models.export_compressed_tensors_fp8(
       model_config, params, out_dir, tokenizer=tokenizer
@@ -69,6 +71,12 @@ def engine_for_model(
   """
   export_checkpoint(model_config, params, out_dir, quant, tokenizer)
   if urls:
+    # A running server answers at once or never: bound the health wait.
+    config = config or VLLMSidecarConfig()
+    config = dataclasses.replace(
+      config,
+      startup_timeout_s=min(config.startup_timeout_s, ATTACH_HEALTH_TIMEOUT_S),
+    )
     sidecars = [
       VLLMSidecar.attach(
         u.strip(), model_dir=out_dir, config=config, model_config=model_config

@@ -80,4 +80,6 @@ from rljax.train.config.validation import FIELD_RULES
 from rljax.train.config.validation import ConfigError
 from rljax.train.config.validation import Problem
 from rljax.train.config.validation import check
+from rljax.train.config.validation import model_problems
+from rljax.train.config.validation import notes
 from rljax.train.config.validation import validate

@@ -58,7 +58,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "loss.surrogate": "ppo",
     "loss.aggregation": "token-mean",
   },
-  # Hu 2025: global batch whitening, KL in the reward.
+  # Hu et al. 2025: KL in the reward as reward-to-go (Eq. 8), whitening
+  # over every valid token of the batch (Eq. 10); build_batch.py.
   "reinforce_pp": {
     "advantage.estimator": "reinforce_pp",
     "loss.surrogate": "ppo",
@@ -96,16 +97,40 @@ PRESETS: dict[str, dict[str, Any]] = {
     "loss.aggregation": "seq-mean-token-mean",
     "loss.correction": "tis",
   },
-  # Yuan et al. 2025 (VC-PPO) / Yue et al. 2025 (VAPO): decoupled λ,
-  # length-adaptive policy λ, clip-higher, token-mean.
+  # Yue et al. 2025 (VAPO), on VC-PPO (Yuan et al. 2025): value
+  # pretraining on the initial policy's rollouts, decoupled λ (critic 1),
+  # length-adaptive policy λ (α = 0.05), clip-higher (0.2 / 0.28),
+  # token-level loss, group sampling (rljax's rollout.group_size, 8 by
+  # default), and the positive-example NLL (μ = 0.1). Warm-up length: the
+  # paper trains the value model "until value loss and explained variance
+  # are sufficiently low" and reports 50 pretraining steps. Not set here:
+  # its learning rates (actor 1e-6, critic 2e-6, for a 32B model) and its
+  # batch and group sizes (a GPU cluster's).
   "vapo": {
     "advantage.estimator": "gae",
     "loss.surrogate": "ppo",
     "critic.gae_lambda": 1.0,
+    "critic.pretrain_steps": 50,
     "advantage.gae_lambda": 0.95,
     "advantage.vapo_alpha": 0.05,
     "loss.eps_low": 0.2,
     "loss.eps_high": 0.28,
+    "loss.aggregation": "token-mean",
+    "loss.positive_nll_coef": 0.1,
+  },
+  # Open-Reasoner-Zero (Hu et al. 2025): vanilla PPO with GAE λ = γ = 1
+  # for actor and critic, group sampling (several responses per prompt),
+  # no KL (neither loss nor reward), a critic initialised from the policy
+  # with its own parameters (what `models.init_critic` always builds: a
+  # copy of the policy's backbone plus a value head, nothing shared).
+  "orz": {
+    "advantage.estimator": "gae",
+    "loss.surrogate": "ppo",
+    "advantage.gamma": 1.0,
+    "advantage.gae_lambda": 1.0,
+    "critic.gae_lambda": 1.0,
+    "kl.coef": 0.0,
+    "kl.in_reward_coef": 0.0,
     "loss.aggregation": "token-mean",
   },
   # Olmo 3 RL-Zero recipe: token-level loss, TIS, clip-higher, no std

@@ -28,6 +28,7 @@ ALGORITHMS = (
   "cispo",
   "gspo",
   "vapo",
+  "orz",
   "olmo3",
 )
 ADVANTAGE_ESTIMATORS = (
@@ -103,14 +104,24 @@ class RolloutConfig:
 
   engine: str = "jax"
   vllm_urls: str = ""  # comma-separated; empty: start one
+  # Engine URLs get the run's bearer key: loopback only unless allowed.
+  vllm_allow_remote: bool = False
   quant: str = "int8"
   fake_quant: bool = False
-  uaq_scale: float = 1.5  # 1.0 disables update-aware scaling
+  # UAQ's s (QuRL §4.3), folded into θ on every run that sets it, quantized
+  # or not (fp32 + fold is UAQ's exact learning-rate control); 1.0 = off.
+  # The QuRL scripts (experiments/main.py, ...) set 1.5 themselves.
+  uaq_scale: float = 1.0
   prompts_per_step: int = 8
   group_size: int = 8
   max_new_tokens: int = 32
   temperature: float = 1.0
   top_p: float = 1.0
+  # The JAX sampler: "static" batches (a chunk of prompts decodes until its
+  # longest row ends) or "continuous" (slots refilled between chunks of
+  # decode steps). Static stays the default until continuous is measured
+  # faster on the default job (docs/performance.md).
+  batching: str = "static"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +158,10 @@ class CriticConfig:
   gae_lambda: float = 1.0  # VC-PPO: critic λ
   value_clip: float = 0.2
   value_coef: float = 0.5
+  # VC-PPO value pretraining: steps that fit only the critic, on rollouts of
+  # the initial (frozen) policy, before run.steps RL steps
+  # (train/critic_pretrain.py).
+  pretrain_steps: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +173,12 @@ class UpdateConfig:
   micro_batches: int = 1
   entropy_coef: float = 0.0
   remat: bool = False
+  # With remat: "full" re-runs each decoder layer's forward in the backward
+  # pass (least memory); "dots" keeps every projection's output and the
+  # attention output and recomputes only elementwise work (H200, 16x1024:
+  # 1.07x faster at 0.5B, 1.14x at 1.5B, for 1.25-1.5x the memory;
+  # docs/performance.md, "GPU").
+  remat_policy: str = "full"
   logprob_chunk: int = 0
 
 

@@ -89,13 +89,16 @@ class TrainConfig:
     learning rate, no weight decay, the same betas and schedule). One
     optimizer update per minibatch and epoch, so the schedule spans
     run.steps × update.ppo_epochs × update.minibatches unless optim.steps
-    is set."""
+    is set (the critic's: also over its critic.pretrain_steps)."""
     o = self.optim
     u = self.update
+    n_steps = self.run.steps
+    if critic and self.uses_critic:  # + its value-pretraining steps
+      n_steps += self.critic.pretrain_steps
     return dataclasses.replace(
       o,
       learning_rate=self.critic.learning_rate if critic else o.learning_rate,
-      steps=o.steps or self.run.steps * u.ppo_epochs * u.minibatches,
+      steps=o.steps or n_steps * u.ppo_epochs * u.minibatches,
       weight_decay=0.0 if critic else o.weight_decay,
     )
 

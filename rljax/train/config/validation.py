@@ -67,6 +67,18 @@ def _task(value) -> str | None:
   return None if ok else f"a generated task or dataset, one of {names}"
 
 
+def _eps_low(value) -> str | None:
+  # 1 − eps_low is the lower clip of the ratio; at eps_low = 1 it is 0 and
+  # never binds (a ratio is > 0; CISPO's preset), above 1 it is negative.
+  ok = 0 <= value <= 1 or value == math.inf
+  return None if ok else "a value in [0, 1], or inf for no lower clip"
+
+
+# A seed both jax.random.key and numpy take, as a 31-bit int.
+_MAX_SEED = 2**31 - 1
+# More verifier processes than this are interpreters idling on a CPU.
+_MAX_REWARD_WORKERS = 64
+
 _PROB = v.in_range(0.0, 1.0)
 _NONNEG = v.at_least(0)
 _POSITIVE = v.in_range(0.0, math.inf, lo_open=True)
@@ -81,29 +93,41 @@ FIELD_RULES: dict[str, v.Rule] = {
   "model.compute_dtype": v.one_of("auto", "float32", "bfloat16"),
   "task.name": _task,
   "task.eval_size": _NONNEG,
-  "task.reward_workers": v.at_least(0, "0 scores in-process"),
+  "task.reward_workers": v.expect(
+    v.in_range(0, _MAX_REWARD_WORKERS),
+    f"a value in [0, {_MAX_REWARD_WORKERS}] (0 scores in-process)",
+  ),
   # A chat prompt's fixed part alone is longer than this.
   "task.max_prompt_tokens": v.at_least(16, "the chat template alone is longer"),
   "reward.name": v.one_of(*sections.REWARDS),
   "reward.judge_timeout_s": _POSITIVE,
   "rollout.engine": v.one_of(*sections.ENGINES),
   "rollout.quant": v.one_of(*sections.ROLLOUT_QUANT),
-  "rollout.uaq_scale": _POSITIVE,
+  # 1 turns UAQ off; s < 1 would shrink updates against the quantization
+  # grid (the opposite of UAQ); QuRL §4.3 tests s = 1..3.
+  "rollout.uaq_scale": v.in_range(1.0, 8.0),
   "rollout.prompts_per_step": _POSITIVE_INT,
   "rollout.group_size": _POSITIVE_INT,
   "rollout.max_new_tokens": _POSITIVE_INT,
-  "rollout.temperature": _POSITIVE,
+  # Below 0.01 sampling is greedy in all but name and logits / T leave the
+  # range where the behaviour log-probs mean anything.
+  "rollout.temperature": v.expect(
+    v.in_range(0.01, math.inf),
+    ">= 0.01 (below, sampling is greedy in all but name)",
+  ),
   "rollout.top_p": v.in_range(0.0, 1.0, lo_open=True),
+  "rollout.batching": v.one_of("static", "continuous"),
   "loss.surrogate": v.one_of(*objectives.SURROGATES),
   "loss.correction": v.one_of(*objectives.CORRECTIONS),
   "loss.aggregation": v.one_of(*aggregation_lib.AGGREGATION_MODES),
-  "loss.eps_low": _NONNEG,
+  "loss.eps_low": _eps_low,
   "loss.eps_high": _NONNEG,
   "loss.dual_clip": v.optional(v.in_range(1.0, math.inf, lo_open=True)),
   # C < 1 would down-weight even on-policy tokens (core's PolicyLossConfig).
   "loss.tis_cap": v.at_least(1.0),
   "loss.norm_const": v.optional(_POSITIVE),
   "loss.veto_threshold": v.optional(v.in_range(0.0, 1.0, lo_open=True)),
+  "loss.positive_nll_coef": v.at_least(0, "0 turns the NLL term off"),
   "kl.coef": v.at_least(0, "0 turns the KL loss off"),
   "kl.estimator": v.one_of("k1", "k2", "k3"),
   "kl.in_reward_coef": v.at_least(0, "0 turns the KL penalty off"),
@@ -118,11 +142,14 @@ FIELD_RULES: dict[str, v.Rule] = {
   "critic.gae_lambda": _PROB,
   "critic.value_clip": _POSITIVE,
   "critic.value_coef": _NONNEG,
+  "critic.pretrain_steps": v.at_least(0, "0 = no value pretraining"),
   "update.ppo_epochs": _POSITIVE_INT,
   "update.minibatches": _POSITIVE_INT,
   "update.micro_batches": _POSITIVE_INT,
   "update.entropy_coef": _NONNEG,
   "update.logprob_chunk": v.at_least(0, "0 = the whole sequence at once"),
+  "update.remat_policy": v.one_of("full", "dots"),
+  # 0 is a legitimate control (the policy never moves): see `notes`.
   "optim.learning_rate": _PROB,
   "optim.steps": v.at_least(0, "0 = run.steps × ppo_epochs × minibatches"),
   "optim.warmup_steps": _NONNEG,
@@ -137,7 +164,8 @@ FIELD_RULES: dict[str, v.Rule] = {
   "mesh.fsdp": _mesh_size,
   "mesh.tensor": _mesh_size,
   "run.steps": _POSITIVE_INT,
-  "run.seed": _NONNEG,
+  "run.seed": v.in_range(0, _MAX_SEED),
+  "run.run_dir": v.non_empty_str,
   "run.checkpoint_every": _POSITIVE_INT,
   "run.keep_checkpoints": _POSITIVE_INT,
   "run.eval_every": v.at_least(0, "0 = only before and after training"),
@@ -160,11 +188,33 @@ def _type_rule(name: str) -> v.Rule | None:
   return v.of_type(hint) if hint in _TYPED else None
 
 
+# The float fields whose infinity means something (core's PolicyLossConfig:
+# no clip, no cap). Every other float field must be finite: an infinite
+# hyper-parameter is a config error, not a run that the non-finite guard
+# stops after its first step.
+INF_ALLOWED = frozenset(
+  {"loss.eps_low", "loss.eps_high", "loss.tis_cap", "loss.dual_clip"}
+)
+
+
+def _finite(value) -> str | None:
+  # Only floats: the type rule has already refused what is not a number.
+  if isinstance(value, float) and not math.isfinite(value):
+    return "a finite number"
+  return None
+
+
 def field_problems(name: str, value: Any) -> list[Problem]:
-  """The problem of one dotted field's value: its type, then its rule (the
-  rule only sees values of the right type)."""
+  """The problem of one dotted field's value: its type, then finiteness
+  (floats outside INF_ALLOWED), then its rule (the rule only sees values of
+  the right type)."""
+  finite = None if name in INF_ALLOWED else _finite
   rule = v.all_of(
-    *(r for r in (_type_rule(name), FIELD_RULES.get(name)) if r is not None)
+    *(
+      r
+      for r in (_type_rule(name), finite, FIELD_RULES.get(name))
+      if r is not None
+    )
   )
   expected = rule(value)
   return [Problem(name, value, expected)] if expected else []
@@ -287,6 +337,61 @@ def _reward_checks(cfg: TrainConfig) -> list[Problem]:
   return []
 
 
+_QUANTIZED = ("int8", "int8_wo", "fp8")
+
+
+def _silent_no_op_checks(cfg: TrainConfig) -> list[Problem]:
+  """Settings that another field turns into a no-op: refused, so a run is
+  never recorded as doing what it did not do."""
+  r, out = cfg.rollout, []
+  if r.fake_quant and r.quant not in _QUANTIZED:
+    expected = (
+      f"False with rollout.quant={r.quant!r}: fake_quant emulates the "
+      f"integer/fp8 matmuls of rollout.quant in {_QUANTIZED}"
+    )
+    out.append(Problem("rollout.fake_quant", r.fake_quant, expected))
+  if r.vllm_urls and r.engine != "vllm":
+    expected = (
+      f"'' with rollout.engine={r.engine!r} (only the vllm engine reads "
+      "the URLs)"
+    )
+    out.append(Problem("rollout.vllm_urls", r.vllm_urls, expected))
+  if r.batching != "static" and r.engine != "jax":
+    expected = (
+      f"'static' with rollout.engine={r.engine!r} (the setting is the JAX "
+      "sampler's; vLLM always batches continuously)"
+    )
+    out.append(Problem("rollout.batching", r.batching, expected))
+  run = cfg.run
+  if run.max_staleness != 1 and not run.pipelined:
+    expected = (
+      "1 without --run.pipelined (a synchronous run is never stale; add "
+      "--run.pipelined)"
+    )
+    out.append(Problem("run.max_staleness", run.max_staleness, expected))
+  if cfg.uses_critic and cfg.critic.value_coef == 0:
+    expected = (
+      "> 0 with advantage.estimator='gae': a critic that never learns would "
+      "feed GAE its initial values"
+    )
+    out.append(Problem("critic.value_coef", cfg.critic.value_coef, expected))
+  return out
+
+
+def _engine_url_checks(cfg: TrainConfig) -> list[Problem]:
+  r = cfg.rollout
+  if r.engine != "vllm" or not r.vllm_urls:
+    return []
+  from rljax.rollout.vllm.config import check_engine_urls  # no jax
+
+  try:
+    check_engine_urls(r.vllm_urls, r.vllm_allow_remote)
+  except ValueError as e:
+    expected = f"loopback servers, or --rollout.vllm_allow_remote ({e})"
+    return [Problem("rollout.vllm_urls", r.vllm_urls, expected)]
+  return []
+
+
 def _lora_checks(cfg: TrainConfig) -> list[Problem]:
   try:
     cfg.lora_config()  # lora_targets / lora_base_dtype by name
@@ -307,6 +412,8 @@ CROSS_CHECKS: list[Callable[[TrainConfig], list[Problem]]] = [
   _task_checks,
   _reward_checks,
   _lora_checks,
+  _silent_no_op_checks,
+  _engine_url_checks,
 ]
 
 
@@ -344,6 +451,62 @@ def validate(cfg: TrainConfig) -> list[Problem]:
   if any(p.field in sections.SECTIONS for p in problems):
     return problems  # a section of the wrong type: nothing more to check
   return problems + cross_problems(cfg, {p.field for p in problems})
+
+
+# The random "tiny" decoder of the tests has a nominal context (128): it was
+# trained on no length, and its prompts alone may fill it.
+_NOMINAL_CONTEXT_MODELS = ("tiny",)
+
+
+def model_problems(cfg: TrainConfig, model_config: Any) -> list[Problem]:
+  """The problems of `cfg` against the model it loaded (its `ModelConfig`):
+  checked as soon as the model's shape is known, before any buffer is
+  sized from these fields.
+
+  * model.lora_rank <= hidden_size: every adapted projection has the
+    residual width on one side; a larger rank is not low-rank any more.
+  * rollout.max_new_tokens, and task.max_prompt_tokens + max_new_tokens,
+    within max_position_embeddings (the context the checkpoint was trained
+    for; the KV cache and the trainer's logits grow with it).
+  """
+  out = []
+  width = model_config.hidden_size
+  if cfg.model.lora_rank > width:
+    expected = f"<= the model's hidden_size {width} (or 0: no LoRA)"
+    out.append(Problem("model.lora_rank", cfg.model.lora_rank, expected))
+  ctx = model_config.max_position_embeddings
+  new, prompt = cfg.rollout.max_new_tokens, cfg.task.max_prompt_tokens
+  if new >= ctx:
+    expected = f"< the model's context max_position_embeddings={ctx}"
+    out.append(Problem("rollout.max_new_tokens", new, expected))
+  elif prompt + new > ctx and cfg.model.name not in _NOMINAL_CONTEXT_MODELS:
+    expected = (
+      f"<= {ctx - prompt}: task.max_prompt_tokens={prompt} + max_new_tokens "
+      f"must fit the model's context max_position_embeddings={ctx}"
+    )
+    out.append(Problem("rollout.max_new_tokens", new, expected))
+  return out
+
+
+def notes(cfg: TrainConfig) -> list[str]:
+  """One line for each legitimate but unusual setting of `cfg`, saying what
+  it means (the scripts print them at start): research settings are
+  accepted, never silently."""
+  out = []
+  loss = cfg.loss
+  for name in ("eps_low", "eps_high"):
+    if getattr(loss, name) == math.inf:
+      side = "below" if name == "eps_low" else "above"
+      out.append(
+        f"--loss.{name}=inf: the ratio is not clipped {side} (an unclipped "
+        "policy gradient on that side)"
+      )
+  if cfg.optim.learning_rate == 0:
+    out.append(
+      "--optim.learning_rate=0: a control run, the policy never moves (only "
+      "the rollout/trainer mismatch and the sampling noise are measured)"
+    )
+  return out
 
 
 def check(cfg: TrainConfig) -> None:

@@ -1,0 +1,374 @@
+"""The host side of continuous batching: which prompt goes into which slot
+group, when the own cache grows or shrinks, and what each row sampled.
+
+  queue of prompts ──► free groups? ──► prefill_groups (F of them at once)
+        ▲                                      │
+        │                                      ▼
+  rows' tokens ◄── decode_chunk (≤ chunk_steps steps, leaves when
+  appended          `refill_at` groups are free) ◄── resize_cache (C follows
+                                                     the longest live row)
+
+It loops until the queue is empty and every row is done, then returns each
+row's tokens and behaviour log-probs in the engine's order (sample j of
+prompt i is row i·n + j) with the run's occupancy figures.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.models import decoder as decoder_lib
+from rljax.models import fusion as fusion_lib
+from rljax.rollout import slot_program
+from rljax.rollout.base import SamplingConfig
+from rljax.rollout.static_program import new_token_capacity
+from rljax.rollout.token_sampling import sample_keys
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def prepare_params(params, fuse: bool):
+  """(prefill params, decode params): the decode program reads each layer's
+  weights as a buffer of its own (`decoder.unstack_layers`), made once per
+  rollout rather than once per chunk of steps."""
+  if fuse:
+    params = fusion_lib.fuse_projections(params)
+  decode = {**params, "layers": decoder_lib.unstack_layers(params["layers"])}
+  return params, decode
+
+
+def prefill_sizes(groups: int) -> tuple[int, ...]:
+  """Prompt counts a prefill program is compiled for: G/4, G/2, G (rounded
+  up); a refill of fewer prompts pads to the next one."""
+  return tuple(sorted({-(-groups // 4), -(-groups // 2), groups}))
+
+
+def make_plan(
+  sampling: SamplingConfig,
+  groups: int,
+  prompt_len: int,
+  chunk_steps: int,
+  pad_id: int,
+  cache_dtype: Any,
+  activation_dtype: Any,
+  width: int,
+) -> slot_program.SlotPlan:
+  """The static plan of a request's slot programs (`width` rows a group)."""
+  greedy = sampling.is_greedy
+  return slot_program.SlotPlan(
+    groups=groups,
+    n=width,
+    prompt_len=prompt_len,
+    rope_len=prompt_len + new_token_capacity(sampling.max_new_tokens),
+    chunk_steps=chunk_steps,
+    greedy=greedy,
+    top_k=0 if greedy else int(sampling.top_k),
+    use_top_p=not greedy and sampling.top_p < 1.0,
+    num_stop_ids=len(sampling.stop_token_ids or (-1,)),
+    pad_id=pad_id,
+    cache_dtype=cache_dtype,
+    activation_dtype=activation_dtype,
+  )
+
+
+def _traced(sampling: SamplingConfig, max_new: int) -> tuple[Any, ...]:
+  """The traced sampling scalars: temperature, top-p, stop ids, limit."""
+  return (
+    jnp.float32(1.0 if sampling.is_greedy else sampling.temperature),
+    jnp.float32(sampling.top_p),
+    jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32),
+    jnp.int32(max_new),
+  )
+
+
+def capacities(most: int) -> tuple[int, ...]:
+  """Every own-cache capacity `cache_capacity` can pick up to `most`."""
+  sizes, size = [], 64
+  while size < most:
+    sizes.append(size)
+    size *= 2
+  sizes.append(most)
+  return tuple(sorted(set(slot_program.cache_capacity(s, most) for s in sizes)))
+
+
+def warm(
+  config: Any,
+  params: tuple[Any, Any],
+  sampling: SamplingConfig,
+  *,
+  groups: int,
+  prompt_len: int,
+  chunk_steps: int,
+  pad_id: int,
+  cache_dtype: Any,
+  activation_dtype: Any,
+  note_program: Callable[[Any], None] = lambda sig: None,
+  group_width: int | None = None,
+) -> None:
+  """Compiles the programs `run` may call for this request's shapes: a
+  prefill of each size (`prefill_sizes`), a decode chunk at each own-cache
+  capacity and the growing resizes between them (one step each, on
+  throwaway prompts)."""
+  prefill_params, decode_params = params
+  plan = make_plan(
+    sampling,
+    groups,
+    prompt_len,
+    chunk_steps,
+    pad_id,
+    cache_dtype,
+    activation_dtype,
+    group_width or sampling.n,
+  )
+  traced = _traced(sampling, sampling.max_new_tokens)
+  sizes = capacities(new_token_capacity(sampling.max_new_tokens))
+  note_program(("init", plan, sizes[0]))
+  state = slot_program.init_state(config, plan, sizes[0])
+  for f in prefill_sizes(groups):
+    note_program(("prefill", plan, f))
+    keys = sample_keys(
+      0,
+      jnp.zeros((f * plan.n,), jnp.int32),
+      jnp.zeros((f * plan.n,), jnp.int32),
+    )
+    state, *_ = slot_program.prefill_groups(
+      config,
+      plan,
+      prefill_params,
+      state,
+      jnp.full((f, prompt_len), pad_id, jnp.int32),
+      jnp.ones((f, prompt_len), jnp.int32),
+      jnp.arange(f, dtype=jnp.int32),
+      jax.random.key_data(keys),
+      jnp.full((f * plan.n,), 2, jnp.int32),
+      *traced,
+    )
+  for i, capacity in enumerate(sizes):
+    if i:
+      note_program(("resize", plan, sizes[i - 1], capacity))
+      state = slot_program.resize_cache(capacity, state)
+    note_program(("decode", plan, capacity))
+    out = slot_program.decode_chunk(
+      config,
+      plan,
+      decode_params,
+      state,
+      *traced,
+      jnp.int32(1),
+      jnp.int32(groups + 1),
+    )
+    state = out[0]
+  jax.block_until_ready(state)
+
+
+@dataclasses.dataclass
+class SlotRun:
+  """What `run` returns: per-row tokens and log-probs, in engine order, and
+  the run's figures (`stats`: decode_steps, slot_steps, live_row_steps,
+  occupancy, chunks, prefills, kv_bytes_peak, capacity_peak, timeline)."""
+
+  tokens: list[list[int]]
+  logp: list[np.ndarray]
+  stats: dict[str, Any]
+
+
+def run(
+  config: Any,
+  params: tuple[Any, Any],
+  prompts: list[list[int]],
+  prompt_index: list[int],
+  sampling: SamplingConfig,
+  *,
+  groups: int,
+  prompt_len: int,
+  chunk_steps: int,
+  pad_id: int,
+  cache_dtype: Any,
+  activation_dtype: Any,
+  note_program: Callable[[Any], None] = lambda sig: None,
+  max_steps: int | None = None,
+  row_limits: np.ndarray | None = None,
+  group_width: int | None = None,
+) -> SlotRun:
+  """Samples sampling.n responses of every prompt through G slot groups.
+
+  Args:
+    config: the rollout decoder config.
+    params: `prepare_params` of the rollout weights.
+    prompts: token ids, each at most prompt_len long.
+    prompt_index: each prompt's index for its PRNG keys (`sample_keys`).
+    sampling: the request's `SamplingConfig`.
+    groups: G slot groups of `group_width` rows (S = G·width slots).
+    prompt_len: Lp, the prompt bucket of the prefix pool.
+    chunk_steps: most decode steps between two refills.
+    pad_id: padding token.
+    cache_dtype, activation_dtype: as the static program.
+    note_program: called with each program signature run (compile count).
+    max_steps: cap max_new_tokens (warm-up runs).
+    row_limits: int [P·n] each sample's most tokens (<= max_new_tokens;
+      vLLM's per-request max_tokens); None: max_new_tokens for all.
+    group_width: rows a group (a divisor of n; default n): a prompt's n
+      samples go in n / width blocks, each admitted on its own with its
+      own copy of the prompt's keys. Narrower groups refill sooner after a
+      sample ends; each block reads its own prefix copy at every step.
+  """
+  prefill_params, decode_params = params
+  n = sampling.n
+  width = group_width or n
+  blocks = n // width
+  stop_ids = sampling.stop_token_ids or (-1,)
+  most = new_token_capacity(sampling.max_new_tokens)
+  max_new = sampling.max_new_tokens
+  if max_steps is not None:
+    max_new = min(max_new, max_steps)
+  plan = make_plan(
+    sampling,
+    groups,
+    prompt_len,
+    chunk_steps,
+    pad_id,
+    cache_dtype,
+    activation_dtype,
+    width,
+  )
+  slots = plan.slots
+  traced = _traced(sampling, max_new)
+  stop_set = set(stop_ids) if sampling.stop_token_ids else set()
+  if row_limits is None:
+    row_limits = np.full((len(prompts) * n,), max_new, np.int64)
+  row_limits = np.minimum(np.asarray(row_limits, np.int64), max_new)
+  capacity = slot_program.cache_capacity(min(chunk_steps, max_new), most)
+  note_program(("init", plan, capacity))
+  state = slot_program.init_state(config, plan, capacity)
+
+  # A unit is sample block k of prompt p: samples k·width .. k·width+width-1.
+  queue = collections.deque(
+    (p, k) for p in range(len(prompts)) for k in range(blocks)
+  )
+  owner = np.full((slots,), -1, np.int64)  # output row of each slot row
+  row_len = np.zeros((slots,), np.int64)
+  row_done = np.ones((slots,), bool)
+  tokens: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
+  logps: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
+  sizes = prefill_sizes(groups)
+  stats = collections.Counter()
+  kv_peak = slot_program.kv_bytes(config, plan, capacity)
+  capacity_peak = capacity
+  timeline = []
+  start = time.perf_counter()
+
+  while True:
+    free = np.flatnonzero(row_done.reshape(groups, width).all(axis=1))
+    if queue and free.size:
+      take = min(free.size, len(queue))
+      f = next(s for s in sizes if s >= take)
+      chosen = [queue.popleft() for _ in range(take)]
+      toks = np.full((f, prompt_len), pad_id, np.int32)
+      mask = np.zeros((f, prompt_len), np.int32)
+      for i, (p, _) in enumerate(chosen):
+        ids = prompts[p]
+        toks[i, prompt_len - len(ids) :] = ids
+        mask[i, prompt_len - len(ids) :] = 1
+      target = np.full((f,), groups, np.int32)
+      target[:take] = free[:take]
+      index = np.zeros((f,), np.int32)
+      index[:take] = [prompt_index[p] for p, _ in chosen]
+      first = np.zeros((f,), np.int32)
+      first[:take] = [k * width for _, k in chosen]
+      # Row j of a unit is sample first + j of its prompt.
+      sample = (first[:, None] + np.arange(width, dtype=np.int32)).reshape(-1)
+      keys = sample_keys(
+        sampling.seed,
+        jnp.asarray(np.repeat(index, width)),
+        jnp.asarray(sample),
+      )
+      note_program(("prefill", plan, f))
+      limits = np.ones((f, width), np.int32)
+      for i, (p, k) in enumerate(chosen):
+        limits[i] = row_limits[p * n + k * width : p * n + (k + 1) * width]
+      state, tok, logp = slot_program.prefill_groups(
+        config,
+        plan,
+        prefill_params,
+        state,
+        jnp.asarray(toks),
+        jnp.asarray(mask),
+        jnp.asarray(target),
+        jax.random.key_data(keys),
+        jnp.asarray(limits.reshape(-1)),
+        *traced,
+      )
+      tok, logp = jax.device_get((tok, logp))
+      stats["prefills"] += 1
+      for i, (p, k) in enumerate(chosen):
+        for j in range(width):
+          row, out, at = (
+            int(target[i]) * width + j,
+            p * n + k * width + j,
+            i * width + j,
+          )
+          owner[row] = out
+          tokens[out] = [tok[at : at + 1]]
+          logps[out] = [logp[at : at + 1]]
+          row_len[row] = 1
+          row_done[row] = int(tok[at]) in stop_set or row_limits[out] <= 1
+      continue
+    if row_done.all():
+      break
+    need = int(row_len[~row_done].max()) + chunk_steps - 1
+    new_capacity = slot_program.cache_capacity(min(need, max_new), most)
+    if new_capacity != capacity:
+      note_program(("resize", plan, capacity, new_capacity))
+      state = slot_program.resize_cache(new_capacity, state)
+      capacity = new_capacity
+      kv_peak = max(kv_peak, slot_program.kv_bytes(config, plan, capacity))
+      capacity_peak = max(capacity_peak, capacity)
+    # With prompts waiting, leave the chunk once a quarter of the groups
+    # (or all that the queue can fill) are free: one prefill refills them.
+    refill_at = min(len(queue), max(1, groups // 4)) if queue else groups + 1
+    note_program(("decode", plan, capacity))
+    state, out_tok, out_logp, steps, live = slot_program.decode_chunk(
+      config,
+      plan,
+      decode_params,
+      state,
+      *traced,
+      jnp.int32(chunk_steps),
+      jnp.int32(refill_at),
+    )
+    out_tok, out_logp, steps, live, length, done = jax.device_get(
+      (out_tok, out_logp, steps, live, state["length"], state["done"])
+    )
+    grew = length - row_len
+    for row in np.flatnonzero(grew > 0):
+      count = int(grew[row])
+      tokens[owner[row]].append(out_tok[row, :count])
+      logps[owner[row]].append(out_logp[row, :count])
+    row_len, row_done = length.astype(np.int64), np.array(done, bool)
+    stats["chunks"] += 1
+    stats["decode_steps"] += int(steps)
+    stats["slot_steps"] += int(steps) * slots
+    stats["live_row_steps"] += int(live)
+    timeline.append(
+      (
+        round(time.perf_counter() - start, 4),
+        int(live) / max(1, int(steps) * slots),
+      )
+    )
+
+  out_tokens = [np.concatenate(t).astype(np.int32).tolist() for t in tokens]
+  out_logp = [np.concatenate(lp).astype(np.float32) for lp in logps]
+  summary = dict(stats)
+  summary["occupancy"] = stats["live_row_steps"] / max(1, stats["slot_steps"])
+  summary["slots"] = slots
+  summary["kv_bytes_peak"] = int(kv_peak)
+  summary["capacity_peak"] = int(capacity_peak)
+  summary["timeline"] = timeline
+  return SlotRun(tokens=out_tokens, logp=out_logp, stats=summary)

@@ -1,0 +1,178 @@
+"""The QuRL page's gates (experiments/qurl_report_lib/gates.py, issue 44):
+what ran, confounded comparisons, and claims about a mechanism that could
+not act."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+if os.path.join(ROOT, "experiments") not in sys.path:
+  sys.path.append(os.path.join(ROOT, "experiments"))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from qurl_report_lib import claims as claims_lib  # noqa: E402
+from qurl_report_lib import gates  # noqa: E402
+from qurl_report_lib import studies as studies_lib  # noqa: E402
+from test_qurl_report_stats import _fake_config, _fake_run  # noqa: E402
+
+TIS, ACR = [0, 0, 1, 1], [1, 1, 1, 1]  # ACR +0.5 on every seed
+
+
+def _study(path, arms, seeds=(0, 1, 2), machine=None):
+  """arms: {name: (correct, config or None, grad_share)}."""
+  for seed in seeds:
+    for name, (correct, config, share) in arms.items():
+      _fake_run(path, name, seed, correct, config=config, grad_share=share)
+  setup = {"seeds": list(seeds), "runs": [{"name": n} for n in arms]}
+  if machine:
+    setup["machine"] = machine
+  (path / "ablation.json").write_text(json.dumps(setup))
+  return studies_lib.load_study(str(path))
+
+
+def _claim(studies, study, a, b):
+  _, claims = claims_lib.claims_section(studies)
+  return next(
+    c for c in claims if (c["study"], c["a"], c["b"]) == (study, a, b)
+  )
+
+
+def _acr_claim(tmp_path, minibatches=4, share=0.01, machine=None, extra=()):
+  arms = {
+    "int8_tis": (TIS, _fake_config("int8_tis", minibatches), share),
+    "int8_acr": (ACR, _fake_config("int8_acr", minibatches), share),
+  }
+  arms.update(extra)
+  study = _study(tmp_path / "q2", arms, machine=machine)
+  return _claim(
+    {"q2_instrument": study}, "q2_instrument", "int8_tis", "int8_acr"
+  )
+
+
+def test_acr_exposed_on_the_cpu_keeps_its_verdict(tmp_path):
+  claim = _acr_claim(tmp_path)
+  assert claim["verdict"] == "supported"
+  assert claim["updates_per_rollout"] == [4]
+
+
+def test_one_update_per_rollout_is_not_tested(tmp_path):
+  """R ≡ 1: whatever the interval says, ACR was TIS (Q4's mistake)."""
+  claim = _acr_claim(tmp_path, minibatches=1)
+  assert claim["low"] > 0  # the interval alone would have supported it
+  assert claim["verdict"] == gates.NOT_TESTED
+  assert "ppo_epochs × update.minibatches = [1]" in claim["why"]
+
+
+def test_gradient_share_below_the_gate_is_not_exercised(tmp_path):
+  claim = _acr_claim(tmp_path, share=1e-4)
+  assert claim["verdict"].startswith(gates.NOT_EXERCISED)
+  assert "1.0e-04 < 0.001" in claim["why"]
+
+
+def test_unlogged_exposure_is_not_attributable(tmp_path):
+  claim = _acr_claim(tmp_path, share=None)
+  assert claim["verdict"] == gates.NOT_ATTRIBUTABLE
+  assert "not logged" in claim["why"]
+
+
+def test_gpu_runs_need_an_aa_floor(tmp_path):
+  """Q2 on the H100: no A/A pair, so its nondeterminism is unmeasured. With
+  an A/A pair (the same config twice) whose gap is below the claim's, the
+  verdict stands; with one as large, it does not."""
+  no_aa = _acr_claim(tmp_path / "a", machine="NVIDIA H100, JAX")
+  assert no_aa["verdict"] == gates.NOT_ATTRIBUTABLE
+  assert "no A/A pair" in no_aa["why"]
+  aa = {"int8_tis_aa": ([0, 1, 1, 1], _fake_config("int8_tis"), 0.01)}
+  small = _acr_claim(tmp_path / "b", machine="NVIDIA H100", extra=aa)
+  assert small["verdict"] == "supported"
+  assert "exceeds the A/A floor 0.250" in small["why"]
+  aa = {"int8_tis_aa": ([1, 1, 1, 1], _fake_config("int8_tis"), 0.01)}
+  large = _acr_claim(tmp_path / "c", machine="NVIDIA H100", extra=aa)
+  assert large["verdict"] == gates.NOT_ATTRIBUTABLE
+  assert "within the A/A floor 0.500" in large["why"]
+
+
+def test_arms_differing_in_an_unnamed_field_are_refused(tmp_path):
+  """ACR vs TIS names only loss.correction: another learning rate (or a
+  UAQ scale) in one arm is a confound, refused with the field and values."""
+  arms = {
+    "int8_tis": (TIS, _fake_config("int8_tis"), 0.01),
+    "int8_acr": (
+      ACR,
+      _fake_config("int8_acr", optim={"learning_rate": 3e-4}),
+      0.01,
+    ),
+  }
+  study = _study(tmp_path / "q2", arms)
+  with pytest.raises(gates.ConfoundedClaimError) as e:
+    claims_lib.claims_section({"q2_instrument": study})
+  msg = str(e.value)
+  assert "optim.learning_rate: int8_tis=" in msg
+  assert "int8_acr=0.0003" in msg
+  assert "loss.correction" in msg  # what the claim names
+
+
+def test_effective_uaq_scale_is_what_the_trainer_applied(tmp_path):
+  """Before issue 44 an unquantized run recorded uaq_scale 1.5 and ran 1.0;
+  a run that logs the exposure metrics was made by the trainer that applies
+  the recorded scale."""
+  cfg = _fake_config("fp32", uaq_scale=1.5)
+  _fake_run(tmp_path / "old", "fp32", 0, [1], config=cfg, grad_share=None)
+  _fake_run(tmp_path / "new", "fp32", 0, [1], config=cfg, grad_share=0.0)
+  _fake_run(
+    tmp_path / "q",
+    "int8_tis",
+    0,
+    [1],
+    config=_fake_config("int8_tis", uaq_scale=1.5),
+    grad_share=None,
+  )
+  scale = lambda d: gates.effective_config(str(d))["rollout.uaq_scale"]
+  assert scale(tmp_path / "old" / "fp32_s0") == 1.0
+  assert scale(tmp_path / "new" / "fp32_s0") == 1.5
+  assert scale(tmp_path / "q" / "int8_tis_s0") == 1.5
+
+
+def test_uaq_gain_without_a_learning_rate_control_is_not_attributable(tmp_path):
+  """Under Adam a UAQ fold is a per-tensor learning rate: "UAQ s = 2 beats
+  ACR alone" needs an arm at s = 1 with the learning rate × 2."""
+
+  def cfg(uaq, lr):
+    return _fake_config(
+      "int8_acr", minibatches=1, uaq_scale=uaq, optim={"learning_rate": lr}
+    )
+
+  arms = {
+    "int8_acr_lr1e-6": ([0, 0, 1, 1], cfg(1.0, 1e-6), 0.0),
+    "int8_acr_uaq2_lr1e-6": ([1, 1, 1, 1], cfg(2.0, 1e-6), 0.0),
+  }
+  study = _study(tmp_path / "a", arms)
+  args = ("q3_instrument", "int8_acr_lr1e-6", "int8_acr_uaq2_lr1e-6")
+  claim = _claim({"q3_instrument": study}, *args)
+  assert claim["verdict"] == gates.NOT_ATTRIBUTABLE
+  assert "per-tensor learning rate" in claim["why"]
+  arms["int8_acr_lr2e-6"] = ([0, 1, 1, 1], cfg(1.0, 2e-6), 0.0)
+  study = _study(tmp_path / "b", arms)
+  claim = _claim({"q3_instrument": study}, *args)
+  assert claim["verdict"] == "supported"
+  assert "learning-rate control: `int8_acr_lr2e-6`" in claim["why"]
+
+
+def test_archived_q4_acr_claim_is_not_tested():
+  """The archived 1,000-step study (one update per rollout): its "ACR beats
+  TIS" must read "not tested", and its fp32 arm ran without UAQ."""
+  path = os.path.join(ROOT, "docs", "qurl", "runs", "q4_long_horizon")
+  study = studies_lib.load_study(path)
+  claim = _claim(
+    {"q4_long_horizon": study}, "q4_long_horizon", "int8_tis", "int8_acr"
+  )
+  assert claim["verdict"] == gates.NOT_TESTED
+  vs_fp32 = _claim(
+    {"q4_long_horizon": study}, "q4_long_horizon", "int8_tis", "fp32"
+  )
+  assert vs_fp32["uaq"] == "1.5 / 1"
