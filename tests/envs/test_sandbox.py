@@ -58,10 +58,17 @@ def no_process_left_behind(monkeypatch):
     return result
 
   monkeypatch.setattr(sandbox, "run_python", recording)
+  # Children this worker had before the test (an earlier test file's reward
+  # pool, say, when the whole suite runs in one process) are not the test's.
+  before = {p.pid for p in psutil.Process().children(recursive=True)}
   yield
 
   def left():
-    found = psutil.Process().children(recursive=True)
+    found = [
+      p
+      for p in psutil.Process().children(recursive=True)
+      if p.pid not in before
+    ]
     for p in psutil.process_iter(["uids"]):
       if p.info["uids"] is not None and p.info["uids"].real in uids - {-1}:
         found.append(p)
