@@ -53,10 +53,10 @@ def small_config(algorithm, run_dir, **kw):
   return apply_preset(algorithm, **base)
 
 
-def make_trainer(cfg):
+def make_trainer(cfg, task_cls=None):
   tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
-  task = LetterTask(
+  task = (task_cls or LetterTask)(
     examples[8:],
     examples[:8],
     tokenizer,
@@ -197,20 +197,7 @@ class _NanTask(LetterTask):
 
 
 def _nan_trainer(cfg, nan_at):
-  tokenizer = testing.tiny_tokenizer()
-  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
-  task = _NanTask(
-    examples[8:],
-    examples[:8],
-    tokenizer,
-    data_lib.ChatTemplate(tokenizer),
-    cfg.rollout.prompts_per_step,
-    cfg.run.seed,
-    cfg.task.max_prompt_tokens,
-    reward_workers=0,
-  )
-  task.nan_at = nan_at
-  return loop_lib.Trainer(cfg, task=task, show_progress=False)
+  return make_trainer(cfg, type("NanTask", (_NanTask,), {"nan_at": nan_at}))
 
 
 def test_a_nan_reward_drops_its_group_counted_and_named(tmp_path, capsys):
