@@ -29,6 +29,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from qurl_report_lib.claims import QUESTIONS, claims_section  # noqa: E402
+from qurl_report_lib.fair_test import fair_test_section  # noqa: E402
 from qurl_report_lib.sections import (  # noqa: E402
   ablation_section,
   bench_section,
@@ -236,6 +237,23 @@ def main(argv):
   for q, text in QUESTIONS.items():
     lines.append(f"- **Q{q}.** {text}")
   lines += [""] + claim_lines + [""]
+  fair = fair_test_section(studies, claims)
+  if fair:
+    lines += [
+      "## Questions 6 and 7: each verdict beside its exposure",
+      "",
+      "Q6's readouts were fixed before the runs "
+      "(`experiments/configs/q6_acr_fair.json`, `_comment`; "
+      "`experiments/qurl_report_lib/fair_test.py`): per format, ACR − TIS "
+      "in the least-squares slope over steps of `behav_prox_kl` (mean over "
+      "seeds; bootstrap over seeds; supported if the interval lies below "
+      "0: no margin was pre-registered) and in final held-out accuracy "
+      "(the rule above). ACR can act only with several updates per "
+      "rollout; its exposure is printed beside each verdict. Q7's exposure "
+      "is UAQ's: the share of quantized codes a sync changes and the "
+      "update / quantization-error ratio.",
+      "",
+    ] + fair
   if _READING.value:
     with open(_READING.value) as f:
       lines += ["## Reading", "", f.read().strip(), ""]

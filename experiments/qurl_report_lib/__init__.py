@@ -10,6 +10,9 @@ Lowest first; a module imports only those before it:
             tested / not exercised / not attributable" gates of issue 44;
   claims    the claims table: which configs each question compares, and the
             verdict of each;
+  fair_test Q6's pre-registered readouts (the KL slope beside held-out
+            accuracy) and Q7's, each verdict beside its exposure, the A/A
+            floor and Q6's calibration;
   sections  the page's other sections and its figures.
 
 experiments/qurl_report.py (flags and main) puts experiments/ on sys.path

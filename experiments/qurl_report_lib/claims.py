@@ -216,18 +216,22 @@ CLAIMS += [
 
 # Question 6: the fair test of ACR (issue 44 item 5, pre-registered in
 # experiments/configs/q6_acr_fair.json): several updates per rollout, UAQ off
-# in every arm, the deterministic CPU.
+# in every arm. `_calibrated`: the same with C from the pre-registered
+# calibration (experiments/gpu/qurl_study.py --mode=calibrated; no fp32 arm).
+# fair_test.py adds the KL-slope readout and the exposure beside each row.
+FORMATS = (("int8", "INT8"), ("fp8", "FP8 (emulated)"))
 CLAIMS += [
   (
     "6",
-    "q6_acr_fair",
+    study,
     f"{fmt_name}: ACR beats TIS (4 updates per rollout, UAQ off)",
     f"{q}_tis",
     f"{q}_acr",
     "superiority",
     (C,),
   )
-  for q, fmt_name in (("int8", "INT8"), ("fp8", "FP8 (emulated)"))
+  for study in ("q6_acr_fair", "q6_acr_fair_calibrated")
+  for q, fmt_name in FORMATS
 ] + [
   (
     "6",
@@ -238,9 +242,41 @@ CLAIMS += [
     "non_inferiority",
     (Q, C, "loss.tis_cap"),
   )
-  for q, fmt_name in (("int8", "INT8"), ("fp8", "FP8 (emulated)"))
+  for q, fmt_name in FORMATS
   for c in ("tis", "acr")
 ]
+# Question 7 (issue 44 item 6): Q4's setting (one update per rollout, 1,000
+# steps) with INT8 + TIS at UAQ off and at Q4's UAQ 1.5, beside fp32.
+CLAIMS += [
+  (
+    "7",
+    "q7_uaq_long_horizon",
+    "INT8 + TIS with UAQ off is no worse than fp32 over 1,000 steps",
+    "fp32",
+    "int8_tis_uaq1",
+    "non_inferiority",
+    (Q, C),
+  ),
+  (
+    "7",
+    "q7_uaq_long_horizon",
+    "UAQ 1.5 (as Q4 ran) makes INT8 + TIS worse over 1,000 steps",
+    "int8_tis_uaq15",
+    "int8_tis_uaq1",
+    "superiority",
+    (U,),
+  ),
+]
+# Studies under Q6's pre-registered calibration (gates.calibration): a TIS
+# arm outside its truncation range marks its format's verdicts.
+PREREGISTERED = ("q6_acr_fair", "q6_acr_fair_calibrated")
+UNCALIBRATED = " (C uncalibrated)"
+# Studies without an A/A arm of their own, and the study whose A/A pair
+# measured the floor of the same driver and XLA flags (gate_claim says which).
+AA_FROM = {
+  "q7_uaq_long_horizon": "q6_acr_fair",
+  "q6_acr_fair_calibrated": "q6_acr_fair",
+}
 
 QUESTIONS = {
   "1": "Does naive INT8 rollout degrade training, and does decoupling fix it?",
@@ -248,8 +284,10 @@ QUESTIONS = {
   "3": "Does UAQ help where updates are rounded away?",
   "4": "Is there a long-horizon collapse (QuRL Fig. 3), and does ACR prevent it?",
   "5": "FP8 (emulated on CPU) for questions 1-2.",
-  "6": "The fair test of ACR: several updates per rollout, UAQ off, on the "
-  "deterministic CPU (pre-registered; issue 44).",
+  "6": "The fair test of ACR: several updates per rollout, UAQ off "
+  "(pre-registered; issue 44): does ACR slow the behavior–proximal drift "
+  "and beat TIS?",
+  "7": "Is Q4's long-horizon gap quantization, or Q4's UAQ 1.5?",
 }
 
 
@@ -283,10 +321,27 @@ def compare(study: dict, a: str, b: str) -> dict | None:
   }
 
 
+_AA_CACHE: dict[str, tuple[float, str] | None] = {}
+
+
 def aa_floor(study: dict) -> tuple[float, str] | None:
   """(largest |B − A|, which pair) over the A/A pairs of the study's GPU
   seeds: arms that compute the same update (gates.same_update), so every
-  difference between them is the machine's nondeterminism."""
+  difference between them is the machine's nondeterminism. A study with no
+  such pair uses that of `study["aa_source"]` (AA_FROM), if set."""
+  if study["dir"] not in _AA_CACHE:
+    _AA_CACHE[study["dir"]] = _aa_floor(study)
+  floor = _AA_CACHE[study["dir"]]
+  source = study.get("aa_source")
+  if floor is None and source is not None:
+    name, other = source
+    found = aa_floor(other)
+    if found is not None:
+      return found[0], f"{found[1]} of `{name}` (no A/A arm in this study)"
+  return floor
+
+
+def _aa_floor(study: dict) -> tuple[float, str] | None:
   names = list(study["runs"])
   found = []
   for i, x in enumerate(names):
@@ -347,6 +402,13 @@ def gate_claim(
     gated = gates.acr_gate(runs)
     if gated is not None:
       return gated
+    acr = [gates.exposure(d) for d, c in runs if c["loss.correction"] == "acr"]
+    why += (
+      "; ACR exposed: gradient share "
+      f"{np.mean([e['grad_share'] for e in acr]):.1e} ≥ "
+      f"{gates.EXPOSURE_GATE:g}, ACR-active "
+      f"{np.mean([e['acr_active'] or 0.0 for e in acr]):.1e} of tokens"
+    )
   elif corrections > {"acr"} and any(
     gates.updates_per_rollout(c) == 1 for _, c in runs
   ):
@@ -384,6 +446,16 @@ def gate_claim(
   return v, why
 
 
+def with_aa_sources(studies: dict[str, dict]) -> dict[str, dict]:
+  """The studies, each one of AA_FROM (when its source is there too) as a
+  copy with `aa_source` = (source name, source study) for `aa_floor`."""
+  out = dict(studies)
+  for name, source in AA_FROM.items():
+    if name in studies and source in studies:
+      out[name] = {**studies[name], "aa_source": (source, studies[source])}
+  return out
+
+
 def claims_section(studies: dict[str, dict]) -> tuple[list[str], list[dict]]:
   lines = [
     f"Rule: {int(CONFIDENCE * 100)}% paired bootstrap interval of B − A "
@@ -410,6 +482,7 @@ def claims_section(studies: dict[str, dict]) -> tuple[list[str], list[dict]]:
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   out = []
+  studies = with_aa_sources(studies)
   for q, study_name, claim, a, b, kind, named in CLAIMS:
     study = studies.get(study_name)
     result = compare(study, a, b) if study else None
@@ -430,6 +503,13 @@ def claims_section(studies: dict[str, dict]) -> tuple[list[str], list[dict]]:
         result["low"], result["high"], kind, len(result["seeds"])
       )
       v, why = gate_claim(study, claim, a, b, named, result, v, why)
+      note = (
+        gates.calibration_note(study, a, b)
+        if study_name in PREREGISTERED
+        else None
+      )
+      if note:
+        v, why = v + UNCALIBRATED, f"{why}; C uncalibrated: {note}"
       seeds = result["seeds"]
       uaq = f"{_uaq(study, a, seeds)} / {_uaq(study, b, seeds)}"
       updates = sorted(

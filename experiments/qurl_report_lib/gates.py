@@ -53,6 +53,13 @@ _IGNORED = (set(RUN_CONTROL_FIELDS) - {"run.steps"}) | {"run.seed"}
 # Metrics the exposure-aware trainer logs on every update.
 _EXPOSURE_KEY = "acr_grad_share"
 
+# Q6's calibration, pre-registered in experiments/configs/q6_acr_fair.json
+# (`_comment`): over the first 30 steps of seed 0, fp32's clip_fraction_high
+# in [0.2%, 2%] and each TIS arm's tis_truncated_fraction in [1%, 3%].
+CALIBRATION_STEPS = 30
+FP32_CLIP_HIGH = (0.002, 0.02)
+TIS_TRUNCATED = (0.01, 0.03)
+
 
 class ConfoundedClaimError(ValueError):
   """Two compared arms differ in a field the claim does not name."""
@@ -211,6 +218,67 @@ def acr_gate(runs: list[tuple[str, dict]]) -> tuple[str, str] | None:
       f"ACR's gradient share {share:.1e} < {EXPOSURE_GATE:g}"
     )
   return None
+
+
+def metric_rows(
+  run_dir: str, key: str, last_step: int | None = None
+) -> list[tuple[int, float]]:
+  """(step, value) of `key` over the run's updates, steps 1..last_step."""
+  return [
+    (int(r["step"]), float(r[key]))
+    for r in _train_rows(run_dir)
+    if isinstance(r.get(key), (int, float))
+    and r.get("step", 0) >= 1
+    and (last_step is None or r["step"] <= last_step)
+  ]
+
+
+def _early_mean(run_dir: str, key: str) -> float | None:
+  vals = [v for _, v in metric_rows(run_dir, key, CALIBRATION_STEPS)]
+  return float(np.mean(vals)) if vals else None
+
+
+def _inside(value, bounds) -> bool:
+  return value is not None and bounds[0] <= value <= bounds[1]
+
+
+def calibration(study: dict) -> dict:
+  """Q6's pre-registered calibration recomputed from the run files, on seed
+  0 (else the study's first seed): {"fp32": (clip_high, ok) or None, "tis":
+  {arm: (truncated, ok, C)}} (A/A copies, `*_aa`, left out)."""
+  out = {"fp32": None, "tis": {}}
+  for name, by_seed in study["runs"].items():
+    if not by_seed:
+      continue
+    run = by_seed[min(by_seed)]
+    cfg = effective_config(run)
+    if name == "fp32":
+      v = _early_mean(run, "clip_fraction_high")
+      out["fp32"] = (v, _inside(v, FP32_CLIP_HIGH))
+    elif cfg.get("loss.correction") == "tis" and not name.endswith("_aa"):
+      v = _early_mean(run, "tis_truncated_fraction")
+      out["tis"][name] = (v, _inside(v, TIS_TRUNCATED), cfg.get("loss.tis_cap"))
+  return out
+
+
+def calibration_note(study: dict, *arms: str) -> str | None:
+  """What makes C uncalibrated for a claim on `arms`: the TIS arms among
+  them (or the TIS arm of an ACR arm's format: `int8_acr` -> `int8_tis`)
+  that truncated outside the pre-registered range over their first steps;
+  None if all were inside."""
+  cal = calibration(study)["tis"]
+  tis = {a if a.endswith("_tis") else a.replace("_acr", "_tis") for a in arms}
+  bad = [(a, cal[a]) for a in sorted(tis) if a in cal and not cal[a][1]]
+  if not bad:
+    return None
+  shown = ", ".join(
+    f"`{a}` truncates {'–' if v is None else f'{v:.3f}'} (C = {c:g})"
+    for a, (v, _, c) in bad
+  )
+  return (
+    f"{shown} over the first {CALIBRATION_STEPS} steps; pre-registered "
+    f"{TIS_TRUNCATED[0]:g}–{TIS_TRUNCATED[1]:g}"
+  )
 
 
 def same_update(run_a: str, run_b: str) -> bool:

@@ -114,6 +114,59 @@ def verdict(
   )
 
 
+def ls_slope(x, y) -> float:
+  """Least-squares slope of y on x: Σ(x − x̄)(y − ȳ) / Σ(x − x̄)²."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  if x.ndim != 1 or x.shape != y.shape or x.size < 2:
+    raise ValueError(
+      f"ls_slope: x {x.shape} and y {y.shape} must be the same 1-D shape "
+      "with >= 2 points"
+    )
+  dx = x - x.mean()
+  if not np.any(dx):
+    raise ValueError("ls_slope: every x is the same; the slope is undefined")
+  return float(np.sum(dx * (y - y.mean())) / np.sum(dx * dx))
+
+
+def seed_bootstrap(
+  d, n_boot: int = N_BOOT, seed: int = 0, confidence: float = CONFIDENCE
+) -> tuple[float, float, float]:
+  """(mean, low, high): percentile bootstrap interval of the mean of one
+  paired difference per seed (d: [S]), resampling seeds with replacement;
+  numpy's default_rng(seed). With S seeds there are at most S^S draws: the
+  interval of 3 seeds is coarse (it spans their min..max at 95%)."""
+  d = np.asarray(d, np.float64)
+  if d.ndim != 1 or d.size == 0:
+    raise ValueError(f"seed_bootstrap: d {d.shape}; expected [seeds], S >= 1")
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(
+      f"seed_bootstrap: confidence={confidence}; expected in (0, 1)"
+    )
+  rng = np.random.default_rng(seed)
+  draws = d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
+  tail = (1.0 - confidence) / 2.0
+  low, high = np.quantile(draws, [tail, 1.0 - tail])
+  return float(d.mean()), float(low), float(high)
+
+
+def decrease_verdict(
+  low: float, high: float, n_seeds: int, min_seeds: int = MIN_SEEDS
+) -> tuple[str, str]:
+  """(verdict, reason) of "B − A < 0" from its interval (no margin was
+  pre-registered for the KL slope, so none is used): supported if the
+  interval lies below 0, not supported if above 0, else not resolved."""
+  if n_seeds < min_seeds:
+    return (
+      "not resolved at this scale",
+      f"{n_seeds} paired seed(s); the rule needs >= {min_seeds}",
+    )
+  if high < 0:
+    return "supported", "the interval lies below 0"
+  if low > 0:
+    return "not supported", "the interval lies above 0"
+  return "not resolved at this scale", "the interval holds 0"
+
+
 def fmt(v, digits=3) -> str:
   if v is None or (isinstance(v, float) and not np.isfinite(v)):
     return "–"

@@ -4,13 +4,14 @@ of disjoint seeds, archiving the small files, and per-run summaries of
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
 
 import numpy as np
 
-from rljax.train.metrics import read_metrics
+from rljax.train.metrics import has_metrics, read_metrics
 
 
 def run_quant_curves(run_dir: str) -> dict:
@@ -56,7 +57,7 @@ def load_study(study_dir: str) -> dict:
     sorted(os.listdir(study_dir)) if os.path.isdir(study_dir) else []
   ):
     run_dir = os.path.join(study_dir, entry)
-    if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
+    if not has_metrics(run_dir):
       continue
     name, _, seed = entry.rpartition("_s")
     if not seed.isdigit():
@@ -194,8 +195,38 @@ def run_summary(run_dir: str) -> dict:
   }
 
 
+def driver_summary(study_dir: str) -> tuple[str, dict] | None:
+  """(path, contents) of the JSON summary experiments/gpu/qurl_study.py
+  wrote beside the study (`{"jobs": {"<study>/<run>": ...}, "machine": ...}`,
+  in the study's parent or grandparent), or None."""
+  study = os.path.basename(os.path.abspath(study_dir))
+  parent = os.path.dirname(os.path.abspath(study_dir))
+  for folder in (parent, os.path.dirname(parent)):
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+      path = os.path.join(folder, name)
+      if not name.endswith(".json") or not os.path.isfile(path):
+        continue
+      try:
+        data = read_json(path, {})
+      except ValueError:
+        continue
+      jobs = data.get("jobs") if isinstance(data, dict) else None
+      if isinstance(jobs, dict) and any(
+        k.startswith(f"{study}/") for k in jobs
+      ):
+        return path, data
+  return None
+
+
 def archive_study(study_dir: str, dest: str) -> None:
-  """Copies a study's small files (no checkpoints) into `dest`."""
+  """Copies a study's small files (no checkpoints, no plots) into `dest`.
+
+  A study merged by experiments/gpu/qurl_study.py keeps the first job's
+  `ablation.json` (one seed, no machine): the archived copy gets the seeds
+  found on disk and the driver summary's `machine` line (what makes its
+  seeds GPU seeds, `load_study`), and the summary and the instrument's
+  record beside it are archived as `driver.json` and `instrument.json`.
+  """
   import shutil
 
   if os.path.abspath(study_dir) == os.path.abspath(dest):
@@ -210,13 +241,44 @@ def archive_study(study_dir: str, dest: str) -> None:
   ):
     if os.path.exists(os.path.join(study_dir, name)):
       shutil.copy(os.path.join(study_dir, name), os.path.join(dest, name))
+  found = driver_summary(study_dir)
+  if found is not None:
+    path, data = found
+    with open(os.path.join(dest, "driver.json"), "w") as f:
+      json.dump(data, f, indent=1)
+    record = os.path.join(os.path.dirname(path), "instrument.json")
+    if os.path.exists(record):
+      shutil.copy(record, os.path.join(dest, "instrument.json"))
+    setup = read_json(os.path.join(dest, "ablation.json"), {})
+    if not setup.get("machine") and data.get("machine"):
+      setup["machine"] = (
+        f"{data['machine']} (experiments/gpu/qurl_study.py, whose "
+        "docstring lists the XLA flags)"
+      )
+    seeds = sorted(
+      {
+        int(e.rpartition("_s")[2])
+        for e in os.listdir(study_dir)
+        if e.rpartition("_s")[2].isdigit()
+        and has_metrics(os.path.join(study_dir, e))
+      }
+    )
+    if seeds:
+      setup["seeds"] = seeds
+    with open(os.path.join(dest, "ablation.json"), "w") as f:
+      json.dump(setup, f, indent=1)
   for entry in sorted(os.listdir(study_dir)):
     run = os.path.join(study_dir, entry)
-    if not os.path.isfile(os.path.join(run, "metrics.jsonl")):
+    if not has_metrics(run):
       continue
     os.makedirs(os.path.join(dest, entry), exist_ok=True)
     for name in os.listdir(run):
-      if name in ("metrics.jsonl", "config.json", "summary.json") or (
+      if name == "metrics.jsonl":
+        # Stored compressed (~10x): read_metrics reads either form.
+        with open(os.path.join(run, name), "rb") as src:
+          with gzip.open(os.path.join(dest, entry, name + ".gz"), "wb") as out:
+            shutil.copyfileobj(src, out)
+      elif name in ("metrics.jsonl.gz", "config.json", "summary.json") or (
         name.startswith("eval_step") and name.endswith(".jsonl")
       ):
         shutil.copy(os.path.join(run, name), os.path.join(dest, entry, name))

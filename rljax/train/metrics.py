@@ -8,6 +8,7 @@ the file never holds two different step 4s.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -116,10 +117,28 @@ class MetricsWriter:
       self._tb.close()
 
 
-def read_metrics(run_dir: str) -> list[dict[str, Any]]:
+def metrics_path(run_dir: str) -> str:
+  """The run's `metrics.jsonl`, or its gzip `metrics.jsonl.gz` where only
+  that exists (archived studies are stored compressed: ~10x smaller)."""
   path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.exists(path) and os.path.exists(path + ".gz"):
+    return path + ".gz"
+  return path
+
+
+def has_metrics(run_dir: str) -> bool:
+  return os.path.isfile(metrics_path(run_dir))
+
+
+def _open_text(path: str):
+  if path.endswith(".gz"):
+    return gzip.open(path, "rt", encoding="utf-8")
+  return open(path, encoding="utf-8")
+
+
+def read_metrics(run_dir: str) -> list[dict[str, Any]]:
   rows = []
-  with open(path, encoding="utf-8") as f:
+  with _open_text(metrics_path(run_dir)) as f:
     for line in f:
       line = line.strip()
       if line:
@@ -131,10 +150,10 @@ def recorded_eval(run_dir: str, step: int = 0) -> dict[str, float]:
   """The held-out evaluation `metrics.jsonl` holds for `step` ({} if none):
   a resumed run's "before training" numbers (step 0) were measured by the
   process that started it."""
-  path = os.path.join(run_dir, "metrics.jsonl")
+  path = metrics_path(run_dir)
   if not os.path.exists(path):
     return {}
-  with open(path, encoding="utf-8") as f:
+  with _open_text(path) as f:
     for line in f:
       try:
         row = json.loads(line)

@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from rljax.train.metrics import read_metrics  # noqa: E402
+from rljax.train.metrics import has_metrics, read_metrics  # noqa: E402
 
 # (title, [(metric key, line style)], log scale). A style is a matplotlib
 # linestyle (name or dash tuple); the keys of one panel never share one.
@@ -90,8 +90,10 @@ def plot_runs(
   """Writes the figure; returns the titles of the panels drawn."""
   runs = []
   for d in run_dirs:
-    if not os.path.exists(os.path.join(d, "metrics.jsonl")):
-      raise FileNotFoundError(f"run directory {d!r} has no metrics.jsonl")
+    if not has_metrics(d):
+      raise FileNotFoundError(
+        f"run directory {d!r} has no metrics.jsonl (nor metrics.jsonl.gz)"
+      )
     runs.append(read_metrics(d))
   labels = (
     list(labels)

@@ -16,6 +16,7 @@ if os.path.join(ROOT, "experiments") not in sys.path:
 sys.path.insert(0, os.path.dirname(__file__))
 
 from qurl_report_lib import claims as claims_lib  # noqa: E402
+from qurl_report_lib import fair_test  # noqa: E402
 from qurl_report_lib import gates  # noqa: E402
 from qurl_report_lib import studies as studies_lib  # noqa: E402
 from test_qurl_report_stats import _fake_config, _fake_run  # noqa: E402
@@ -176,3 +177,188 @@ def test_archived_q4_acr_claim_is_not_tested():
     {"q4_long_horizon": study}, "q4_long_horizon", "int8_tis", "fp32"
   )
   assert vs_fp32["uaq"] == "1.5 / 1"
+
+
+# Q6's fair test and Q7 (issue 44): the pre-registered KL-slope readout,
+# its exposure gate, the A/A floor and the calibration, on tiny studies.
+
+
+def _kl(slope, steps=5, spike_at=None):
+  """behav_prox_kl = 1e-3 + slope·step over steps 1..steps; a step at
+  `spike_at` is set to 1.0 (beyond run.steps, the readout must ignore it)."""
+  return [
+    1.0 if s == spike_at else 1e-3 + slope * s for s in range(1, steps + 1)
+  ]
+
+
+def _q6_study(
+  path,
+  acr_slope=1e-5,
+  share=0.01,
+  minibatches=4,
+  machine=None,
+  aa=False,
+  truncated=0.02,
+):
+  """TIS's KL grows 2e-5 per step, ACR's `acr_slope`, on every seed; both
+  ran run.steps = 4 and logged a 5th step whose KL is 1.0."""
+
+  def cfg(name):
+    return _fake_config(name, minibatches, run={"steps": 4})
+
+  def arm(name, slope, correct):
+    return {
+      "correct": correct,
+      "config": cfg(name.removesuffix("_aa")),
+      "metrics": {
+        "behav_prox_kl": _kl(slope, spike_at=5),
+        "tis_truncated_fraction": [truncated] * 5,
+      },
+    }
+
+  arms = {
+    "int8_tis": arm("int8_tis", 2e-5, TIS),
+    "int8_acr": arm("int8_acr", acr_slope, ACR),
+  }
+  if aa:
+    arms["int8_tis_aa"] = arm("int8_tis_aa", 2e-5, TIS)
+  for seed in (0, 1, 2):
+    for name, a in arms.items():
+      _fake_run(
+        path,
+        name,
+        seed,
+        a["correct"],
+        steps=5,
+        config=a["config"],
+        grad_share=share,
+        metrics=a["metrics"],
+      )
+  setup = {"seeds": [0, 1, 2], "runs": [{"name": n} for n in arms]}
+  if machine:
+    setup["machine"] = machine
+  (path / "ablation.json").write_text(json.dumps(setup))
+  return studies_lib.load_study(str(path))
+
+
+def test_kl_slope_readout_on_a_tiny_study(tmp_path):
+  """Slopes 2e-5 (TIS) and 1e-5 (ACR) on every seed: ACR − TIS = −1e-5
+  with a point interval, supported; the spike after run.steps is ignored
+  (with it the TIS slope would be ~0.1)."""
+  study = _q6_study(tmp_path / "q6")
+  run = study["runs"]["int8_tis"][0]
+  assert fair_test.kl_slope(run) == pytest.approx(2e-5)
+  r = fair_test.slope_readout(study, "int8_tis", "int8_acr")
+  assert r["seeds"] == [0, 1, 2]
+  assert (r["slope_a"], r["slope_b"]) == pytest.approx((2e-5, 1e-5))
+  assert (r["delta"], r["low"], r["high"]) == pytest.approx((-1e-5,) * 3)
+  assert r["verdict"] == "supported"
+  # A faster drift under ACR is the opposite finding.
+  faster = _q6_study(tmp_path / "faster", acr_slope=3e-5)
+  r = fair_test.slope_readout(faster, "int8_tis", "int8_acr")
+  assert r["verdict"] == "not supported"
+
+
+def test_kl_slope_readout_is_gated_by_exposure(tmp_path):
+  """The pre-registered gate: ACR's mean gradient share below 1e-3 reads
+  'not exercised', with the share, whatever the slopes say; one update per
+  rollout reads 'not tested'."""
+  low = _q6_study(tmp_path / "low", share=2e-4)
+  r = fair_test.slope_readout(low, "int8_tis", "int8_acr")
+  assert r["high"] < 0  # the interval alone would have supported it
+  assert r["verdict"] == f"{gates.NOT_EXERCISED} (gradient share 2.0e-04)"
+  one = _q6_study(tmp_path / "one", minibatches=1)
+  r = fair_test.slope_readout(one, "int8_tis", "int8_acr")
+  assert r["verdict"] == gates.NOT_TESTED
+  page = "\n".join(
+    fair_test.fair_test_section(
+      {"q6_acr_fair": low},
+      claims_lib.claims_section({"q6_acr_fair": low})[1],
+    )
+  )
+  assert "not exercised (gradient share 2.0e-04)" in page
+  # The share is printed beside the verdict (column "ACR grad share").
+  assert "| 2.00e-04 |" in page
+
+
+def test_kl_slope_on_a_gpu_needs_the_aa_floor(tmp_path):
+  """GPU seeds: without an A/A arm the slope readout is not attributable;
+  with one that reproduces int8_tis exactly, the floor is 0 and the verdict
+  stands, with the floor named."""
+  alone = _q6_study(tmp_path / "a", machine="NVIDIA H100 80GB HBM3")
+  r = fair_test.slope_readout(alone, "int8_tis", "int8_acr")
+  assert r["verdict"] == gates.NOT_ATTRIBUTABLE
+  with_aa = _q6_study(tmp_path / "b", machine="NVIDIA H100 80GB HBM3", aa=True)
+  assert fair_test.slope_aa_floor(with_aa)[0] == 0.0
+  r = fair_test.slope_readout(with_aa, "int8_tis", "int8_acr")
+  assert r["verdict"] == "supported"
+  assert (
+    "exceeds the A/A floor 0.0e+00 (`int8_tis` vs `int8_tis_aa`" in (r["why"])
+  )
+
+
+def test_uncalibrated_cap_marks_q6_verdicts(tmp_path):
+  """TIS truncating 10% over its first 30 steps (pre-registered 1-3%):
+  every Q6 verdict of that format says C uncalibrated; 2% does not."""
+  bad = _q6_study(tmp_path / "bad", truncated=0.10)
+  claim = _claim({"q6_acr_fair": bad}, "q6_acr_fair", "int8_tis", "int8_acr")
+  assert claim["verdict"] == "supported (C uncalibrated)"
+  assert "`int8_tis` truncates 0.100 (C = 2)" in claim["why"]
+  good = _q6_study(tmp_path / "good", truncated=0.02)
+  claim = _claim({"q6_acr_fair": good}, "q6_acr_fair", "int8_tis", "int8_acr")
+  assert claim["verdict"] == "supported"
+  assert gates.calibration(good)["tis"]["int8_tis"] == (0.02, True, 2.0)
+
+
+def test_archive_records_the_gpu_driver_machine(tmp_path):
+  """experiments/gpu/qurl_study.py merges a study from per-job directories
+  (its ablation.json names one seed and no machine) and writes the machine
+  in its summary beside it: the archive carries both, so the study's seeds
+  are GPU seeds and every seed on disk is planned."""
+  out = tmp_path / "out"
+  study = out / "qurl_gpu" / "q6_acr_fair"
+  for seed in (0, 1):
+    _fake_run(study, "int8_tis", seed, TIS)
+  (study / "ablation.json").write_text(
+    json.dumps({"seeds": ["0"], "runs": [{"name": "int8_tis"}]})
+  )
+  (out / "qurl_gpu.json").write_text(
+    json.dumps(
+      {
+        "jobs": {"q6_acr_fair/int8_tis_s0": {"rc": 0}},
+        "machine": "NVIDIA H100 80GB HBM3, 81559 MiB",
+      }
+    )
+  )
+  (out / "instrument.json").write_text(json.dumps({"accuracy": 0.3}))
+  dest = tmp_path / "archive" / "q6_acr_fair"
+  studies_lib.archive_study(str(study), str(dest))
+  loaded = studies_lib.load_study(str(dest))
+  assert loaded["setup"]["seeds"] == [0, 1]
+  assert loaded["setup"]["machine"].startswith("NVIDIA H100 80GB HBM3")
+  assert loaded["gpu_seeds"] == {0, 1}
+  assert (dest / "driver.json").exists() and (dest / "instrument.json").exists()
+  assert not (dest / "int8_tis_s0" / "plots.png").exists()
+
+
+def test_aa_floor_is_borrowed_by_a_study_without_an_aa_arm(tmp_path):
+  """Q7 has no A/A arm; its GPU verdicts use q6_acr_fair's (AA_FROM), and
+  say where the floor was measured."""
+  q6 = _q6_study(tmp_path / "q6", machine="NVIDIA H100", aa=True)
+  arms = {
+    "fp32": ([0, 0, 1, 1], _fake_config("fp32", 1), 0.0),
+    "int8_tis_uaq1": ([0, 1, 1, 1], _fake_config("int8_tis", 1), 0.0),
+  }
+  q7 = _study(tmp_path / "q7", arms, machine="NVIDIA H100")
+  claim = _claim(
+    {"q6_acr_fair": q6, "q7_uaq_long_horizon": q7},
+    "q7_uaq_long_horizon",
+    "fp32",
+    "int8_tis_uaq1",
+  )
+  assert claim["verdict"] == "supported"
+  assert "of `q6_acr_fair` (no A/A arm in this study)" in claim["why"]
+  alone = _claim(
+    {"q7_uaq_long_horizon": q7}, "q7_uaq_long_horizon", "fp32", "int8_tis_uaq1"
+  )
+  assert alone["verdict"] == gates.NOT_ATTRIBUTABLE

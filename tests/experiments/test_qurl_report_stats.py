@@ -89,6 +89,40 @@ class TestVerdict:
       stats.verdict(0.0, 1.0, "better", 3)
 
 
+class TestSlopeReadoutStats:
+  """Q6's KL-slope readout (issue 44): least squares, a bootstrap over
+  seeds, and a verdict without a margin."""
+
+  def test_ls_slope(self):
+    assert stats.ls_slope([1, 2, 3], [1, 3, 5]) == 2.0
+    # Residuals (+1, −2, +1) around y = x: the slope stays 1.
+    assert stats.ls_slope([0, 1, 2], [1, -1, 3]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="every x is the same"):
+      stats.ls_slope([2, 2], [0, 1])
+    with pytest.raises(ValueError, match=r"x \(3,\) and y \(2,\)"):
+      stats.ls_slope([1, 2, 3], [0, 1])
+
+  def test_seed_bootstrap(self):
+    assert stats.seed_bootstrap([-1.0, -1.0, -1.0]) == (-1.0, -1.0, -1.0)
+    # Two seeds: the resampled mean is 0, 1/2, 1 with probability 1/4,
+    # 1/2, 1/4, so the 95% interval is [0, 1].
+    assert stats.seed_bootstrap([0.0, 1.0]) == (0.5, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"d \(0,\)"):
+      stats.seed_bootstrap([])
+
+  @pytest.mark.parametrize(
+    "low,high,seeds,expected",
+    [
+      (-2.0, -1.0, 3, "supported"),
+      (1.0, 2.0, 3, "not supported"),
+      (-1.0, 1.0, 3, "not resolved at this scale"),
+      (-2.0, -1.0, 2, "not resolved at this scale"),
+    ],
+  )
+  def test_decrease_verdict(self, low, high, seeds, expected):
+    assert stats.decrease_verdict(low, high, seeds)[0] == expected
+
+
 def test_sample_mean_std():
   assert stats.sample_mean_std([1.0, 2.0, 3.0, None]) == (2.0, 1.0, 3)
   assert stats.sample_mean_std([0.5]) == (0.5, None, 1)
@@ -112,11 +146,19 @@ def _fake_config(name, minibatches=4, uaq_scale=1.0, **sections):
 
 
 def _fake_run(
-  study, name, seed, correct, steps=2, config=None, grad_share=0.01
+  study,
+  name,
+  seed,
+  correct,
+  steps=2,
+  config=None,
+  grad_share=0.01,
+  metrics=None,
 ):
   """A finished run directory as rljax/study.py writes it; `config` is its
   config.json (default `_fake_config(name)`), grad_share the logged
-  acr_grad_share (None: not logged, as before issue 44)."""
+  acr_grad_share (None: not logged, as before issue 44); metrics: {key:
+  [value at step 1, 2, ...]} overriding the per-step defaults."""
   run = study / f"{name}_s{seed}"
   run.mkdir(parents=True)
   (run / "config.json").write_text(
@@ -133,6 +175,7 @@ def _fake_run(
       "max_prox_behav_ratio": 1.5,
       "acr_active_fraction": 0.01 * s,
       **({} if grad_share is None else {"acr_grad_share": grad_share}),
+      **{k: v[s - 1] for k, v in (metrics or {}).items()},
     }
     for s in range(1, steps + 1)
   ]
