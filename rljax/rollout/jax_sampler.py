@@ -1,34 +1,48 @@
 """The JAX rollout engine (`JaxSampler`): the rljax decoder sampling in jit.
 
-The flow of one `generate(prompts, sampling)` call, file by file:
+One `generate(prompt_ids, sampling)` call, concern by concern (file by file):
 
-  jax_sampler.JaxSampler      checks the request, holds the rollout weights
-        │                     (cast / quantized, `update_weights`) and picks
-        │                     the batching:
-        ├─ continuous (default off a mesh)
-        │    slot_scheduler.run   host loop: a queue of prompts, G slot groups
-        │         │               of n rows; refills freed groups between
-        │         │               chunks of decode steps
-        │         └─ slot_program   jitted prefill into free groups, decode
-        │                         chunks with per-row cache slots, cache
-        │                         resize (own KV capacity follows the
-        │                         longest live row)
-        └─ static (batching="static", and on a mesh)
-             static_program._generate_chunk  one program per chunk of
-                                  prompts: prefill, decode to its longest row
-  token_sampling                  one sampling step (temperature, top-k,
-                                  top-p, greedy) and the per-row PRNG keys,
-                                  shared by both programs
+  request: prompt_ids, SamplingConfig (base), per-sample caps
+     │
+     ▼
+  jax_sampler.JaxSampler    the engine: checks the request, holds the
+     │                      rollout weights (sampler_weights.prepare: cast /
+     │                      quantized / head copy / mesh layout, at
+     │                      `update_weights`), picks the batching
+     ▼
+  request_plan              prompt bucket; static chunks of whole prompt
+     │                      groups or continuous slot groups; the padded
+     │                      inputs and the shapes a program is compiled for
+     ▼ scheduler
+     ├─ continuous (batching="continuous", off a mesh)
+     │    slot_scheduler.run   host loop: a queue of prompts, G slot groups
+     │         │               of n rows; refills freed groups between
+     │         │               chunks of decode steps
+     │         └─ slot_program   jitted prefill into free groups, decode
+     │                           chunks with per-row cache slots, cache
+     │                           resize (own KV capacity follows the
+     │                           longest live row)
+     └─ static (batching="static", the default, and on a mesh)
+          static_program._generate_chunk   one program per chunk of
+                                   prompts: prefill, decode to its longest row
+     ▼ programs
+  token_sampling            one sampling step (temperature, top-k, top-p,
+     │                      greedy) and the per-row PRNG keys, shared by
+     │                      both programs
+     ▼
+  RolloutBatch (base)       responses, behaviour log-probs, finish reasons,
+                            timing (tokens/s, decode steps, peak KV bytes)
 
-Both share the prompt's KV among its n samples (shared-prefix attention) and
-draw token t of sample j of prompt i from fold_in(key(seed, i, j), t), so
-greedy decoding gives the same tokens and log-probs either way
-(tests/rollout/test_continuous_batching.py).
+Both programs share the prompt's KV among its n samples (shared-prefix
+attention) and draw token t of sample j of prompt i from
+fold_in(key(seed, i, j), t), so greedy decoding gives the same tokens and
+log-probs either way (tests/rollout/test_continuous_batching.py).
 
 Compiles are keyed by shapes and switches only (prompt bucket, slot or
 prompt count, n, new-token capacity bucket, greedy/top-k/top-p on, number of
 stop ids, weight layout); temperature, top-p mass, stop ids and
-max_new_tokens are traced, so an RL loop compiles a bounded set of programs.
+max_new_tokens are traced, so an RL loop compiles a bounded set of programs
+(`num_compiles`; experiments/count_compiles.py counts them over a run).
 
 On a mesh (`mesh=`, a ("data", "fsdp", "tensor") Mesh) the static program
 runs: the weights, INT8 / FP8 codes and their scales included, are laid out
@@ -38,12 +52,14 @@ all-gathers for each matmul); prompts, samples and both KV caches (prefix and
 generated) are split over ("data", "fsdp") by rows and over "tensor" by KV
 heads. Greedy decoding gives the single-device tokens and log-probs
 (tests/rollout/test_jax_sampler.py).
+
+The names this module had before the split (`default_prompt_buckets`,
+`rollout_config`, `tree_nbytes`, `sample_keys`, `decode_segments`, ...)
+stay importable from it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import time
 from typing import Any, Sequence
 
@@ -51,133 +67,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax import models
-from rljax.models import decoder as decoder_lib
 from rljax.models import sharding as sharding_lib
-from rljax import quant as quant_lib
+from rljax.rollout import request_plan
+from rljax.rollout import sampler_weights
 from rljax.rollout import slot_scheduler
 from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
 from rljax.rollout.base import check_prompts
 from rljax.rollout.static_program import _generate_chunk
-from rljax.rollout.static_program import _Plan
-from rljax.rollout.static_program import decode_segments
-from rljax.rollout.static_program import new_token_capacity
+
+# Re-exported: the public (and test-visible) names of this module before the
+# split by concern, so that every import path keeps working.
+from rljax.rollout.request_plan import check_row_limits as _check_row_limits  # noqa: F401
+from rljax.rollout.request_plan import default_prompt_buckets  # noqa: F401
+from rljax.rollout.request_plan import next_power_of_two as _next_power_of_two  # noqa: F401
+from rljax.rollout.request_plan import static_kv_bytes as _static_kv_bytes  # noqa: F401
+from rljax.rollout.sampler_weights import HEAD_QUANT_MODES as _HEAD_QUANT_MODES  # noqa: F401
+from rljax.rollout.sampler_weights import LOW_BIT_MODES as _LOW_BIT_MODES  # noqa: F401
+from rljax.rollout.sampler_weights import QUANT_MODES  # noqa: F401
+from rljax.rollout.sampler_weights import check_quant as _check_quant  # noqa: F401
+from rljax.rollout.sampler_weights import rollout_config  # noqa: F401
+from rljax.rollout.sampler_weights import tree_nbytes  # noqa: F401
+from rljax.rollout.sampler_weights import weight_layout as _weight_layout  # noqa: F401
+from rljax.rollout.sampler_weights import with_head as _with_head  # noqa: F401
+from rljax.rollout.static_program import _Plan  # noqa: F401
+from rljax.rollout.static_program import decode_segments  # noqa: F401
+from rljax.rollout.static_program import new_token_capacity  # noqa: F401
 from rljax.rollout.token_sampling import _TOP_P_FAST_K  # noqa: F401
 from rljax.rollout.token_sampling import sample_keys
 from rljax.rollout.token_sampling import sample_next_token  # noqa: F401
 
-# Accepted values of `quant`; "none" and "f32" both mean "params as given".
-QUANT_MODES = quant_lib.ROLLOUT_MODES
-_LOW_BIT_MODES = quant_lib.MODES
-
-
-# ----------------------------------------------------------------------------
-# The engine.
-# ----------------------------------------------------------------------------
-
-
-def default_prompt_buckets(max_prompt_len: int) -> tuple[int, ...]:
-  """16, 32, 64, then multiples of 64, up to (and covering) max_prompt_len."""
-  buckets = [b for b in (16, 32, 64) if b < max_prompt_len]
-  size = 64
-  while size < max_prompt_len:
-    size += 64
-    buckets.append(size)
-  buckets.append(max_prompt_len)
-  return tuple(sorted(set(b for b in buckets if b <= max_prompt_len)))
-
-
-def _next_power_of_two(x: int) -> int:
-  return 1 << max(0, (x - 1).bit_length())
-
-
-def tree_nbytes(tree: Any) -> int:
-  """Total bytes of the array leaves of a pytree (QTensor value + scale)."""
-  return int(
-    sum(
-      np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
-      for x in jax.tree_util.tree_leaves(tree)
-      if hasattr(x, "dtype") and hasattr(x, "shape")
-    )
-  )
-
-
-def _weight_layout(tree: Any) -> Any:
-  """What a jit trace of the params depends on: structure, shapes, dtypes."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
-
-
-_HEAD_QUANT_MODES = ("none", "int8")
-
-
-def rollout_config(config: Any, head_quant: str) -> Any:
-  """The decoder config the sampler runs: untied when the head is separate.
-
-  A quantized head is its own `lm_head` leaf, so the embedding lookup keeps
-  the full-precision table while the logits go through the head copy.
-  """
-  if head_quant == "none" or not getattr(config, "tie_word_embeddings", False):
-    return config
-  return dataclasses.replace(config, tie_word_embeddings=False)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _with_head(config, head_quant: str, fake: bool, params):
-  """Adds (or replaces) `lm_head` with an int8 W8A8 copy of the head.
-
-  int8: s_v = max_d |W[d, v]| / 127 per vocabulary column, the same
-  per-output-channel rule as the projections (`quant.quantize`).
-  """
-  kernel = decoder_lib.lm_head_kernel(config, params)
-  if isinstance(kernel, quant_lib.QTensor):
-    return params  # already quantized by quantize_params(include_lm_head)
-  del head_quant  # "int8", the one mode besides "none".
-  head = quant_lib.quantize(kernel, "int8", fake=fake)
-  return {**params, "lm_head": {"kernel": head}}
-
-
 BATCHING_MODES = ("continuous", "static")
-
-
-def _check_row_limits(limits, rows: int, most: int) -> np.ndarray | None:
-  if limits is None:
-    return None
-  arr = np.asarray(limits)
-  if (
-    arr.shape != (rows,)
-    or not np.issubdtype(arr.dtype, np.integer)
-    or (arr.size and (arr.min() < 1 or arr.max() > most))
-  ):
-    raise ValueError(
-      f"JaxSampler.generate: max_new_tokens_per_sample has shape {arr.shape}"
-      f" and dtype {arr.dtype}; expected {rows} ints (prompts x n) in "
-      f"[1, max_new_tokens={most}]"
-    )
-  return arr.astype(np.int64)
-
-
-def _static_kv_bytes(config, plan: _Plan, steps: int) -> int:
-  """Bytes of a static chunk's prefix and own caches at its last segment."""
-  own = next(
-    (end for end in decode_segments(plan.new_token_capacity) if end >= steps),
-    plan.new_token_capacity,
-  )
-  per_token = (
-    2
-    * config.num_layers
-    * config.num_kv_heads
-    * config.head_dim
-    * jnp.dtype(plan.cache_dtype).itemsize
-  )
-  rows = plan.num_prompts * plan.n
-  return per_token * (plan.num_prompts * plan.prompt_len + rows * own)
-
-
-def _check_quant(quant: Any, where: str) -> str:
-  if quant not in QUANT_MODES:
-    raise ValueError(f"{where}: quant={quant!r}; expected one of {QUANT_MODES}")
-  return "none" if quant == "f32" else quant
 
 
 class JaxSampler:
@@ -264,7 +183,7 @@ class JaxSampler:
         sooner after a sample ends, at the cost of n / width prefix copies
         (`slot_scheduler.run`).
     """
-    self._quant = _check_quant(quant, "JaxSampler")
+    self._quant = sampler_weights.check_quant(quant, "JaxSampler")
     if batching not in BATCHING_MODES:
       raise ValueError(
         f"JaxSampler: batching={batching!r}; expected one of {BATCHING_MODES}"
@@ -278,39 +197,21 @@ class JaxSampler:
         isinstance(value, bool) or not isinstance(value, int) or value < 1
       ):
         raise ValueError(f"JaxSampler: {name}={value!r}; expected an int >= 1")
-    if not isinstance(max_prompt_len, int) or max_prompt_len < 1:
-      raise ValueError(
-        f"JaxSampler: max_prompt_len={max_prompt_len!r}; expected an int >= 1"
-      )
-    if prompt_buckets is None:
-      prompt_buckets = default_prompt_buckets(max_prompt_len)
-    prompt_buckets = tuple(int(b) for b in prompt_buckets)
-    if (
-      not prompt_buckets
-      or any(b < 1 for b in prompt_buckets)
-      or list(prompt_buckets) != sorted(set(prompt_buckets))
-    ):
-      raise ValueError(
-        f"JaxSampler: prompt_buckets={prompt_buckets}; expected strictly "
-        "increasing positive ints"
-      )
-    if prompt_buckets[-1] < max_prompt_len:
-      raise ValueError(
-        f"JaxSampler: largest prompt bucket {prompt_buckets[-1]} < "
-        f"max_prompt_len={max_prompt_len}; expected a bucket covering it"
-      )
+    prompt_buckets = request_plan.check_prompt_buckets(
+      prompt_buckets, max_prompt_len
+    )
     if not isinstance(max_batch, int) or max_batch < 1:
       raise ValueError(
         f"JaxSampler: max_batch={max_batch!r}; expected an int >= 1"
       )
-    if head_quant not in _HEAD_QUANT_MODES:
+    if head_quant not in sampler_weights.HEAD_QUANT_MODES:
       raise ValueError(
         f"JaxSampler: head_quant={head_quant!r}; expected one "
-        f"of {_HEAD_QUANT_MODES}"
+        f"of {sampler_weights.HEAD_QUANT_MODES}"
       )
     self.config = config
     self.head_quant = head_quant
-    self.rollout_config = rollout_config(config, head_quant)
+    self.rollout_config = sampler_weights.rollout_config(config, head_quant)
     self.fake_quant = bool(fake_quant)
     self.max_prompt_len = max_prompt_len
     self.prompt_buckets = prompt_buckets
@@ -353,6 +254,12 @@ class JaxSampler:
     """The params the rollout runs on (quantized / cast)."""
     return self._params
 
+  @property
+  def activation_dtype(self) -> jnp.dtype | None:
+    """The rollout's activation dtype; None: the embedding's (the weights').
+    The rule and why: `sampler_weights.activation_dtype`."""
+    return sampler_weights.activation_dtype(self._quant, self._params)
+
   def update_weights(self, params: Any) -> SyncStats:
     """Loads params; a sampler made with quant="none" runs them as given.
 
@@ -369,66 +276,24 @@ class JaxSampler:
       SyncStats: wall seconds of the cast/quantization (until the new weights
       are materialized) and bytes of the weights the sampler now holds.
     """
-    mode = self._quant
     start = time.perf_counter()
-    if mode == "none":
-      new_params = params
-    else:
-      new_params = quant_lib.prepare_rollout_weights(
-        self.config, params, mode, fake=self.fake_quant
-      )
-    if self.head_quant != "none":
-      new_params = _with_head(
-        self.config, self.head_quant, self.fake_quant, new_params
-      )
-    if self.mesh is not None:
-      new_params = jax.device_put(
-        new_params,
-        sharding_lib.param_shardings(self.config, new_params, self.mesh),
-      )
-    new_params = jax.block_until_ready(new_params)
+    new_params = sampler_weights.prepare(
+      self.config,
+      params,
+      self._quant,
+      self.head_quant,
+      self.fake_quant,
+      self.mesh,
+    )
     seconds = time.perf_counter() - start
     self._params = new_params
-    return SyncStats(seconds=seconds, bytes=tree_nbytes(new_params))
+    return SyncStats(
+      seconds=seconds, bytes=sampler_weights.tree_nbytes(new_params)
+    )
 
   def close(self) -> None:
     self._params = None
     self._closed = True
-
-  def _check_generate_args(
-    self, prompt_ids, sampling, where
-  ) -> tuple[list[list[int]], list[list[int]]]:
-    """Validated prompts and their chunks (lists of prompt indices)."""
-    if self._closed:
-      raise RuntimeError(f"JaxSampler.{where}: the sampler was closed")
-    if self._params is None:
-      raise RuntimeError(
-        f"JaxSampler.{where}: no params; pass params to the constructor or "
-        "call update_weights(params) first"
-      )
-    if not isinstance(sampling, SamplingConfig):
-      raise TypeError(
-        f"JaxSampler.{where}: sampling={sampling!r:.80}; expected a "
-        "rljax.rollout.SamplingConfig"
-      )
-    prompts = check_prompts(
-      prompt_ids, getattr(self.config, "vocab_size", None)
-    )
-    too_long = [
-      i for i, p in enumerate(prompts) if len(p) > self.max_prompt_len
-    ]
-    if too_long:
-      i = too_long[0]
-      raise ValueError(
-        f"JaxSampler.{where}: prompt_ids[{i}] has {len(prompts[i])} tokens;"
-        f" expected <= max_prompt_len={self.max_prompt_len}"
-      )
-    prompts_per_chunk = max(1, self.max_batch // sampling.n)
-    chunks = [
-      list(range(s, min(s + prompts_per_chunk, len(prompts))))
-      for s in range(0, len(prompts), prompts_per_chunk)
-    ]
-    return prompts, chunks
 
   def warmup(
     self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
@@ -474,7 +339,7 @@ class JaxSampler:
       prompt_ids, sampling, "generate"
     )
     n = sampling.n
-    limits = _check_row_limits(
+    limits = request_plan.check_row_limits(
       max_new_tokens_per_sample, len(prompts) * n, sampling.max_new_tokens
     )
     start = time.perf_counter()
@@ -483,14 +348,12 @@ class JaxSampler:
       return self._generate_continuous(prompts, sampling, start, limits)
     responses: list[list[int]] = []
     behav: list[np.ndarray] = []
-    reasons: list[str] = []
     decode_steps = 0
     iterator = chunks
     if self.show_progress and len(chunks) > 1:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
 
       iterator = tqdm(chunks, desc="rollout", unit="chunk")
-    stop_set = set(sampling.stop_token_ids)
     for chunk in iterator:
       rows = [i * n + j for i in chunk for j in range(n)]
       tokens, logp, lengths, steps = self._run_chunk(
@@ -502,34 +365,55 @@ class JaxSampler:
       decode_steps += steps
       for row in range(len(chunk) * n):
         length = int(lengths[row])
-        ids = tokens[row, :length].tolist()
-        responses.append(ids)
+        responses.append(tokens[row, :length].tolist())
         behav.append(np.asarray(logp[row, :length], np.float32))
-        reasons.append("stop" if ids and ids[-1] in stop_set else "length")
-    seconds = time.perf_counter() - start
-    num_tokens = int(sum(len(r) for r in responses))
-    timing = {
-      "seconds": seconds,
-      "tokens": num_tokens,
-      "tokens_per_s": num_tokens / seconds if seconds > 0 else float("inf"),
+    stats = {
       "decode_steps": decode_steps,
       "chunks": len(chunks),
       "kv_bytes_peak": self._last_kv_bytes,
     }
-    return RolloutBatch(
-      prompt_ids=prompts,
-      response_ids=responses,
-      behav_logp=behav,
-      finish_reason=reasons,
-      n=n,
-      timing=timing,
+    return _batch(prompts, responses, behav, sampling, start, stats)
+
+  # -- request checks ---------------------------------------------------------
+
+  def _check_generate_args(
+    self, prompt_ids, sampling, where
+  ) -> tuple[list[list[int]], list[list[int]]]:
+    """Validated prompts and their chunks (lists of prompt indices)."""
+    if self._closed:
+      raise RuntimeError(f"JaxSampler.{where}: the sampler was closed")
+    if self._params is None:
+      raise RuntimeError(
+        f"JaxSampler.{where}: no params; pass params to the constructor or "
+        "call update_weights(params) first"
+      )
+    if not isinstance(sampling, SamplingConfig):
+      raise TypeError(
+        f"JaxSampler.{where}: sampling={sampling!r:.80}; expected a "
+        "rljax.rollout.SamplingConfig"
+      )
+    prompts = check_prompts(
+      prompt_ids, getattr(self.config, "vocab_size", None)
+    )
+    request_plan.check_prompt_lengths(prompts, self.max_prompt_len, where)
+    chunks = request_plan.chunk_indices(
+      len(prompts), sampling.n, self.max_batch
+    )
+    return prompts, chunks
+
+  def _bucket(self, length: int) -> int:
+    return request_plan.bucket_for(self.prompt_buckets, length)
+
+  def _default_cache_dtype(self):
+    return sampler_weights.cache_dtype(
+      self._cache_dtype, self._quant, self._params
     )
 
-  # -- internals --------------------------------------------------------------
+  # -- continuous batching ----------------------------------------------------
 
   def _slot_params(self):
     """The rollout weights as the slot programs read them (made per call)."""
-    layout = _weight_layout(self._params)
+    layout = sampler_weights.weight_layout(self._params)
     self._signatures.add(("prepare", self.fuse_projections, layout))
     return slot_scheduler.prepare_params(self._params, self.fuse_projections)
 
@@ -537,17 +421,13 @@ class JaxSampler:
     """The continuous engine's shapes for a request: G groups of n rows
     (fewer for a small request, a power of two of its prompt count, as the
     static engine's prompt count), the prompt bucket of its longest prompt."""
-    n = sampling.n
-    width = self.group_width or n
-    if n % width:
-      raise ValueError(
-        f"JaxSampler: group_width={width} does not divide "
-        f"SamplingConfig.n={n}; expected a divisor of every request's n"
-      )
-    most_groups = max(1, (self.decode_slots or self.max_batch) // width)
-    units = len(prompts) * (n // width)
-    groups = min(_next_power_of_two(units), most_groups)
-    layout = _weight_layout(self._params)
+    width, groups = request_plan.slot_groups(
+      len(prompts),
+      sampling.n,
+      self.group_width,
+      self.decode_slots or self.max_batch,
+    )
+    layout = sampler_weights.weight_layout(self._params)
     return {
       "group_width": width,
       "groups": groups,
@@ -571,76 +451,11 @@ class JaxSampler:
       row_limits=limits,
       **self._slot_args(prompts, sampling),
     )
-    stop_set = set(sampling.stop_token_ids)
-    reasons = [
-      "stop" if ids and ids[-1] in stop_set else "length" for ids in out.tokens
-    ]
-    seconds = time.perf_counter() - start
-    num_tokens = int(sum(len(r) for r in out.tokens))
-    timing = {
-      "seconds": seconds,
-      "tokens": num_tokens,
-      "tokens_per_s": num_tokens / seconds if seconds > 0 else float("inf"),
-      **{k: v for k, v in out.stats.items() if k != "timeline"},
-    }
     self.last_timeline = out.stats["timeline"]
-    return RolloutBatch(
-      prompt_ids=prompts,
-      response_ids=out.tokens,
-      behav_logp=out.logp,
-      finish_reason=reasons,
-      n=sampling.n,
-      timing=timing,
-    )
+    stats = {k: v for k, v in out.stats.items() if k != "timeline"}
+    return _batch(prompts, out.tokens, out.logp, sampling, start, stats)
 
-  def _bucket(self, length: int) -> int:
-    for b in self.prompt_buckets:
-      if b >= length:
-        return b
-    raise ValueError(
-      f"prompt of {length} tokens exceeds the largest bucket "
-      f"{self.prompt_buckets[-1]}"
-    )
-
-  @property
-  def activation_dtype(self) -> jnp.dtype | None:
-    """The rollout's activation dtype; None: the embedding's (the weights').
-
-    bf16 weights on the CPU backend ("bf16", bf16 params given to a "none"
-    sampler, as the trainer's prepared weights, or a quantized tree whose
-    float leaves are bf16 on a CPU with bf16 dot units,
-    `quant.quantized_float_dtype`) run with float32
-    activations: each matmul is then a bf16 x bf16 -> f32 dot (`qdot`), ~2x
-    the f32 dot with AVX512-BF16 or AMX, while bf16 elementwise work and
-    attention are slower than f32 there (no bf16 arithmetic outside the dot
-    units; docs/performance.md). On an accelerator they run in the
-    embedding's dtype: bf16 throughout for "bf16" and for the quantized
-    modes, whose float leaves are bf16 there (`quant.quantized_float_dtype`),
-    around the int8/fp8 dots.
-    """
-    if jax.default_backend() != "cpu":
-      return None
-    if self._params is None:
-      bf16 = self._quant == "bf16"
-    else:
-      bf16 = models.compute_dtype(self._params) == jnp.bfloat16
-    return jnp.dtype(jnp.float32) if bf16 else None
-
-  def _default_cache_dtype(self):
-    # The cache holds keys and values as the activations compute them, so
-    # it takes their dtype: bf16 activations (a bf16 or, on an accelerator,
-    # a quantized tree; `quant.quantized_float_dtype`) in a float32 cache
-    # would double its reads at every decode step for no precision.
-    if self._cache_dtype is not None:
-      return jnp.dtype(self._cache_dtype)
-    act = self.activation_dtype
-    if act is None and self._params is not None:
-      act = models.compute_dtype(self._params)
-    elif act is None:
-      act = jnp.bfloat16 if self._quant == "bf16" else jnp.float32
-    if jnp.dtype(act) == jnp.bfloat16:
-      return jnp.dtype(jnp.bfloat16)
-    return jnp.dtype(jnp.float32)
+  # -- static batching --------------------------------------------------------
 
   def _run_chunk(
     self,
@@ -650,66 +465,45 @@ class JaxSampler:
     max_steps: int | None = None,
     row_limits: np.ndarray | None = None,
   ):
-    n = sampling.n
-    prompt_len = self._bucket(max(len(p) for p in prompts))
-    # Pad the prompt count to a power of two (capped at the chunk size) so the
-    # tail chunk and small evaluation batches reuse compiles.
-    cap = max(1, self.max_batch // n)
-    num_prompts = min(_next_power_of_two(len(prompts)), max(cap, len(prompts)))
-    tokens = np.full((num_prompts, prompt_len), self.pad_id, np.int32)
-    mask = np.zeros((num_prompts, prompt_len), np.int32)
-    for i, p in enumerate(prompts):
-      tokens[i, prompt_len - len(p) :] = p
-      mask[i, prompt_len - len(p) :] = 1
-    index = np.zeros((num_prompts,), np.int32)
-    index[: len(prompts)] = prompt_index
-    row_prompt = np.repeat(index, n)
-    row_sample = np.tile(np.arange(n, dtype=np.int32), num_prompts)
-    keys = sample_keys(
-      sampling.seed, jnp.asarray(row_prompt), jnp.asarray(row_sample)
-    )
     greedy = sampling.is_greedy
-    stop_ids = sampling.stop_token_ids or (-1,)
-    plan = _Plan(
-      num_prompts=num_prompts,
-      prompt_len=prompt_len,
-      n=n,
-      new_token_capacity=new_token_capacity(sampling.max_new_tokens),
-      greedy=greedy,
-      top_k=0 if greedy else int(sampling.top_k),
-      use_top_p=not greedy and sampling.top_p < 1.0,
-      num_stop_ids=len(stop_ids),
+    chunk = request_plan.static_chunk(
+      prompts,
+      prompt_index,
+      sampling,
+      prompt_len=self._bucket(max(len(p) for p in prompts)),
+      max_batch=self.max_batch,
       pad_id=self.pad_id,
       cache_dtype=self._default_cache_dtype(),
       activation_dtype=self.activation_dtype,
       mesh=self.mesh,
       fuse_projections=self.fuse_projections,
+      max_steps=max_steps,
+      row_limits=row_limits,
     )
-    self._signatures.add((plan, _weight_layout(self._params)))
-    tokens, mask = self._put_rows(tokens), self._put_rows(mask)
-    limit = sampling.max_new_tokens
-    if max_steps is not None:
-      limit = min(max_steps, limit)
-    limits = np.full((num_prompts * n,), limit, np.int32)
-    if row_limits is not None:
-      limits[: len(prompts) * n] = np.minimum(row_limits, limit)
+    plan = chunk.plan
+    self._signatures.add((plan, sampler_weights.weight_layout(self._params)))
+    keys = sample_keys(
+      sampling.seed,
+      jnp.asarray(chunk.row_prompt),
+      jnp.asarray(chunk.row_sample),
+    )
     out = _generate_chunk(
       self.rollout_config,
       plan,
       self._params,
-      tokens,
-      mask,
+      self._put_rows(chunk.tokens),
+      self._put_rows(chunk.mask),
       self._put_rows(keys),
       jnp.float32(1.0 if greedy else sampling.temperature),
       jnp.float32(sampling.top_p),
-      jnp.asarray(stop_ids, jnp.int32),
-      jnp.int32(limit),
-      self._put_rows(limits),
+      jnp.asarray(chunk.stop_ids, jnp.int32),
+      jnp.int32(chunk.limit),
+      self._put_rows(chunk.limits),
     )
     out_tokens, out_logp, lengths, steps = jax.device_get(out)
     self._last_kv_bytes = max(
       self._last_kv_bytes,
-      _static_kv_bytes(self.rollout_config, plan, int(steps)),
+      request_plan.static_kv_bytes(self.rollout_config, plan, int(steps)),
     )
     return out_tokens, out_logp, lengths, int(steps)
 
@@ -724,3 +518,28 @@ class JaxSampler:
         self.mesh, jax.sharding.PartitionSpec()
       )
     return jax.device_put(x, sharding)
+
+
+def _batch(prompts, responses, behav, sampling, start, stats) -> RolloutBatch:
+  """The request's `RolloutBatch`: finish reasons from the last token, the
+  timing (wall seconds since `start`, tokens/s) plus the engine's `stats`."""
+  stop_set = set(sampling.stop_token_ids)
+  reasons = [
+    "stop" if ids and ids[-1] in stop_set else "length" for ids in responses
+  ]
+  seconds = time.perf_counter() - start
+  num_tokens = int(sum(len(r) for r in responses))
+  timing = {
+    "seconds": seconds,
+    "tokens": num_tokens,
+    "tokens_per_s": num_tokens / seconds if seconds > 0 else float("inf"),
+    **stats,
+  }
+  return RolloutBatch(
+    prompt_ids=prompts,
+    response_ids=responses,
+    behav_logp=behav,
+    finish_reason=reasons,
+    n=sampling.n,
+    timing=timing,
+  )
