@@ -80,19 +80,13 @@ def instrument_configs(difficulty: str):
   return shape, sft
 
 
-def main(argv):
-  del argv
-  from rljax import distributed, instrument
+def pretrain(shared: dict) -> dict:
+  """Phase 1: the instrument of --instrument_dir, SFT'd (resuming) if it is
+  not there yet; `shared` is a config file's base settings (its difficulty
+  and held-out size). Returns the instrument's record. Also used by
+  experiments/qurl_replay.py."""
+  from rljax import instrument
 
-  distributed.initialize_from_flags()  # before anything touches a device
-
-  runs = ablate.grid_runs(ablate._GRID.value)
-  shared, seeds = {}, ablate._SEEDS.value
-  if ablate._CONFIGS.value:
-    shared, listed, file_seeds = ablate.load_config_file(ablate._CONFIGS.value)
-    runs += listed
-    if file_seeds is not None and not flags.FLAGS["seeds"].present:
-      seeds = [str(s) for s in file_seeds]
   difficulty = (
     _SFT_DIFFICULTY.value
     or config_lib.lookup(shared, "task.difficulty")
@@ -123,6 +117,23 @@ def main(argv):
     f"{record['accuracy']:.3f} ({record['sft_seconds']:.0f} s)",
     flush=True,
   )
+  return record
+
+
+def main(argv):
+  del argv
+  from rljax import distributed
+
+  distributed.initialize_from_flags()  # before anything touches a device
+
+  runs = ablate.grid_runs(ablate._GRID.value)
+  shared, seeds = {}, ablate._SEEDS.value
+  if ablate._CONFIGS.value:
+    shared, listed, file_seeds = ablate.load_config_file(ablate._CONFIGS.value)
+    runs += listed
+    if file_seeds is not None and not flags.FLAGS["seeds"].present:
+      seeds = [str(s) for s in file_seeds]
+  pretrain(shared)
   if _SFT_ONLY.value:
     return
   if not runs:
