@@ -5,9 +5,10 @@ a tool environment (``ToolEnv``, limits in ``ToolEnvConfig``), two tools
 (``CalculatorTool``: exact arithmetic without eval; ``PythonTool``: code in
 a sandboxed process, ``sandbox.py``), two tool-call formats (Qwen's
 ``<tool_call>`` JSON and plain tags) and a generated task that needs the
-calculator (``generate_tool_arithmetic``). Engines and the trainer do not
-use them yet: multi-turn generation and training on trajectories are to
-come (issue 48, items 4 and 5).
+calculator (``generate_tool_arithmetic``). The engines run them through
+``rljax.rollout.multiturn.rollout_multiturn`` (one folder up, since
+``rollout`` imports ``envs``): token in / token out trajectories with an
+action mask. The trainer does not call it yet (issue 48, items 5-6).
 """
 
 from rljax.envs.base import (

@@ -16,6 +16,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from rljax.core import _validation as v
+from rljax.rollout import trajectories
 
 FINISH_REASONS = ("stop", "length")
 
@@ -167,6 +168,22 @@ class RolloutBatch:
     n: samples per prompt.
     timing: engine measurements, at least "seconds", "tokens" (generated
       response tokens) and "tokens_per_s".
+    action_mask: multi-turn trajectories only: P * n bool arrays, one per
+      response, True on the tokens the policy sampled (model tokens) and
+      False on the tokens an environment inserted (tool observations). A
+      trajectory is one response row, its turns concatenated token-in /
+      token-out: model turn, observation, model turn, ... The loss, KL,
+      entropy, corrections, advantages and token counts read model tokens
+      only (`rljax.train.build_batch`); observation tokens are context.
+      Their `behav_logp` carries no meaning (engines store 0.0). None: every
+      response token is a model token (single-turn rollouts).
+    turn_rewards: per-turn rewards of trajectories: P * n lists of
+      (token_index, reward) pairs, each at the last model token of the turn
+      it rewards (an index into that row's response; it must be a model
+      token). They come on top of the row's outcome reward: GAE and
+      REINFORCE++ credit them at their token, the sequence-level estimators
+      (GRPO, RLOO, ...) add them to the trajectory's return. None: no
+      per-turn rewards.
   """
 
   prompt_ids: list[list[int]]
@@ -175,6 +192,8 @@ class RolloutBatch:
   finish_reason: list[str]
   n: int = 1
   timing: dict[str, float] = dataclasses.field(default_factory=dict)
+  action_mask: list[np.ndarray] | None = None
+  turn_rewards: list[list[tuple[int, float]]] | None = None
 
   def __post_init__(self):
     v.check_field(
@@ -203,6 +222,14 @@ class RolloutBatch:
             f"one of {FINISH_REASONS}",
           )
         )
+    if self.action_mask is not None:
+      self.action_mask = trajectories.check_action_mask(
+        self.action_mask, self.response_ids
+      )
+    if self.turn_rewards is not None:
+      self.turn_rewards = trajectories.check_turn_rewards(
+        self.turn_rewards, self.response_ids, self.action_mask
+      )
 
   @property
   def num_prompts(self) -> int:
@@ -244,12 +271,17 @@ class RolloutBatch:
         f"[0, {self.num_prompts})"
       )
     rows = [int(g) * self.n + j for g in groups for j in range(self.n)]
+    pick = lambda rows_of: (
+      None if rows_of is None else [rows_of[r] for r in rows]
+    )
     return RolloutBatch(
       prompt_ids=[self.prompt_ids[g] for g in groups],
       response_ids=[self.response_ids[r] for r in rows],
       behav_logp=[self.behav_logp[r] for r in rows],
       finish_reason=[self.finish_reason[r] for r in rows],
       n=self.n,
+      action_mask=pick(self.action_mask),
+      turn_rewards=pick(self.turn_rewards),
     )
 
   @classmethod
@@ -260,12 +292,37 @@ class RolloutBatch:
       raise ValueError(
         f"concat of RolloutBatches with n={sorted(ns)}; expected one n"
       )
+    # A batch without the multi-turn fields joins one with them as what
+    # None means: every token a model token, no per-turn reward.
+    action_mask = turn_rewards = None
+    if any(b.action_mask is not None for b in batches):
+      action_mask = [
+        m
+        for b in batches
+        for m in (
+          b.action_mask
+          if b.action_mask is not None
+          else [np.ones(len(r), bool) for r in b.response_ids]
+        )
+      ]
+    if any(b.turn_rewards is not None for b in batches):
+      turn_rewards = [
+        t
+        for b in batches
+        for t in (
+          b.turn_rewards
+          if b.turn_rewards is not None
+          else [[] for _ in b.response_ids]
+        )
+      ]
     return cls(
       prompt_ids=[p for b in batches for p in b.prompt_ids],
       response_ids=[r for b in batches for r in b.response_ids],
       behav_logp=[l for b in batches for l in b.behav_logp],
       finish_reason=[f for b in batches for f in b.finish_reason],
       n=ns.pop(),
+      action_mask=action_mask,
+      turn_rewards=turn_rewards,
     )
 
   def pack(
@@ -302,6 +359,12 @@ class RolloutBatch:
         response_lengths int32  [B]
         group_ids       int32   [B]      prompt index of each row
         truncated       bool    [B]      finish_reason == "length"
+      and, only when the batch has them (so single-turn batches pack as
+      before):
+        action_mask     float32 [B, L-1] 1 where tokens[:, t+1] is a model
+                                         token (aligned with logp)
+        turn_rewards    float32 [B, L-1] the per-turn rewards at their
+                                         tokens' logp columns, 0 elsewhere
     """
     prompt_lengths = np.array([len(p) for p in self.prompt_ids], np.int32)
     response_lengths = self.response_lengths
@@ -348,6 +411,16 @@ class RolloutBatch:
     positions = np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0).astype(
       np.int32
     )
+    extra = {}
+    if self.action_mask is not None:
+      extra["action_mask"] = np.zeros((num_rows, total - 1), np.float32)
+      for row, m in enumerate(self.action_mask):
+        extra["action_mask"][row, prompt_len - 1 : prompt_len - 1 + len(m)] = m
+    if self.turn_rewards is not None:
+      extra["turn_rewards"] = np.zeros((num_rows, total - 1), np.float32)
+      for row, pairs in enumerate(self.turn_rewards):
+        for index, reward in pairs:  # += : two rewards on one token add up
+          extra["turn_rewards"][row, prompt_len - 1 + index] += reward
     return {
       "tokens": tokens,
       "attention_mask": attention_mask,
@@ -360,6 +433,7 @@ class RolloutBatch:
       "truncated": np.array(
         [r == "length" for r in self.finish_reason], dtype=bool
       ),
+      **extra,
     }
 
 

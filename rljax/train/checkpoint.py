@@ -349,6 +349,18 @@ def rollout_to_arrays(
     out[prefix + name], out[prefix + name + "_len"] = _ragged(rows, dtype)
   out[prefix + "finish_reason"] = np.array(rb.finish_reason, dtype=np.str_)
   out[prefix + "n"] = np.array(rb.n, np.int64)
+  # Multi-turn fields, only when present (a resumed trajectory batch must
+  # not train on its observation tokens).
+  if rb.action_mask is not None:
+    name = prefix + "action_mask"
+    out[name], out[name + "_len"] = _ragged(rb.action_mask, np.int8)
+  if rb.turn_rewards is not None:
+    for name, col, dtype in (
+      ("turn_index", 0, np.int64),
+      ("turn_reward", 1, np.float64),
+    ):
+      rows = [[pair[col] for pair in r] for r in rb.turn_rewards]
+      out[prefix + name], out[prefix + name + "_len"] = _ragged(rows, dtype)
   out[prefix + "extra_keys"] = np.array(sorted(extra), dtype=np.str_)
   out[prefix + "extra_values"] = np.array(
     [extra[k] for k in sorted(extra)], np.float64
@@ -365,6 +377,19 @@ def rollout_from_arrays(aux: dict, prefix: str) -> tuple[RolloutBatch, dict]:
     behav_logp=[r.astype(np.float32) for r in get("behav_logp")],
     finish_reason=[str(f) for f in aux[prefix + "finish_reason"]],
     n=int(aux[prefix + "n"]),
+    action_mask=(
+      [r.astype(bool) for r in get("action_mask")]
+      if prefix + "action_mask" in aux
+      else None
+    ),
+    turn_rewards=(
+      [
+        [(int(i), float(r)) for i, r in zip(idx, rew)]
+        for idx, rew in zip(get("turn_index"), get("turn_reward"))
+      ]
+      if prefix + "turn_index" in aux
+      else None
+    ),
   )
   extra = {
     str(k): float(v)

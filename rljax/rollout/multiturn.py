@@ -1,0 +1,419 @@
+"""Multi-turn rollouts with tools, token in / token out, on any engine.
+
+``rollout_multiturn(engine, examples, make_env, tokenizer, sampling)`` runs
+one episode per (example, sample): the model writes a turn, the environment
+(``rljax.envs.Environment``, e.g. a ``ToolEnv``) answers it, and so on until
+the episode ends. Every row of one turn is generated in one engine call;
+rows whose episode ended drop out of the next call.
+
+Token in / token out: a row is its prompt's ids followed by the ids the
+engine sampled and the ids of each observation, tokenized on its own
+(``tokenizer.encode(observation)``), in order. The conversation is never
+decoded and re-encoded: decoding is only for the environment to read a turn.
+Re-encoding would not give the same ids (BPE merges across the boundary of a
+turn and an observation, and sampled ids need not be the tokenizer's
+canonical split of their text), so the trained tokens would differ from the
+tokens whose ``behav_logp`` the engine returned.
+``MultiTurnRollout.batch.action_mask`` marks the model's tokens (1) apart
+from the observations' (0, with ``behav_logp`` 0.0 there).
+
+Where a turn stops. Engines stop on token ids (``SamplingConfig.
+stop_token_ids``), not on strings, and a closing tag such as
+``</calculator>`` is several tokens whose last one may also carry text after
+the tag. So a turn's stop ids are the EOS ids of ``sampling`` plus every
+token whose text holds the last character of a stop sequence (``>``: 48 of
+SmolLM2's 49,152 tokens), ``stop_token_table``. When the engine stops on
+one, the driver decodes the turn so far: if it holds a stop sequence, the
+turn is complete (the sequence ends inside the turn's last token, since any
+earlier token completing it would have stopped the engine); if not (a ``>``
+that closes nothing), the row goes on in the next engine call with no
+observation in between. Either way the kept ids and their log-probs are the
+engine's, untouched; a continuation samples from the same conditional
+distribution as an uninterrupted generation would.
+
+Continuing from the cached prefix. Each call passes a row's whole ids as the
+prompt. The JAX sampler re-fills the row's KV: it prefills prompt, earlier
+turns and observations again (one prefill of the row per turn; its decode
+steps are the same as in one long generation). vLLM gets the ids as the
+prompt (``/v1/completions`` with a token-id prompt) and, with prefix caching
+on (vLLM's default), reuses the KV blocks of the prefix it computed in the
+previous turn; run the sidecar with ``VLLMSidecarConfig(fresh_prefix_cache=
+False)``, since the default resets the cache before every call.
+
+Limits: ``sampling.max_new_tokens`` caps one model turn (its segments
+together), ``MultiTurnConfig.max_response_tokens`` the ids after the prompt
+(model and observations together, counted in ids, not in re-encoded text as
+``ToolEnvConfig.max_total_tokens`` is). A row that reaches either ends with
+finish reason "length" (reward 0; its ids are cut at the limit), as does one
+whose observation does not fit (the observation is left out). The
+environment ends the others (an answer, ``max_turns``, ...) with finish
+reason "stop".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from rljax.core import _validation as v
+from rljax.data.records import Example
+from rljax.envs.base import Environment, summarize
+from rljax.rollout.base import RolloutBatch, RolloutEngine, SamplingConfig
+
+__all__ = [
+  "MultiTurnConfig",
+  "MultiTurnRollout",
+  "Tokenizer",
+  "rollout_multiturn",
+  "stop_token_table",
+]
+
+# A seed per engine call: calls after the first must not replay its keys.
+_SEED_STRIDE = 0x9E3779B1
+_SEED_RANGE = 2**31
+
+
+class Tokenizer(Protocol):
+  """What the driver needs of a (transformers) tokenizer."""
+
+  def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+  def decode(self, ids: Sequence[int], **kwargs: Any) -> str: ...
+
+  def __len__(self) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiTurnConfig:
+  """Limits of the driver (the environment has its own, ``ToolEnvConfig``).
+
+  Attributes:
+    max_response_tokens: ids after the prompt, model turns and observations
+      together (>= 1); the packed response width.
+    skip_special_tokens: decode turns for the environment without special
+      tokens (the ids are kept either way).
+  """
+
+  max_response_tokens: int = 1024
+  skip_special_tokens: bool = True
+
+  def __post_init__(self):
+    v.check_field(
+      "MultiTurnConfig",
+      "max_response_tokens",
+      self.max_response_tokens,
+      v.all_of(v.is_int, v.at_least(1)),
+    )
+    v.check_field(
+      "MultiTurnConfig",
+      "skip_special_tokens",
+      self.skip_special_tokens,
+      v.is_bool,
+    )
+
+
+@dataclasses.dataclass
+class MultiTurnRollout:
+  """The trajectories of one multi-turn rollout.
+
+  Attributes:
+    batch: prompts, responses (model and observation ids interleaved),
+      ``behav_logp`` (0.0 on observation ids), finish reasons and
+      ``action_mask`` (1 model id, 0 observation id), rows as
+      ``RolloutBatch`` orders them.
+    rewards: float32 [P * n], each episode's outcome: the reward of its
+      last step (0 for an episode the driver cut). Rewards of earlier steps
+      are ``batch.turn_rewards`` (at each turn's last model id; None when
+      every one is 0, as with ``ToolEnv``).
+    infos: each episode's last info (``ToolEnv``'s counters), with
+      ``stop_reason`` set by the driver where it cut the episode.
+    metrics: ``rljax.envs.summarize`` of the infos, plus the driver's
+      counts (engine calls, continuations after a false stop, model and
+      observation ids per episode, truncation rate).
+  """
+
+  batch: RolloutBatch
+  rewards: np.ndarray
+  infos: list[dict[str, Any]]
+  metrics: dict[str, float]
+
+
+# (id(tokenizer), chars) -> (the tokenizer, kept alive so that its id is
+# not reused, and its table).
+_TABLES: dict[tuple[int, str], tuple[Any, tuple[int, ...]]] = {}
+
+
+def stop_token_table(
+  tokenizer: Tokenizer, stop_sequences: Sequence[str]
+) -> tuple[int, ...]:
+  """Ids of every token whose text holds the last character of a stop
+  sequence: the tokens that can complete one (cached per tokenizer)."""
+  if not stop_sequences or any(
+    not isinstance(s, str) or not s for s in stop_sequences
+  ):
+    raise ValueError(
+      v.field_message(
+        "stop_sequences", stop_sequences, "a non-empty list of non-empty str"
+      )
+    )
+  last = "".join(sorted({s[-1] for s in stop_sequences}))
+  key = (id(tokenizer), last)
+  if key not in _TABLES:
+    size = len(tokenizer)
+    texts = [tokenizer.decode([i]) for i in range(size)]
+    _TABLES[key] = (
+      tokenizer,
+      tuple(i for i, t in enumerate(texts) if any(c in t for c in last)),
+    )
+  return _TABLES[key][1]
+
+
+@dataclasses.dataclass
+class _Row:
+  env: Environment
+  prompt: list[int]
+  ids: list[int] = dataclasses.field(default_factory=list)
+  logp: list[float] = dataclasses.field(default_factory=list)
+  mask: list[int] = dataclasses.field(default_factory=list)
+  turn_start: int = 0  # where the model turn in progress began in ``ids``
+  done: bool = False
+  finish: str = "stop"
+  reward: float = 0.0
+  info: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # (index of the turn's last model id, reward) of turns before the last.
+  turn_rewards: list[tuple[int, float]] = dataclasses.field(
+    default_factory=list
+  )
+
+  def room(self, turn_cap: int, budget: int) -> int:
+    """Ids this row may still generate in the turn in progress."""
+    return min(
+      turn_cap - (len(self.ids) - self.turn_start), budget - len(self.ids)
+    )
+
+  def cut(self, reason: str) -> None:
+    self.done, self.finish = True, "length"
+    turns = self.info.get("turns", 0) + 1  # the turn that was cut
+    self.info = {**_EMPTY_INFO, **self.info, "turns": turns}
+    self.info["stop_reason"] = reason
+
+
+_EMPTY_INFO = {
+  "turns": 0,
+  "tool_calls": 0,
+  "malformed_calls": 0,
+  "tool_errors": {},
+  "stop_reason": "",
+}
+
+
+def _check_args(engine, examples, sampling, config) -> None:
+  if not callable(getattr(engine, "generate", None)):
+    raise TypeError(
+      f"rollout_multiturn: engine={engine!r:.80}; expected a RolloutEngine "
+      "(JaxSampler, VLLMSidecar, ...) or anything with its generate"
+    )
+  if not isinstance(sampling, SamplingConfig):
+    raise TypeError(
+      f"rollout_multiturn: sampling={sampling!r:.80}; expected a "
+      "rljax.rollout.SamplingConfig"
+    )
+  if not sampling.stop_token_ids:
+    raise ValueError(
+      "rollout_multiturn: sampling.stop_token_ids is empty; expected the "
+      "model's EOS id(s), which end the final answer"
+    )
+  if not isinstance(config, MultiTurnConfig):
+    raise TypeError(
+      f"rollout_multiturn: config={config!r:.80}; expected a MultiTurnConfig"
+    )
+  if not examples or not all(isinstance(e, Example) for e in examples):
+    raise ValueError(
+      "rollout_multiturn: examples must be a non-empty list of Example"
+    )
+
+
+def _check_capacity(engine, prompts: list[list[int]], budget: int) -> None:
+  """A row's last call passes prompt + budget ids as the prompt: refuse now
+  what the engine would refuse in the middle of the rollout."""
+  most = getattr(engine, "max_prompt_len", None)
+  longest = max(len(p) for p in prompts)
+  if isinstance(most, int) and longest + budget > most:
+    raise ValueError(
+      f"rollout_multiturn: the longest prompt ({longest} ids) plus "
+      f"MultiTurnConfig.max_response_tokens={budget} exceeds the engine's "
+      f"max_prompt_len={most}; expected a longer max_prompt_len or a smaller "
+      "max_response_tokens"
+    )
+
+
+def _batch(prompts, rows: list[_Row], n: int, timing) -> RolloutBatch:
+  turn_rewards = [list(r.turn_rewards) for r in rows]
+  return RolloutBatch(
+    prompt_ids=prompts,
+    response_ids=[list(r.ids) for r in rows],
+    behav_logp=[np.asarray(r.logp, np.float32) for r in rows],
+    finish_reason=[r.finish for r in rows],
+    n=n,
+    timing=timing,
+    action_mask=[np.asarray(r.mask, bool) for r in rows],
+    turn_rewards=turn_rewards if any(turn_rewards) else None,
+  )
+
+
+def rollout_multiturn(
+  engine: RolloutEngine,
+  examples: Sequence[Example],
+  make_env: Callable[[], Environment],
+  tokenizer: Tokenizer,
+  sampling: SamplingConfig,
+  config: MultiTurnConfig = MultiTurnConfig(),
+  *,
+  render_prompt: Callable[[str], Sequence[int]] | None = None,
+) -> MultiTurnRollout:
+  """Runs ``sampling.n`` episodes per example (see the module doc).
+
+  Args:
+    engine: a rollout engine (``JaxSampler``, ``VLLMSidecar``, pool).
+    examples: P problems.
+    make_env: a fresh environment per episode (they hold state).
+    tokenizer: encodes observations, decodes turns, lists stop tokens.
+    sampling: ``n`` episodes per example; ``max_new_tokens`` per model turn;
+      ``stop_token_ids`` the EOS id(s); temperature etc. as usual.
+    config: the driver's limits.
+    render_prompt: the first observation (``env.reset``'s text) to prompt
+      ids, e.g. through a chat template; default ``tokenizer.encode`` of the
+      text as is.
+
+  Returns:
+    a ``MultiTurnRollout``.
+  """
+  _check_args(engine, examples, sampling, config)
+  n, budget, turn_cap = (
+    sampling.n,
+    config.max_response_tokens,
+    sampling.max_new_tokens,
+  )
+  encode = render_prompt or (
+    lambda text: tokenizer.encode(text, add_special_tokens=False)
+  )
+  rows: list[_Row] = []
+  prompts: list[list[int]] = []
+  for example in examples:
+    for j in range(n):
+      env = make_env()
+      ids = [int(t) for t in encode(env.reset(example))]
+      if j == 0:
+        prompts.append(ids)
+      elif ids != prompts[-1]:
+        raise ValueError(
+          "rollout_multiturn: make_env() gave environments whose first "
+          f"observations of example {example.uid!r} differ; expected one "
+          "prompt per example"
+        )
+      rows.append(_Row(env, ids, info=dict(_EMPTY_INFO)))
+  _check_capacity(engine, prompts, budget)
+  stop_sequences = tuple(rows[0].env.stop_sequences)
+  eos = set(sampling.stop_token_ids)
+  stop_ids = tuple(
+    sorted(eos | set(stop_token_table(tokenizer, stop_sequences)))
+  )
+  stop_set = set(stop_ids)
+  decode_kw = {"skip_special_tokens": config.skip_special_tokens}
+
+  start = time.perf_counter()
+  calls = continuations = 0
+  while True:
+    active = [r for r in rows if not r.done]
+    if not active:
+      break
+    cap = max(r.room(turn_cap, budget) for r in active)
+    call_sampling = dataclasses.replace(
+      sampling,
+      stop_token_ids=stop_ids,
+      max_new_tokens=cap,
+      seed=(sampling.seed + _SEED_STRIDE * calls) % _SEED_RANGE,
+    )
+    if calls == 0:  # every row at its prompt: the n samples share its KV
+      out = engine.generate(prompts, call_sampling)
+    else:
+      out = engine.generate(
+        [r.prompt + r.ids for r in active],
+        dataclasses.replace(call_sampling, n=1),
+      )
+    calls += 1
+    for row, ids, logp in zip(active, out.response_ids, out.behav_logp):
+      room = row.room(turn_cap, budget)
+      ids, logp = [int(t) for t in ids], np.asarray(logp, np.float32)
+      row.ids += ids[:room]
+      row.logp += logp[:room].tolist()
+      row.mask += [1] * len(ids[:room])
+      stopped = len(ids) <= room and bool(ids) and ids[-1] in stop_set
+      if not stopped:  # the turn's or the episode's ids ran out
+        row.cut(_cut_reason(row, budget))
+        continue
+      turn = tokenizer.decode(row.ids[row.turn_start :], **decode_kw)
+      if ids[-1] not in eos and not any(s in turn for s in stop_sequences):
+        continuations += 1  # a '>' that closed nothing: generate on
+        if row.room(turn_cap, budget) <= 0:
+          row.cut(_cut_reason(row, budget))
+        continue
+      _step(row, turn, tokenizer, budget)
+  seconds = time.perf_counter() - start
+
+  infos = [r.info for r in rows]
+  metrics = summarize(infos)
+  model = np.array([sum(r.mask) for r in rows], np.float64)
+  total = np.array([len(r.ids) for r in rows], np.float64)
+  metrics.update(
+    engine_calls=float(calls),
+    continuations=float(continuations),
+    model_tokens_mean=float(model.mean()),
+    observation_tokens_mean=float((total - model).mean()),
+    truncated_rate=float(np.mean([r.finish == "length" for r in rows])),
+    reward_mean=float(np.mean([r.reward for r in rows])),
+  )
+  timing = {
+    "seconds": seconds,
+    "tokens": float(model.sum()),
+    "tokens_per_s": float(model.sum()) / seconds if seconds > 0 else 0.0,
+    "engine_calls": float(calls),
+  }
+  return MultiTurnRollout(
+    batch=_batch(prompts, rows, n, timing),
+    rewards=np.array([r.reward for r in rows], np.float32),
+    infos=infos,
+    metrics=metrics,
+  )
+
+
+def _cut_reason(row: _Row, budget: int) -> str:
+  return "max_response_tokens" if len(row.ids) >= budget else "max_new_tokens"
+
+
+def _step(row: _Row, turn: str, tokenizer: Tokenizer, budget: int) -> None:
+  """The environment answers a complete turn; its observation's own ids
+  (mask 0, log-prob 0) are appended, or the episode ends."""
+  result = row.env.step(turn)
+  row.info = {**_EMPTY_INFO, **dict(result.info)}
+  if result.done:  # the outcome reward: the row's own
+    row.done, row.finish = True, "stop"
+    row.reward += float(result.reward)
+    return
+  if result.reward:  # a reward of this turn: at its last model id
+    row.turn_rewards.append((len(row.ids) - 1, float(result.reward)))
+  obs = [
+    int(t)
+    for t in tokenizer.encode(result.observation, add_special_tokens=False)
+  ]
+  if len(row.ids) + len(obs) >= budget:  # no room left to answer it
+    row.done, row.finish = True, "length"
+    row.info["stop_reason"] = "max_response_tokens"
+    return
+  row.ids += obs
+  row.logp += [0.0] * len(obs)
+  row.mask += [0] * len(obs)
+  row.turn_start = len(row.ids)
