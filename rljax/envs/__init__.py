@@ -8,7 +8,8 @@ a sandboxed process, ``sandbox.py``), two tool-call formats (Qwen's
 calculator (``generate_tool_arithmetic``). The engines run them through
 ``rljax.rollout.multiturn.rollout_multiturn`` (one folder up, since
 ``rollout`` imports ``envs``): token in / token out trajectories with an
-action mask. The trainer does not call it yet (issue 48, items 5-6).
+action mask. The trainer trains on them with ``--task.name=tool_arithmetic``
+(``rljax/train/tool_task.py``; ``experiments/tool_rl.py``).
 """
 
 from rljax.envs.base import (

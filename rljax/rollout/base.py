@@ -17,6 +17,7 @@ import numpy as np
 
 from rljax.core import _validation as v
 from rljax.rollout import trajectories
+from rljax.rollout import versions
 
 FINISH_REASONS = ("stop", "length")
 
@@ -184,6 +185,15 @@ class RolloutBatch:
       REINFORCE++ credit them at their token, the sequence-level estimators
       (GRPO, RLOO, ...) add them to the trajectory's return. None: no
       per-turn rewards.
+    policy_version: P * n int32 arrays, one per response token: the version
+      of the weights that sampled it, the trainer step whose update made
+      them (0 = the initial weights; `rljax.train.actor.Actor` stamps it).
+      Per token, not per row: today one engine call runs one version, but
+      an engine whose weights change mid-generation (issue 47's in-flight
+      updates) mixes versions inside a response, and the loss needs
+      nothing more than each token's own behaviour log-prob for that
+      (`rljax.train.staleness` reports the lag). None: unknown (a legacy
+      rollout, an engine driven outside the trainer).
   """
 
   prompt_ids: list[list[int]]
@@ -194,6 +204,7 @@ class RolloutBatch:
   timing: dict[str, float] = dataclasses.field(default_factory=dict)
   action_mask: list[np.ndarray] | None = None
   turn_rewards: list[list[tuple[int, float]]] | None = None
+  policy_version: list[np.ndarray] | None = None
 
   def __post_init__(self):
     v.check_field(
@@ -229,6 +240,10 @@ class RolloutBatch:
     if self.turn_rewards is not None:
       self.turn_rewards = trajectories.check_turn_rewards(
         self.turn_rewards, self.response_ids, self.action_mask
+      )
+    if self.policy_version is not None:
+      self.policy_version = versions.check_policy_version(
+        self.policy_version, self.response_ids
       )
 
   @property
@@ -282,6 +297,7 @@ class RolloutBatch:
       n=self.n,
       action_mask=pick(self.action_mask),
       turn_rewards=pick(self.turn_rewards),
+      policy_version=pick(self.policy_version),
     )
 
   @classmethod
@@ -315,6 +331,11 @@ class RolloutBatch:
           else [[] for _ in b.response_ids]
         )
       ]
+    # Versions only when every batch has them: a token of unknown version
+    # would otherwise be reported with a lag it may not have.
+    policy_version = None
+    if all(b.policy_version is not None for b in batches):
+      policy_version = [v for b in batches for v in b.policy_version]
     return cls(
       prompt_ids=[p for b in batches for p in b.prompt_ids],
       response_ids=[r for b in batches for r in b.response_ids],
@@ -323,6 +344,17 @@ class RolloutBatch:
       n=ns.pop(),
       action_mask=action_mask,
       turn_rewards=turn_rewards,
+      policy_version=policy_version,
+    )
+
+  def with_policy_version(self, version: int) -> "RolloutBatch":
+    """This batch with every response token stamped `version` (one engine
+    call, one set of weights); timing is kept."""
+    return dataclasses.replace(
+      self,
+      policy_version=[
+        np.full(len(r), version, np.int32) for r in self.response_ids
+      ],
     )
 
   def pack(

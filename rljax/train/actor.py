@@ -5,10 +5,18 @@ rollout weights once (`quant.prepare_rollout_weights`: Q(θ) or θ, in fresh
 buffers, checked finite, with the quantization diagnostics of exactly what
 the engine will run), pushes them, and generates. An engine that dies or
 hangs (a vLLM sidecar) is restarted once per call (`rollout.factory`).
+
+Versions: weights are prepared for a version (the trainer step whose update
+made θ; 0 = the initial weights), the actor remembers the version it last
+pushed, and `generate` stamps it on every response token
+(`RolloutBatch.policy_version`). A push and a generation never interleave
+(one lock), so the stamp is the version that sampled the token even when a
+pipelined worker pushes while the trainer's thread refills a batch.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
@@ -48,6 +56,11 @@ def rollout_mode(cfg: TrainConfig) -> str:
   return mode
 
 
+# The key under which `Actor.prepare`'s diagnostics carry the version to
+# `Actor.push` (popped there: it is not a metric).
+VERSION_KEY = "policy_version"
+
+
 class Actor:
   """The rollout engine of a run and the weights it runs."""
 
@@ -67,6 +80,10 @@ class Actor:
     self.diagnostics = quant.SyncDiagnostics() if self.quantized else None
     self.restarts = 0
     self.rollout_mode = rollout_mode(cfg)
+    # The engine starts from `params`, the initial θ: version 0 (a resumed
+    # trainer syncs its restored θ before its first rollout).
+    self.version: int | None = 0
+    self._engine_lock = threading.RLock()
     self.engine = rollout_factory.make_engine(
       cfg.rollout.engine,
       model_config,
@@ -82,9 +99,11 @@ class Actor:
       batching=cfg.rollout.batching,
     )
 
-  def prepare(self, params: Any, step: int) -> tuple[Any, dict]:
+  def prepare(self, params: Any, version: int) -> tuple[Any, dict]:
     """What the engine will run, Q(θ) or θ, in fresh buffers (the update
     step donates θ's), and the quantization diagnostics of exactly that.
+    `version` is θ's (the step after which it was taken); the diagnostics
+    carry it to `push` under VERSION_KEY.
 
     Raises:
       NonFiniteError: the rollout weights hold NaN or inf.
@@ -95,8 +114,11 @@ class Actor:
       self.model_config, params, self.rollout_mode, fake=cfg.rollout.fake_quant
     )
     diag = self.diagnostics(params, rparams) if self.quantized else {}
-    guard.require_finite(rparams, f"the rollout weights after step {step}")
+    guard.require_finite(rparams, f"the rollout weights after step {version}")
     diag["time_quantize"] = time.perf_counter() - t0
+    # Carried in the diagnostics so that a caller holding (rparams, diag)
+    # for a later push (the pipelined worker) pushes the version with them.
+    diag[VERSION_KEY] = version
     return rparams, diag
 
   def diagnostics_reference(self) -> Any:
@@ -114,25 +136,43 @@ class Actor:
       self.prepare(params, step)  # only its effect on the reference
 
   def push(self, rparams: Any, diag: dict) -> dict[str, float]:
-    """Loads prepared weights into the engine; `prepare`'s diagnostics plus
-    the sync's time and bytes."""
+    """Loads prepared weights into the engine and remembers their version
+    (`prepare`'s, None if the diagnostics lack it: unknown); returns
+    `prepare`'s diagnostics plus the sync's time and bytes."""
     t0 = time.perf_counter()
-    stats = self.recovering(
-      "weight sync", lambda: self.engine.update_weights(rparams)
-    )
     out = dict(diag)
+    version = out.pop(VERSION_KEY, None)
+    with self._engine_lock:
+      stats = self.recovering(
+        "weight sync", lambda: self.engine.update_weights(rparams)
+      )
+      self.version = None if version is None else int(version)
     out["time_sync"] = time.perf_counter() - t0 + diag.pop("time_quantize", 0.0)
     out["sync_bytes"] = float(stats.bytes)
     return out
 
-  def sync(self, params: Any, step: int) -> dict[str, float]:
-    """Prepares θ and pushes it (synchronous mode)."""
-    return self.push(*self.prepare(params, step))
+  def sync(self, params: Any, version: int) -> dict[str, float]:
+    """Prepares θ (of `version`) and pushes it (synchronous mode)."""
+    return self.push(*self.prepare(params, version))
 
   def generate(self, prompts: list, sampling: SamplingConfig) -> RolloutBatch:
-    return self.recovering(
-      "rollout", lambda: self.engine.generate(prompts, sampling)
+    """The engine's rollout, every response token stamped with the version
+    of the weights it holds (left None when that is unknown)."""
+    rb, version = self.with_engine(
+      "rollout", lambda engine: engine.generate(prompts, sampling)
     )
+    return rb if version is None else rb.with_policy_version(version)
+
+  def with_engine(
+    self, what: str, call: Callable[[Any], Any]
+  ) -> tuple[Any, int | None]:
+    """(call(engine), the version of the weights it ran): no push lands
+    in between, and a dead engine is restarted once (`recovering`). For
+    rollouts that drive the engine themselves (multi-turn episodes), which
+    then stamp `RolloutBatch.with_policy_version(version)`."""
+    with self._engine_lock:
+      version = self.version
+      return self.recovering(what, lambda: call(self.engine)), version
 
   def recovering(self, what: str, call: Callable[[], Any]) -> Any:
     """Runs an engine call; if the engine died or hung (a vLLM sidecar),

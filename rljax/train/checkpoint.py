@@ -361,6 +361,11 @@ def rollout_to_arrays(
     ):
       rows = [[pair[col] for pair in r] for r in rb.turn_rewards]
       out[prefix + name], out[prefix + name + "_len"] = _ragged(rows, dtype)
+  # The version of the weights behind each token: the resumed step reports
+  # the lag the uninterrupted one did (absent: unknown, as generated).
+  if rb.policy_version is not None:
+    name = prefix + "policy_version"
+    out[name], out[name + "_len"] = _ragged(rb.policy_version, np.int32)
   out[prefix + "extra_keys"] = np.array(sorted(extra), dtype=np.str_)
   out[prefix + "extra_values"] = np.array(
     [extra[k] for k in sorted(extra)], np.float64
@@ -388,6 +393,11 @@ def rollout_from_arrays(aux: dict, prefix: str) -> tuple[RolloutBatch, dict]:
         for idx, rew in zip(get("turn_index"), get("turn_reward"))
       ]
       if prefix + "turn_index" in aux
+      else None
+    ),
+    policy_version=(
+      [r.astype(np.int32) for r in get("policy_version")]
+      if prefix + "policy_version" in aux
       else None
     ),
   )

@@ -6,6 +6,13 @@ groups carry a signal; `select` picks the step's groups over the rounds with
 `RolloutBatch.select_groups`. In pipelined mode `Collector.schedule` queues
 (sync, generate) on a worker thread so that step k+s's rollout is generated
 with θ_k while step k trains.
+
+A task that says `multi_turn` (`tool_task.ToolTask`) is rolled out as
+episodes (`task.episodes`: `rollout_multiturn` on the actor's engine, which
+holds the synced weights): the rewards are the episodes' (the environment's
+verdict on each final answer), not `task.score`'s, and the episodes' tool
+metrics join the step's (`episode_metrics`). Dynamic sampling refills with
+more episodes; pipelined mode is refused by the config's validation.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from rljax.envs import summarize
 from rljax.rewards import finite as finite_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
@@ -87,6 +95,26 @@ def reward_metrics(rollout: Collected, task: Any) -> dict[str, float]:
   }
 
 
+# Counts of `rollout_multiturn`'s driver summed over a step's rounds (its
+# token means and reward are the batch's own metrics already).
+_DRIVER_SUMS = ("engine_calls", "continuations")
+
+
+def episode_metrics(episodes: list) -> dict[str, float]:
+  """The tool metrics of a step's episodes (every round's
+  `MultiTurnRollout`): `rljax.envs.summarize` of their infos (tool_call_rate,
+  malformed_call_rate, turns_mean, tool_calls_mean, tool_error/<kind>, ...),
+  the driver's engine calls and continuations, and the share of episodes
+  the driver cut (`episode_truncated_rate`)."""
+  infos = [i for e in episodes for i in e.infos]
+  out = summarize(infos)
+  for key in _DRIVER_SUMS:
+    out[key] = float(sum(e.metrics.get(key, 0.0) for e in episodes))
+  cut = [r == "length" for e in episodes for r in e.batch.finish_reason]
+  out["episode_truncated_rate"] = float(np.mean(cut)) if cut else 0.0
+  return out
+
+
 class Collector:
   """The step's rollout and rewards from a task and an `actor.Actor`."""
 
@@ -118,6 +146,20 @@ class Collector:
     rb = self.actor.generate(prompts, self._sampling(step, round_))
     return rb, examples, time.perf_counter() - t0
 
+  def _episodes(self, step: int, round_: int, examples: list) -> tuple:
+    """(the episodes of a multi-turn task, seconds): the actor's engine
+    runs them with no weight push in between (`Actor.with_engine`; an
+    engine that died is restarted and the rollout redone), and every token
+    is stamped with the version of the weights that sampled it."""
+    t0 = time.perf_counter()
+    sampling = self._sampling(step, round_)
+    out, version = self.actor.with_engine(
+      "rollout", lambda engine: self.task.episodes(engine, examples, sampling)
+    )
+    if version is not None:
+      out.batch = out.batch.with_policy_version(version)
+    return out, time.perf_counter() - t0
+
   def _decode(self, rb: RolloutBatch) -> list[str]:
     return [
       self.tokenizer.decode(r, skip_special_tokens=True)
@@ -128,7 +170,8 @@ class Collector:
     """Rollout + rewards of `step`, with dynamic-sampling refills."""
     cfg = self.cfg
     timing = {"time_rollout": 0.0, "time_reward": 0.0}
-    rounds = []
+    rounds, episodes = [], []
+    multi_turn = bool(getattr(self.task, "multi_turn", False))
     gen_tokens = sampled = nonfinite = 0
     max_rounds = 1 + (
       cfg.advantage.max_resample_rounds if cfg.advantage.dynamic_sampling else 0
@@ -138,14 +181,23 @@ class Collector:
         rb, examples, t_gen, extra = self._pending.pop(0).result()
         self._pending_data_states.pop(0)
         timing.update(extra)
+      elif multi_turn:
+        examples = self.task.next_train_batch(cfg.rollout.prompts_per_step)
+        out, t_gen = self._episodes(step, round_, examples)
+        episodes.append(out)
+        rb = out.batch
       else:
         rb, examples, t_gen = self._generate(
           step, round_, self.task.next_train_batch(cfg.rollout.prompts_per_step)
         )
       timing["time_rollout"] += t_gen
-      gen_tokens += int(rb.response_lengths.sum())
       t0 = time.perf_counter()
-      scores, comps = self.task.score(self._decode(rb), examples, rb.n)
+      if multi_turn:  # scored by the environment as each episode ended
+        gen_tokens += int(rb.timing.get("tokens", 0))  # model ids only
+        scores, comps = episodes[-1].rewards, {}
+      else:
+        gen_tokens += int(rb.response_lengths.sum())
+        scores, comps = self.task.score(self._decode(rb), examples, rb.n)
       timing["time_reward"] += time.perf_counter() - t0
       # NaN/inf rewards: their groups are dropped (rewards/finite.py).
       raw = np.asarray(scores)
@@ -188,6 +240,7 @@ class Collector:
     out.metrics = {
       **timing,
       **{f"reward_{k}": float(np.mean(v)) for k, v in out.components.items()},
+      **(episode_metrics(episodes) if episodes else {}),
     }
     return out
 
@@ -198,6 +251,11 @@ class Collector:
     here, on the trainer's thread, so the worker never reads params that a
     later update donates; the prompts are drawn here too, in step order.
     """
+    if getattr(self.task, "multi_turn", False):  # the config refuses it
+      raise ValueError(
+        "run.pipelined=True with a multi-turn task; expected False (an "
+        "episode's rewards and tool metrics do not travel through the queue)"
+      )
     if self._executor is None:
       self._executor = concurrent.futures.ThreadPoolExecutor(1)
     self._pending_data_states.append(self.task.state_dict())

@@ -40,17 +40,23 @@ class HeldOut:
       )
     self._engine.update_weights(params)
     examples = self.task.eval_examples()
-    prompts = [self.task.prompt_ids(e) for e in examples]
-    rb = self._engine.generate(
-      prompts,
-      SamplingConfig(
-        n=1,
-        greedy=True,
-        max_new_tokens=self.cfg.rollout.max_new_tokens,
-        stop_token_ids=self.task.stop_token_ids,
-        seed=0,
-      ),
+    sampling = SamplingConfig(
+      n=1,
+      greedy=True,
+      max_new_tokens=self.cfg.rollout.max_new_tokens,
+      stop_token_ids=self.task.stop_token_ids,
+      seed=0,
     )
+    if getattr(self.task, "multi_turn", False):  # tool episodes, scored
+      out = self.task.episodes(self._engine, examples, sampling)
+      return {
+        "eval_accuracy": float((out.rewards >= 1.0).mean()),
+        "eval_reward": float(out.rewards.mean()),
+        "eval_tool_call_rate": out.metrics["tool_call_rate"],
+        "time_eval": time.perf_counter() - t0,
+      }
+    prompts = [self.task.prompt_ids(e) for e in examples]
+    rb = self._engine.generate(prompts, sampling)
     completions = [
       self.tokenizer.decode(r, skip_special_tokens=True)
       for r in rb.response_ids

@@ -49,6 +49,7 @@ from rljax.train import placement as placement_lib
 from rljax.train import preflight
 from rljax.train import update as update_lib
 from rljax.train import rundir as rundir_lib
+from rljax.train import staleness
 from rljax.train import config as config_lib
 from rljax.train.config import TrainConfig
 from rljax.train.guard import NonFiniteError  # noqa: F401  (its old home)
@@ -310,6 +311,11 @@ class Trainer:
       updates, batch, seeds, cfg.update.minibatches, step, cfg.run.run_dir
     )
     metrics = {**rollout.metrics, **batch_metrics}
+    # θ_old (the proximal pass) is the state before this step: version
+    # step − 1; each token's lag behind it (staleness.py).
+    metrics.update(
+      staleness.rollout_lag_metrics(rollout.batch, step - 1, rollout.valid)
+    )
     metrics["time_update"] = time.perf_counter() - t_update
     metrics.update(update_lib.reduce_metrics(updates))
     if pretraining:

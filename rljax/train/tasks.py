@@ -23,7 +23,14 @@ from rljax.train.config import TrainConfig
 # The judge server's bearer token (a vLLM sidecar's run key), if it needs one.
 JUDGE_API_KEY_ENV = "RLJAX_JUDGE_API_KEY"
 
-GENERATED_TASKS = ("arithmetic", "countdown")
+# Tasks whose rollouts are multi-turn tool episodes (tool_task.py).
+TOOL_TASKS = ("tool_arithmetic",)
+GENERATED_TASKS = ("arithmetic", "countdown") + TOOL_TASKS
+# --task.difficulty of tool_arithmetic: (min, max) operations per problem on
+# 4-6 digit operands. "easy" needs one tool call; "hard" is the generator's
+# own default. Plain tuples: the config's validation reads them without
+# importing the environments.
+TOOL_LEVELS = {"easy": (1, 1), "medium": (2, 2), "hard": (2, 4)}
 # Training examples drawn for a generated task; far more than any CPU run uses.
 GENERATED_POOL = 20000
 SHORT_ANSWER_INSTRUCTION = "Put the final answer within \\boxed{}."
@@ -143,6 +150,10 @@ class Task:
 
 def build_task(cfg: TrainConfig, tokenizer) -> Task:
   """The task named by `cfg.task.name`: a generated one, or a dataset file."""
+  if cfg.task.name in TOOL_TASKS:
+    from rljax.train import tool_task  # it builds on Task
+
+    return tool_task.build_tool_task(cfg, tokenizer)
   generated = cfg.task.name in GENERATED_TASKS
   if generated:
     generate = (

@@ -55,6 +55,7 @@ from rljax.train.config.presets import from_dict
 from rljax.train.config.presets import resolve
 from rljax.train.config.sections import ADVANTAGE_ESTIMATORS
 from rljax.train.config.sections import ALGORITHMS
+from rljax.train.config.sections import ASYNC_MODES
 from rljax.train.config.sections import ENGINES
 from rljax.train.config.sections import REWARDS
 from rljax.train.config.sections import ROLLOUT_QUANT

@@ -55,8 +55,29 @@ FIELD_HELP: dict[str, str] = {
     "Held-out prompts (never trained on) for the accuracy before/after; 0 "
     "turns held-out evaluation off."
   ),
-  "task.max_prompt_tokens": "Longer prompts are dropped from the pool.",
+  "task.max_prompt_tokens": (
+    "Longer prompts are dropped from the pool. Tool tasks: the context of "
+    "every turn (first prompt + up to rollout.max_new_tokens ids of the "
+    "trajectory), so first prompts keep max_prompt_tokens - max_new_tokens."
+  ),
   "task.reward_workers": "Verifier processes; 0 scores in the trainer's process.",
+  "task.tool": (
+    "Tool tasks (tool_arithmetic): the tool the model may call, calculator "
+    "or python (a sandboxed process)."
+  ),
+  "task.tool_format": (
+    "Tool tasks: the call format, tags (<calculator>...</calculator>) or "
+    "qwen (<tool_call>{json}</tool_call>)."
+  ),
+  "task.tool_prompt": (
+    "Tool tasks: plain (the tool's description) or example (plus one worked "
+    "call and its output)."
+  ),
+  "task.max_turns": "Tool tasks: model turns per episode.",
+  "task.max_turn_tokens": (
+    "Tool tasks: ids of one model turn; 0 = rollout.max_new_tokens, which "
+    "bounds the whole trajectory (model and tool ids)."
+  ),
   # reward
   "reward.name": (
     "The training reward: the task's verifier, a Bradley-Terry reward "
@@ -214,8 +235,13 @@ FIELD_HELP: dict[str, str] = {
   "run.eval_every": "Held-out evaluation every this many steps; 0 = before/after only.",
   "run.export_hf": "Write an HF export (and a LoRA adapter) at the end.",
   "run.tensorboard": "Write TensorBoard logs next to metrics.jsonl.",
-  "run.pipelined": "Overlap the next rollout with this step's update (off-policy).",
-  "run.max_staleness": "run.pipelined: rollouts in flight (policy lag in steps).",
+  "run.pipelined": "Alias of --run.async_mode=one_step (true) / off (false).",
+  "run.max_staleness": "async_mode=one_step: rollouts in flight (policy lag in steps).",
+  "run.async_mode": (
+    "off: rollout then update; one_step: the next rollout overlaps this "
+    "step's update (off-policy by max_staleness steps); streaming: not built "
+    "(issue 47)."
+  ),
 }
 
 _NO_VALUE = float("nan")  # fails every rule: its message is what it expects

@@ -107,6 +107,22 @@ LEGACY_KEYS: dict[str, str] = {
 }
 
 
+def align_async_mode(layer: Mapping[str, Any]) -> dict[str, Any]:
+  """A dotted layer in which `run.pipelined` (the older flag) and
+  `run.async_mode` agree: a layer naming one of them sets both
+  (pipelined=True <-> async_mode="one_step"), so the later of two layers
+  wins whichever spelling each used. A layer naming both is returned as it
+  is: when they disagree, validation reports it. A value of the wrong type
+  is left for the field's rule to report."""
+  out = dict(layer)
+  has_flag, has_mode = "run.pipelined" in out, "run.async_mode" in out
+  if has_flag and not has_mode and isinstance(out["run.pipelined"], bool):
+    out["run.async_mode"] = "one_step" if out["run.pipelined"] else "off"
+  elif has_mode and not has_flag and isinstance(out["run.async_mode"], str):
+    out["run.pipelined"] = out["run.async_mode"] == "one_step"
+  return out
+
+
 def _legacy_item(key: str, value: Any) -> dict[str, Any]:
   if key == "mesh_shape":
     parts = str(value).split(",")

@@ -174,7 +174,7 @@ def resolve(preset: str, *overrides: Mapping[str, Any]) -> TrainConfig:
 
   Raises `ConfigError` listing every unknown field or bad value.
   """
-  layers = [keys.flatten(layer) for layer in overrides]
+  layers = [keys.align_async_mode(keys.flatten(layer)) for layer in overrides]
   known = set(sections.field_names())
   unknown = [
     validation.Problem(

@@ -44,6 +44,11 @@ ADVANTAGE_ESTIMATORS = (
 ROLLOUT_QUANT = tuple(m for m in quant.ROLLOUT_MODES if m != "f32")
 ENGINES = ("jax", "vllm")
 REWARDS = ("verifier", "reward_model", "vrcli", "judge")
+# rljax.envs' tools and tool-call formats a tool task can name (spelled out:
+# the config imports no environment code; a test checks they agree).
+TOOLS = ("calculator", "python")
+TOOL_FORMATS = ("tags", "qwen")
+TOOL_PROMPTS = ("plain", "example")
 DEFAULT_ALGORITHM = "grpo"
 
 PolicyLossConfig = objectives.PolicyLossConfig
@@ -79,6 +84,12 @@ class TaskConfig:
   eval_size: int = 64  # held-out prompts (never trained on)
   max_prompt_tokens: int = 128
   reward_workers: int = 1  # verifier processes; 0 = in-process
+  # Tool tasks (multi-turn episodes, `rljax.train.tasks.ToolTask`) only.
+  tool: str = "calculator"  # calculator|python
+  tool_format: str = "tags"  # tags|qwen (rljax.envs.formats)
+  tool_prompt: str = "plain"  # plain|example (a worked call in the prompt)
+  max_turns: int = 4  # model turns per episode
+  max_turn_tokens: int = 0  # ids of one model turn; 0 = rollout.max_new_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,9 +208,19 @@ class RunConfig:
   eval_every: int = 0
   export_hf: bool = True
   tensorboard: bool = True
+  # An alias of async_mode="one_step" (resolved into agreement with it by
+  # keys.align_async_mode wherever a config is built).
   pipelined: bool = False
   max_staleness: int = 1
+  # off: rollout, then update (synchronous). one_step: the next rollout is
+  # generated while this step updates (train/collect.py's worker), so its
+  # tokens are max_staleness versions behind θ_old. "streaming" (issue 47:
+  # rollouts that take new weights mid-generation) is refused: not built.
+  async_mode: str = "off"
 
+
+# run.async_mode's values (validation refuses the planned "streaming").
+ASYNC_MODES = ("off", "one_step")
 
 SECTIONS: dict[str, type] = {
   "model": PolicyModelConfig,

@@ -62,7 +62,7 @@ class TrainConfig:
     `resolve` takes them; no preset is applied), validated again."""
     flat = keys.to_flat(self)
     for layer in (*layers, values):
-      flat.update(keys.flatten(layer))
+      flat.update(keys.align_async_mode(keys.flatten(layer)))
     return build(flat)
 
   def to_dict(self) -> dict[str, Any]:
@@ -134,6 +134,8 @@ def build(values: Mapping[str, Any]) -> TrainConfig:
   reported at once: unknown fields, types and ranges (found before a
   section is built, so core's own checks never pre-empt the list), then
   the cross-field checks that can still run."""
+  # A saved config.json older than run.async_mode names only run.pipelined.
+  values = keys.align_async_mode(values)
   known = set(sections.field_names())
   problems = [
     validation.Problem(k, v, "a TrainConfig field")

@@ -74,6 +74,17 @@ def _eps_low(value) -> str | None:
   return None if ok else "a value in [0, 1], or inf for no lower clip"
 
 
+def _async_mode(value) -> str | None:
+  if value in sections.ASYNC_MODES:
+    return None
+  if value == "streaming":
+    return (
+      f"one of {sections.ASYNC_MODES}: 'streaming' (rollouts that take new "
+      "weights mid-generation) is planned in issue 47 and not built yet"
+    )
+  return f"one of {sections.ASYNC_MODES}"
+
+
 # A seed both jax.random.key and numpy take, as a 31-bit int.
 _MAX_SEED = 2**31 - 1
 # More verifier processes than this are interpreters idling on a CPU.
@@ -99,6 +110,11 @@ FIELD_RULES: dict[str, v.Rule] = {
   ),
   # A chat prompt's fixed part alone is longer than this.
   "task.max_prompt_tokens": v.at_least(16, "the chat template alone is longer"),
+  "task.tool": v.one_of(*sections.TOOLS),
+  "task.tool_format": v.one_of(*sections.TOOL_FORMATS),
+  "task.tool_prompt": v.one_of(*sections.TOOL_PROMPTS),
+  "task.max_turns": _POSITIVE_INT,
+  "task.max_turn_tokens": v.at_least(0, "0 = rollout.max_new_tokens"),
   "reward.name": v.one_of(*sections.REWARDS),
   "reward.judge_timeout_s": _POSITIVE,
   "rollout.engine": v.one_of(*sections.ENGINES),
@@ -170,6 +186,7 @@ FIELD_RULES: dict[str, v.Rule] = {
   "run.keep_checkpoints": _POSITIVE_INT,
   "run.eval_every": v.at_least(0, "0 = only before and after training"),
   "run.max_staleness": _POSITIVE_INT,
+  "run.async_mode": _async_mode,
 }
 
 # The Python types a field's hint may name; a config holds only what its
@@ -316,6 +333,45 @@ def _task_checks(cfg: TrainConfig) -> list[Problem]:
   if t.name in data_lib.DATASET_SPECS and not t.data_path:
     expected = f"the file of dataset task.name={t.name!r}"
     out.append(Problem("task.data_path", t.data_path, expected))
+  return out + _tool_task_checks(cfg)
+
+
+def _tool_task_checks(cfg: TrainConfig) -> list[Problem]:
+  """A tool task's episodes (rljax.train.tasks.ToolTask): what the
+  multi-turn rollout supports, and room for a whole trajectory."""
+  from rljax.train.tasks import TOOL_LEVELS, TOOL_TASKS  # no jax
+
+  t, out = cfg.task, []
+  if t.name not in TOOL_TASKS:
+    return out
+  if t.difficulty not in TOOL_LEVELS:
+    expected = f"a level of task.name={t.name!r}: one of {tuple(TOOL_LEVELS)}"
+    out.append(Problem("task.difficulty", t.difficulty, expected))
+  why = (
+    f"with task.name={t.name!r} (an episode's rewards and tool metrics do "
+    "not travel through the pipelined queue and its checkpoint)"
+  )
+  if cfg.run.pipelined:
+    out.append(Problem("run.pipelined", cfg.run.pipelined, f"False {why}"))
+  elif getattr(cfg.run, "async_mode", "off") != "off":  # pipelined's twin
+    out.append(Problem("run.async_mode", cfg.run.async_mode, f"'off' {why}"))
+  if cfg.reward.name != "verifier":
+    expected = (
+      f"'verifier' with task.name={t.name!r} (the environment scores each "
+      "episode's final answer)"
+    )
+    out.append(Problem("reward.name", cfg.reward.name, expected))
+  new = cfg.rollout.max_new_tokens
+  if t.max_prompt_tokens - new < 16:
+    expected = (
+      f">= rollout.max_new_tokens + 16 = {new + 16} with task.name="
+      f"{t.name!r}: every turn's engine call holds the first prompt and the "
+      f"trajectory so far (up to max_new_tokens={new} ids)"
+    )
+    out.append(Problem("task.max_prompt_tokens", t.max_prompt_tokens, expected))
+  if t.max_turn_tokens > new:
+    expected = f"<= rollout.max_new_tokens={new}, the whole trajectory's ids"
+    out.append(Problem("task.max_turn_tokens", t.max_turn_tokens, expected))
   return out
 
 
@@ -365,10 +421,19 @@ def _silent_no_op_checks(cfg: TrainConfig) -> list[Problem]:
   run = cfg.run
   if run.max_staleness != 1 and not run.pipelined:
     expected = (
-      "1 without --run.pipelined (a synchronous run is never stale; add "
-      "--run.pipelined)"
+      "1 without --run.async_mode=one_step (a synchronous run is never "
+      "stale; add --run.async_mode=one_step, or its alias --run.pipelined)"
     )
     out.append(Problem("run.max_staleness", run.max_staleness, expected))
+  if run.async_mode in sections.ASYNC_MODES and run.pipelined != (
+    run.async_mode == "one_step"
+  ):
+    expected = (
+      f"{'one_step' if run.pipelined else 'off'} with run.pipelined="
+      f"{run.pipelined} (--run.pipelined is an alias of "
+      "--run.async_mode=one_step: set one of them, or both alike)"
+    )
+    out.append(Problem("run.async_mode", run.async_mode, expected))
   if cfg.uses_critic and cfg.critic.value_coef == 0:
     expected = (
       "> 0 with advantage.estimator='gae': a critic that never learns would "

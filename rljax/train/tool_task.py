@@ -1,0 +1,245 @@
+"""Tool tasks: the trainer's prompts are multi-turn episodes with a tool.
+
+`--task.name=tool_arithmetic` trains on `rljax.envs.generate_tool_arithmetic`
+(4-6 digit operands, exact answers a 135M model does not know by heart):
+each rollout row is an episode of `rljax.rollout.multiturn.rollout_multiturn`
+in a fresh `ToolEnv` (`--task.tool=calculator|python`,
+`--task.tool_format=tags|qwen`), its reward the environment's verdict on the
+final answer (`rljax.envs.score_answer`), its `action_mask` the model's ids.
+The collector (`collect.py`) runs the episodes instead of one generation
+when a task says `multi_turn`; held-out evaluation (`heldout.py`) runs them
+greedily.
+
+Budgets: `rollout.max_new_tokens` bounds a whole trajectory (model and tool
+ids: the width the update step packs responses to), `task.max_turn_tokens`
+one model turn, `task.max_turns` the turns. Every engine call's prompt is
+the first prompt plus the trajectory so far, so the engine's prompt capacity
+(`task.max_prompt_tokens`) must hold both: first prompts are kept up to
+`max_prompt_tokens - max_new_tokens` ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Sequence
+
+from rljax import data as data_lib
+from rljax import envs
+from rljax.rollout.base import SamplingConfig
+from rljax.rollout.multiturn import (
+  MultiTurnConfig,
+  MultiTurnRollout,
+  rollout_multiturn,
+)
+from rljax.train import tasks as tasks_lib
+
+TOOL_TASKS = tasks_lib.TOOL_TASKS
+# Problems drawn for training: far more than a CPU run's steps × prompts,
+# and each is rendered and tokenized once at start (the length filter).
+TOOL_POOL = 4096
+# The worked example of `--task.tool_prompt=example`.
+_EXAMPLE_QUESTION = "What is 1234 \u00d7 5678?"
+_EXAMPLE_EXPRESSION = "1234 * 5678"
+_EXAMPLE_ANSWER = "7006652"
+
+
+def _identity(text: str) -> str:
+  return text
+
+
+def make_tool(name: str) -> envs.Tool:
+  """The tool `--task.tool` names."""
+  if name == "calculator":
+    return envs.CalculatorTool()
+  if name == "python":
+    return envs.PythonTool()
+  raise ValueError(f"task.tool={name!r}; expected 'calculator' or 'python'")
+
+
+def worked_example(tool: envs.Tool, format_name: str) -> str:
+  """One call of `tool` in `format_name` and its answer, as the model should
+  write them (the observation is the format's own text)."""
+  argument = (
+    _EXAMPLE_EXPRESSION
+    if tool.argument == "expression"
+    else f"print({_EXAMPLE_EXPRESSION})"
+  )
+  if format_name == "tags":
+    call = f"<{tool.name}>{argument}</{tool.name}>"
+  else:
+    body = json.dumps(
+      {"name": tool.name, "arguments": {tool.argument: argument}}
+    )
+    call = f"<tool_call>\n{body}\n</tool_call>"
+  fmt = envs.make_format(format_name)
+  output = fmt.observation([envs.ToolResult(_EXAMPLE_ANSWER)])
+  return (
+    f"Example:\n{_EXAMPLE_QUESTION}\n{call}{output}"
+    f"The answer is \\boxed{{{_EXAMPLE_ANSWER}}}."
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolPrompt:
+  """The first observation: instructions, [a worked example,] question."""
+
+  example: str = ""
+
+  def __call__(self, example: data_lib.Example, instructions: str) -> str:
+    shown = f"\n\n{self.example}" if self.example else ""
+    return (
+      f"{instructions}{shown}\n\n{example.question}\n"
+      "Put the final answer in \\boxed{}."
+    )
+
+
+class ToolTask(tasks_lib.Task):
+  """A task whose rollouts are tool episodes (`multi_turn`): `episodes`
+  runs them on an engine; `prompt_ids` is an episode's first prompt."""
+
+  multi_turn = True
+
+  def __init__(
+    self,
+    train: Sequence[data_lib.Example],
+    held_out: Sequence[data_lib.Example],
+    tokenizer,
+    batch_size: int,
+    seed: int,
+    max_prompt_tokens: int,
+    env_config: envs.ToolEnvConfig,
+    tool: envs.Tool,
+    response_tokens: int,
+    turn_tokens: int,
+    prompt: ToolPrompt = ToolPrompt(),
+    prompts_filtered_long: int = 0,
+  ):
+    # The chat template around the environment's first observation.
+    render = data_lib.ChatTemplate(tokenizer, user_template=_identity)
+    super().__init__(
+      train,
+      held_out,
+      tokenizer,
+      render,
+      batch_size,
+      seed,
+      max_prompt_tokens,
+      reward_workers=0,
+      prompts_filtered_long=prompts_filtered_long,
+    )
+    self.env_config = env_config
+    self.tool = tool
+    self.prompt = prompt
+    self.multiturn_config = MultiTurnConfig(max_response_tokens=response_tokens)
+    self.turn_tokens = turn_tokens
+
+  def make_env(self) -> envs.ToolEnv:
+    """A fresh environment (one per episode: it holds the episode)."""
+    return envs.ToolEnv(
+      [self.tool],
+      self.env_config,
+      count_tokens=self._count_tokens,
+      prompt_fn=self.prompt,
+    )
+
+  def _count_tokens(self, text: str) -> int:
+    return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+  def render_ids(self, first_observation: str) -> list[int]:
+    return self.tokenizer.encode(
+      self.render(first_observation), add_special_tokens=False
+    )
+
+  def prompt_text(self, example: data_lib.Example) -> str:
+    return self.render(self.make_env().reset(example))
+
+  def episodes(
+    self,
+    engine,
+    examples: Sequence[data_lib.Example],
+    sampling: SamplingConfig,
+  ) -> MultiTurnRollout:
+    """`sampling.n` episodes per example on `engine`; `sampling`'s
+    max_new_tokens is replaced by the task's per-turn cap."""
+    for e in examples:
+      self.prompt_ids(e)  # the capacity check, with the example named
+    return rollout_multiturn(
+      engine,
+      list(examples),
+      self.make_env,
+      self.tokenizer,
+      dataclasses.replace(sampling, max_new_tokens=self.turn_tokens),
+      self.multiturn_config,
+      render_prompt=self.render_ids,
+    )
+
+  def score(self, completions, examples, n):
+    raise NotImplementedError(
+      "a tool task's rewards are its episodes' (ToolTask.episodes), not "
+      "scores of single completions"
+    )
+
+
+def build_tool_task(cfg, tokenizer) -> ToolTask:
+  """The tool task `cfg.task` names (`tasks.build_task` dispatches here)."""
+  t, new = cfg.task, cfg.rollout.max_new_tokens
+  low, high = tasks_lib.TOOL_LEVELS[t.difficulty]
+  level = envs.ToolArithmeticConfig(min_steps=low, max_steps=high)
+  held_out = envs.generate_tool_arithmetic(
+    t.eval_size, seed=10_000 + cfg.run.seed, config=level
+  )
+  train = envs.generate_tool_arithmetic(
+    TOOL_POOL, seed=cfg.run.seed, config=level
+  )
+  held_q = {e.question for e in held_out}
+  train = [e for e in train if e.question not in held_q]
+  tool = make_tool(t.tool)
+  example = (
+    worked_example(tool, t.tool_format) if t.tool_prompt == "example" else ""
+  )
+  env_config = envs.ToolEnvConfig(
+    format=t.tool_format,
+    max_turns=t.max_turns,
+    max_total_tokens=new,  # the driver's budget, in ids, cuts first
+  )
+
+  def make(train_examples, held, dropped=0):
+    return ToolTask(
+      train_examples,
+      held,
+      tokenizer,
+      cfg.rollout.prompts_per_step,
+      cfg.run.seed,
+      t.max_prompt_tokens - new,
+      env_config,
+      tool,
+      new,
+      t.max_turn_tokens or new,
+      ToolPrompt(example),
+      prompts_filtered_long=dropped,
+    )
+
+  probe = make(train, held_out)  # renders first prompts for the filter
+  limit = probe.max_prompt_tokens
+
+  def fits(e):
+    text = probe.prompt_text(e)
+    return len(tokenizer.encode(text, add_special_tokens=False)) <= limit
+
+  kept_train = [e for e in train if fits(e)]
+  kept_held = [e for e in held_out if fits(e)]
+  dropped = len(train) + len(held_out) - len(kept_train) - len(kept_held)
+  probe.close()
+  if not kept_train:
+    raise ValueError(
+      f"task={t.name!r}: every first prompt is longer than "
+      f"task.max_prompt_tokens={t.max_prompt_tokens} - rollout.max_new_tokens"
+      f"={new} = {limit} ids; expected a larger max_prompt_tokens"
+    )
+  if dropped:
+    print(
+      f"[rljax] dropped {dropped} tool prompts longer than {limit} ids",
+      flush=True,
+    )
+  return make(kept_train, kept_held, dropped)
