@@ -98,7 +98,10 @@ def _counted(counter: _Counter, fn, into: list[int]):
 
 def main(argv):
   del argv
+  from rljax import distributed
   from rljax.train.loop import Trainer  # heavy imports after flag parsing
+
+  distributed.initialize_from_flags()  # before anything touches a device
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
 

@@ -484,6 +484,9 @@ def main(argv):
   del argv
   import dataclasses
 
+  from rljax import distributed
+
+  distributed.initialize_from_flags()  # before anything touches a device
   import jax
   from rljax import instrument
   from rljax.train import batch as batch_lib

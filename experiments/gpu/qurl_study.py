@@ -45,6 +45,7 @@ import tarfile
 import time
 
 from absl import app, flags
+from cap_rule import choose_cap
 
 _DRY = flags.DEFINE_bool("dry", False, "Tiny steps on the CPU (a check).")
 _OUT = flags.DEFINE_string(
@@ -292,23 +293,6 @@ def _calibrate(base, env, work, summary, save, t0, log) -> dict:
   chosen = {fmt: choose_cap(by_cap, fmt) for fmt, by_cap in measured.items()}
   print(f"[calibration] {json.dumps(chosen)}", flush=True)
   return chosen
-
-
-def choose_cap(by_cap: dict, fmt: str = "") -> dict:
-  """The pre-registered rule: of the caps tried ({C: TIS truncated fraction}),
-  the one whose truncation is in [1 %, 3 %] and nearest 2 %; if none is in
-  range, the nearest 2 % with `in_range` False (the study then says so)."""
-  if not by_cap:
-    raise RuntimeError(f"no calibration run of {fmt or 'this format'} finished")
-  inside = {c: t for c, t in by_cap.items() if 0.01 <= t <= 0.03}
-  pool = inside or by_cap
-  cap = min(pool, key=lambda c: abs(pool[c] - 0.02))
-  return {
-    "cap": cap,
-    "truncated": by_cap[cap],
-    "in_range": bool(inside),
-    "measured": {str(c): t for c, t in sorted(by_cap.items())},
-  }
 
 
 def _calibrated_config(caps: dict, path: str) -> str:

@@ -56,15 +56,14 @@ def _run(script, *args):
 
 @functools.lru_cache(maxsize=None)
 def _load_ablate():
-  """The script as a module; loaded once, since it defines absl flags."""
-  import importlib.util
+  """The script as the module `ablate`: it defines absl flags, so it is
+  executed once per process, and scripts that import it (long_horizon.py,
+  qurl_replay.py, imported by other test files of this worker) share it."""
+  if SCRIPTS not in sys.path:
+    sys.path.insert(0, SCRIPTS)
+  import ablate
 
-  spec = importlib.util.spec_from_file_location(
-    "ablate_under_test", os.path.join(SCRIPTS, "ablate.py")
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return ablate
 
 
 def test_checked_in_qurl_config_names_only_real_fields():
