@@ -12,34 +12,49 @@ import numpy as np
 from rljax.core import _validation as v
 
 
+def per_token_rows(
+  field: str, value: Any, response_ids: list[list[int]], what: str, unit: str
+) -> list[np.ndarray]:
+  """The per-token fields of `RolloutBatch` (`action_mask`,
+  `policy_version`) share their shape: a list with one 1-D array per
+  response, of that response's length. Checks it and returns the arrays
+  (dtype and values are each field's own check)."""
+  name = f"RolloutBatch.{field}"
+  if isinstance(value, (str, bytes, np.ndarray)) or not isinstance(
+    value, Sequence
+  ):
+    raise TypeError(v.field_message(name, value, what))
+  if len(value) != len(response_ids):
+    raise ValueError(
+      f"{name} has {len(value)} entries; expected one per response "
+      f"({len(response_ids)})"
+    )
+  out = []
+  for row, (entry, ids) in enumerate(zip(value, response_ids)):
+    arr = np.asarray(entry)
+    if arr.ndim != 1 or len(arr) != len(ids):
+      raise ValueError(
+        f"{name}[{row}] has shape {arr.shape}; expected ({len(ids)},), one "
+        f"{unit} per token of response {row}"
+      )
+    out.append(arr)
+  return out
+
+
 def check_action_mask(
   action_mask: Any, response_ids: list[list[int]]
 ) -> list[np.ndarray]:
   """`RolloutBatch.action_mask` validated: one 0/1 array per response, of
   its length; returned as bool arrays."""
-  if isinstance(action_mask, (str, bytes, np.ndarray)) or not isinstance(
-    action_mask, Sequence
-  ):
-    raise TypeError(
-      v.field_message(
-        "RolloutBatch.action_mask",
-        action_mask,
-        "a list of per-response 0/1 arrays, or None",
-      )
-    )
-  if len(action_mask) != len(response_ids):
-    raise ValueError(
-      f"RolloutBatch.action_mask has {len(action_mask)} entries; expected "
-      f"one per response ({len(response_ids)})"
-    )
+  rows = per_token_rows(
+    "action_mask",
+    action_mask,
+    response_ids,
+    "a list of per-response 0/1 arrays, or None",
+    "flag",
+  )
   out = []
-  for row, (mask, ids) in enumerate(zip(action_mask, response_ids)):
-    arr = np.asarray(mask)
-    if arr.ndim != 1 or len(arr) != len(ids):
-      raise ValueError(
-        f"RolloutBatch.action_mask[{row}] has shape {arr.shape}; expected "
-        f"({len(ids)},), one flag per token of response {row}"
-      )
+  for row, arr in enumerate(rows):
     if arr.size and not (
       arr.dtype == bool
       or (np.issubdtype(arr.dtype, np.number) and np.isin(arr, (0, 1)).all())

@@ -3,11 +3,11 @@ that sampled each response token (issue 47, per-token policy versions)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from rljax.core import _validation as v
+from rljax.rollout import trajectories
 
 
 def check_policy_version(
@@ -15,29 +15,15 @@ def check_policy_version(
 ) -> list[np.ndarray]:
   """`RolloutBatch.policy_version` validated: one array of non-negative
   integers per response, of its length; returned as int32 arrays."""
-  if isinstance(policy_version, (str, bytes, np.ndarray)) or not isinstance(
-    policy_version, Sequence
-  ):
-    raise TypeError(
-      v.field_message(
-        "RolloutBatch.policy_version",
-        policy_version,
-        "a list of per-response int arrays, or None",
-      )
-    )
-  if len(policy_version) != len(response_ids):
-    raise ValueError(
-      f"RolloutBatch.policy_version has {len(policy_version)} entries; "
-      f"expected one per response ({len(response_ids)})"
-    )
+  rows = trajectories.per_token_rows(
+    "policy_version",
+    policy_version,
+    response_ids,
+    "a list of per-response int arrays, or None",
+    "version",
+  )
   out = []
-  for row, (ver, ids) in enumerate(zip(policy_version, response_ids)):
-    arr = np.asarray(ver)
-    if arr.ndim != 1 or len(arr) != len(ids):
-      raise ValueError(
-        f"RolloutBatch.policy_version[{row}] has shape {arr.shape}; expected "
-        f"({len(ids)},), one version per token of response {row}"
-      )
+  for row, arr in enumerate(rows):
     if arr.size and (
       not np.issubdtype(arr.dtype, np.integer)
       or arr.min() < 0
