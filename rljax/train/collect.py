@@ -28,6 +28,7 @@ from rljax.envs import summarize
 from rljax.rewards import finite as finite_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
+from rljax.train import critic_pretrain
 from rljax.train.config import TrainConfig
 
 
@@ -265,7 +266,9 @@ class Collector:
     def job():
       extra = self.actor.push(rparams, diag)
       rb, ex, t_gen = self._generate(step, 0, examples)
-      extra["rollout_staleness"] = float(step - 1 - version)
+      # Versions count policy updates (value-pretraining steps do not).
+      trained_by = critic_pretrain.policy_version(self.cfg, step - 1)
+      extra["rollout_staleness"] = float(trained_by - version)
       return rb, ex, t_gen, extra
 
     self._pending.append(self._executor.submit(job))

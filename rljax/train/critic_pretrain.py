@@ -50,6 +50,16 @@ def is_pretraining(cfg: TrainConfig, step: int) -> bool:
   return step <= steps(cfg)
 
 
+def policy_version(cfg: TrainConfig, step: int) -> int:
+  """The version of θ after step `step`: how many policy updates made it.
+
+  Value-pretraining steps update the critic only, so they are not versions:
+  a token sampled by θ_0 and trained after P pretraining steps has lag 0,
+  not P (`RolloutBatch.policy_version`, `staleness.py`).
+  """
+  return max(0, step - steps(cfg))
+
+
 def monte_carlo_config(cfg: TrainConfig) -> TrainConfig:
   """`cfg` with λ_critic = 1: the batch's returns are Monte-Carlo returns."""
   return dataclasses.replace(

@@ -311,10 +311,14 @@ class Trainer:
       updates, batch, seeds, cfg.update.minibatches, step, cfg.run.run_dir
     )
     metrics = {**rollout.metrics, **batch_metrics}
-    # θ_old (the proximal pass) is the state before this step: version
-    # step − 1; each token's lag behind it (staleness.py).
+    # θ_old (the proximal pass) is the state before this step; each
+    # token's lag behind its version (staleness.py).
     metrics.update(
-      staleness.rollout_lag_metrics(rollout.batch, step - 1, rollout.valid)
+      staleness.rollout_lag_metrics(
+        rollout.batch,
+        critic_pretrain.policy_version(cfg, step - 1),
+        rollout.valid,
+      )
     )
     metrics["time_update"] = time.perf_counter() - t_update
     metrics.update(update_lib.reduce_metrics(updates))
@@ -349,9 +353,11 @@ class Trainer:
     return self.placement.local(self.policy_params())
 
   def _theta(self) -> tuple:
-    """(θ as the model runs it, on this host, and the step it is from):
-    what a sync or an evaluation reads."""
-    return self.local_policy_params(), self.step_num
+    """(θ as the model runs it, on this host, and its version: the policy
+    updates that made it, value-pretraining steps not counted): what a sync
+    or an evaluation reads."""
+    version = critic_pretrain.policy_version(self.cfg, self.step_num)
+    return self.local_policy_params(), version
 
   def run(self) -> list[dict[str, float]]:
     """Trains to `cfg.run.steps` RL steps after any value pretraining
@@ -367,7 +373,8 @@ class Trainer:
         # The next sync's QuRL diagnostics compare against the θ the
         # uninterrupted run last synced, not against this resume's sync.
         self.actor.restore_diagnostics_reference(
-          jax.tree.map(jnp.asarray, self._diag_reference), self.step_num - 1
+          jax.tree.map(jnp.asarray, self._diag_reference),
+          critic_pretrain.policy_version(cfg, self.step_num - 1),
         )
         self._diag_reference = None
       for k in range(self.collector.pending, cfg.run.max_staleness):

@@ -85,6 +85,9 @@ def test_pretraining_fits_the_critic_only_and_a_killed_run_resumes(tmp_path):
   assert [r["step"] for r in rest] == [2, 3]
   assert [r.get("critic_pretrain", 0.0) for r in rest] == [1.0, 0.0]
   assert "loss" in rest[1] and np.isfinite(rest[1]["value_loss"])
+  # Pretraining steps are not policy versions: θ_0's tokens trained after
+  # them lag 0 (counting steps would read 1 on step 3).
+  assert [r["version_lag_max"] for r in rest] == [0.0, 0.0]
   assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2, 3]
   assert any(not np.array_equal(a, b) for a, b in zip(policy, after))
 
@@ -96,5 +99,11 @@ def test_no_critic_means_no_pretraining_steps():
   assert critic_pretrain.total_steps(cfg) == 4
   cfg = apply_preset("vapo", {"critic.pretrain_steps": 3, "run.steps": 4})
   assert critic_pretrain.total_steps(cfg) == 7
+  assert [critic_pretrain.policy_version(cfg, s) for s in (0, 3, 4, 7)] == [
+    0,
+    0,
+    1,
+    4,
+  ]
   assert cfg.optim_config(critic=True).steps == 7
   assert cfg.optim_config().steps == 4
