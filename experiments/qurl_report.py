@@ -28,7 +28,8 @@ import sys
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from qurl_report_lib.claims import QUESTIONS, claims_section  # noqa: E402
+from qurl_report_lib.claim_list import QUESTIONS  # noqa: E402
+from qurl_report_lib.claims import claims_section  # noqa: E402
 from qurl_report_lib.fair_test import fair_test_section  # noqa: E402
 from qurl_report_lib.sections import (  # noqa: E402
   ablation_section,

@@ -8,8 +8,9 @@ Lowest first; a module imports only those before it:
   gates     what a claim may say: the arms' effective configs (the UAQ
             scale applied), the fields two arms differ in, and the "not
             tested / not exercised / not attributable" gates of issue 44;
-  claims    the claims table: which configs each question compares, and the
-            verdict of each;
+  claim_list  what is claimed: the configs each question compares, the
+            fields they may differ in, the studies' markers;
+  claims    the claims table: the verdict of each claim;
   fair_test Q6's pre-registered readouts (the KL slope beside held-out
             accuracy) and Q7's, each verdict beside its exposure, the A/A
             floor and Q6's calibration;

@@ -29,7 +29,8 @@ import os
 import numpy as np
 
 from qurl_report_lib import gates
-from qurl_report_lib.claims import UNCALIBRATED, aa_floor, with_aa_sources
+from qurl_report_lib.claim_list import UNCALIBRATED
+from qurl_report_lib.claims import aa_floor, with_aa_sources
 from qurl_report_lib.gates import (
   CALIBRATION_STEPS,
   FP32_CLIP_HIGH,
@@ -237,7 +238,7 @@ def _q6_block(name: str, study: dict, rows: list[dict]) -> list[str]:
     if not (a.endswith("_tis") and b.endswith("_acr")):
       continue
     fmt_name = a.rpartition("_")[0]
-    # The claims table marks its own rows (claims.PREREGISTERED).
+    # The claims table marks its own rows (claim_list.PREREGISTERED).
     note = gates.calibration_note(study, a)
     mark = UNCALIBRATED if note else ""
     readout = slope_readout(study, a, b)
