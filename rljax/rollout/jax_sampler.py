@@ -17,7 +17,8 @@ One `generate(prompt_ids, sampling)` call, concern by concern (file by file):
      ├─ continuous (batching="continuous", off a mesh)
      │    slot_scheduler.run   host loop: a queue of prompts, G slot groups
      │         │               of n rows; refills freed groups between
-     │         │               chunks of decode steps
+     │         │               chunks of decode steps; takes in-flight
+     │         │               weight updates there (`inflight`)
      │         └─ slot_program   jitted prefill into free groups, decode
      │                           chunks with per-row cache slots, cache
      │                           resize (own KV capacity follows the
@@ -68,6 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.models import sharding as sharding_lib
+from rljax.rollout import inflight
 from rljax.rollout import request_plan
 from rljax.rollout import sampler_weights
 from rljax.rollout import slot_scheduler
@@ -130,6 +132,7 @@ class JaxSampler:
     decode_slots: int | None = None,
     chunk_steps: int = 32,
     group_width: int | None = None,
+    inflight_kv: str = "keep",
   ):
     """Builds the sampler.
 
@@ -182,8 +185,13 @@ class JaxSampler:
         reading one copy of its prompt's keys). Narrower groups refill
         sooner after a sample ends, at the cost of n / width prefix copies
         (`slot_scheduler.run`).
+      inflight_kv: what an in-flight weight update (`generate`'s
+        `weight_updates`) does to the rows it finds decoding: "keep" their
+        KV, made by the old weights (PipelineRL), or "recompute" it with
+        the new ones first (AReaL; `slot_program.recompute_kv`).
     """
     self._quant = sampler_weights.check_quant(quant, "JaxSampler")
+    self.inflight_kv = inflight.check_inflight_kv(inflight_kv, "JaxSampler")
     if batching not in BATCHING_MODES:
       raise ValueError(
         f"JaxSampler: batching={batching!r}; expected one of {BATCHING_MODES}"
@@ -233,6 +241,8 @@ class JaxSampler:
     self._signatures: set[Any] = set()
     # (seconds into the last continuous rollout, live share) per chunk.
     self.last_timeline: list[tuple[float, float]] = []
+    # The last continuous rollout's `SlotRun.stats` (swap figures included).
+    self.last_stats: dict[str, Any] = {}
     self._last_kv_bytes = 0
     self._closed = False
     if params is not None:
@@ -311,6 +321,7 @@ class JaxSampler:
         self.rollout_config,
         self._slot_params(),
         sampling,
+        recompute=self.inflight_kv == "recompute",
         **self._slot_args(prompts, sampling),
       )
       return time.perf_counter() - start
@@ -328,16 +339,28 @@ class JaxSampler:
     prompt_ids: Sequence[Sequence[int]],
     sampling: SamplingConfig,
     max_new_tokens_per_sample: Sequence[int] | None = None,
+    *,
+    weight_updates: Any = None,
+    version: int = 0,
   ) -> RolloutBatch:
     """Samples `sampling.n` responses per prompt (see `RolloutBatch`).
 
     `max_new_tokens_per_sample` (P·n ints in [1, max_new_tokens], row order
     of `RolloutBatch`) caps each sample on its own, as vLLM's per-request
     `max_tokens` (the benchmark's long-tail workload).
+
+    `weight_updates`, continuous batching only (`inflight`): a callable
+    polled between decode chunks, returning None or (full-precision params,
+    new_version >= the current one), prepared as `update_weights` does
+    (same path) and kept by the engine; rows in flight keep or recompute
+    their KV (`inflight_kv`). The batch then carries `policy_version`
+    (`version` before the first update, each update's after it) and
+    `last_stats` the swaps. Without a hook: the call as before the option.
     """
     prompts, chunks = self._check_generate_args(
       prompt_ids, sampling, "generate"
     )
+    swaps = inflight.swaps_for(self, weight_updates, version, self._slot_params)
     n = sampling.n
     limits = request_plan.check_row_limits(
       max_new_tokens_per_sample, len(prompts) * n, sampling.max_new_tokens
@@ -345,7 +368,7 @@ class JaxSampler:
     start = time.perf_counter()
     self._last_kv_bytes = 0
     if self.batching == "continuous":
-      return self._generate_continuous(prompts, sampling, start, limits)
+      return self._generate_continuous(prompts, sampling, start, limits, swaps)
     responses: list[list[int]] = []
     behav: list[np.ndarray] = []
     decode_steps = 0
@@ -440,7 +463,7 @@ class JaxSampler:
     }
 
   def _generate_continuous(
-    self, prompts, sampling, start, limits
+    self, prompts, sampling, start, limits, swaps=None
   ) -> RolloutBatch:
     out = slot_scheduler.run(
       self.rollout_config,
@@ -449,11 +472,16 @@ class JaxSampler:
       list(range(len(prompts))),
       sampling,
       row_limits=limits,
+      swaps=swaps,
       **self._slot_args(prompts, sampling),
     )
     self.last_timeline = out.stats["timeline"]
-    stats = {k: v for k, v in out.stats.items() if k != "timeline"}
-    return _batch(prompts, out.tokens, out.logp, sampling, start, stats)
+    self.last_stats = out.stats
+    # Timing takes the scalars (not the timeline, the per-swap row counts).
+    stats = {k: v for k, v in out.stats.items() if not isinstance(v, list)}
+    return _batch(
+      prompts, out.tokens, out.logp, sampling, start, stats, out.versions
+    )
 
   # -- static batching --------------------------------------------------------
 
@@ -520,9 +548,12 @@ class JaxSampler:
     return jax.device_put(x, sharding)
 
 
-def _batch(prompts, responses, behav, sampling, start, stats) -> RolloutBatch:
+def _batch(
+  prompts, responses, behav, sampling, start, stats, versions=None
+) -> RolloutBatch:
   """The request's `RolloutBatch`: finish reasons from the last token, the
-  timing (wall seconds since `start`, tokens/s) plus the engine's `stats`."""
+  timing (wall seconds since `start`, tokens/s) plus the engine's `stats`,
+  per-token policy `versions` (None: unknown)."""
   stop_set = set(sampling.stop_token_ids)
   reasons = [
     "stop" if ids and ids[-1] in stop_set else "length" for ids in responses
@@ -542,4 +573,5 @@ def _batch(prompts, responses, behav, sampling, start, stats) -> RolloutBatch:
     finish_reason=reasons,
     n=sampling.n,
     timing=timing,
+    policy_version=versions,
   )

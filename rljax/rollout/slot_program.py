@@ -12,7 +12,7 @@ g holds the n samples of one prompt, rows g·n .. g·n + n - 1:
                 in buckets with the longest live row (`resize_cache`);
   row state     last token, its position, length, done, PRNG key data.
 
-Three programs move it, each keyed by static shapes only:
+Four programs move it, each keyed by static shapes only:
 
   prefill_groups  F prompts (F a power of two) into F free groups: their
                   prefix entries, first tokens, keys (one program per
@@ -21,7 +21,10 @@ Three programs move it, each keyed by static shapes only:
                   early when enough groups have finished for a refill
                   (`refill_at`) or every row is done; returns the tokens
                   and log-probs each row sampled in the chunk;
-  resize_cache    the own cache padded or cut to another capacity C.
+  resize_cache    the own cache padded or cut to another capacity C;
+  recompute_kv    every live row's KV (its group's prefix entry and its
+                  own cache) recomputed with new weights, for an in-flight
+                  weight update in "recompute" mode (`inflight`).
 
 Why groups and not single rows: a row's prompt keys are read through the
 group's one prefix entry, so the n samples of a prompt never read n copies
@@ -413,6 +416,92 @@ def resize_cache(capacity: int, state):
     "v": tuple(fit(x, 2) for x in cache["v"]),
   }
   return {**state, "cache": cache}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def recompute_kv(
+  config, plan: SlotPlan, params, state, prompt_tokens, prompt_mask, response
+):
+  """Every live row's KV recomputed with `params` (AReaL's re-prefill).
+
+  One teacher-forced pass of `forward_with_cache` over each row's whole
+  sequence, [its group's prompt (Lp, left-padded) | its own C slots]: the
+  prompt's keys and values (taken from the group's first row) replace the
+  group's prefix entry, the response's replace the row's own cache. Only
+  the tokens the row has fed (t < length - 1) are attended to; its last
+  sampled token is fed by the next decode step, as before the update. The
+  sampled tokens, their log-probs and the row state (token, position,
+  length, keys) are untouched: the old weights sampled them.
+
+  Cost: one prefill of S·(Lp + C) tokens (the prompt part n-fold, once per
+  row of a group), attention over (Lp + C)² per row, an [L, S, Lp + C, Hkv,
+  hd] scratch cache. Chosen over replaying C decode steps (S·C tokens but C
+  sequential steps, each as slow as a sampling step) because one batched
+  pass keeps the matmuls large, reuses the tested prefill path, and writes
+  what a fresh prefill of prompt + tokens would (a new engine given the
+  sequence as its prompt). Rows that are done and groups with no live row
+  keep their entries. One compile per (plan, C).
+
+  Args:
+    config, plan: static.
+    params: the new rollout weights (stacked layers, as `prefill_groups`).
+    state: the slot state (donated).
+    prompt_tokens, prompt_mask: int32 [G, Lp], each group's prompt as its
+      prefill wrote it (anything for a group with no live row).
+    response: int32 [S, C] each row's sampled tokens, slot t = token t.
+
+  Returns:
+    the state with new "prefix" and "cache".
+  """
+  n, lp = plan.n, plan.prompt_len
+  capacity = state["cache"]["v"][0].shape[2]
+  live = ~state["done"]
+  fed = (
+    jnp.arange(capacity, dtype=jnp.int32)[None] < state["length"][:, None] - 1
+  )
+  mask = jnp.concatenate(
+    [
+      jnp.repeat(prompt_mask, n, axis=0),
+      (fed & live[:, None]).astype(jnp.int32),
+    ],
+    axis=1,
+  )
+  tokens = jnp.concatenate([jnp.repeat(prompt_tokens, n, axis=0), response], 1)
+  cache = models.init_cache(config, plan.slots, lp + capacity, plan.cache_dtype)
+  _, cache = models.forward_with_cache(
+    config,
+    params,
+    tokens,
+    decoder_lib.positions_from_mask(mask),
+    cache,
+    0,
+    mask,
+    activation_dtype=plan.activation_dtype,
+    last_only=True,
+  )
+  prefix = decoder_lib.to_prefix_cache(
+    {name: x[:, ::n, :lp] for name, x in cache.items()}
+  )
+  own = decoder_lib.to_decode_cache(
+    {name: x[:, :, lp:] for name, x in cache.items()}
+  )
+  group_live = jnp.any(live.reshape(plan.groups, n), axis=1)
+
+  def keep_dead(rows_live):
+    def pick(new, old):
+      return jnp.where(
+        rows_live.reshape((-1,) + (1,) * (old.ndim - 1)),
+        new.astype(old.dtype),
+        old,
+      )
+
+    return pick
+
+  return {
+    **state,
+    "prefix": jax.tree.map(keep_dead(group_live), prefix, state["prefix"]),
+    "cache": jax.tree.map(keep_dead(live), own, state["cache"]),
+  }
 
 
 def cache_capacity(needed: int, most: int) -> int:

@@ -6,11 +6,17 @@ group, when the own cache grows or shrinks, and what each row sampled.
         │                                      ▼
   rows' tokens ◄── decode_chunk (≤ chunk_steps steps, leaves when
   appended          `refill_at` groups are free) ◄── resize_cache (C follows
-                                                     the longest live row)
+        │                                            the longest live row)
+        ▼
+  swap point (only with a `weight_updates` hook, while work is left):
+  hook() ──► None: go on ──► (params, version): new weights for every later
+  prefill and chunk; inflight_kv="recompute" first rewrites the live rows'
+  KV with them (`slot_program.recompute_kv`), "keep" leaves it (`inflight`)
 
 It loops until the queue is empty and every row is done, then returns each
 row's tokens and behaviour log-probs in the engine's order (sample j of
-prompt i is row i·n + j) with the run's occupancy figures.
+prompt i is row i·n + j) with the run's occupancy figures, and with a hook
+each token's policy version and the swap figures.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 
 from rljax.models import decoder as decoder_lib
 from rljax.models import fusion as fusion_lib
+from rljax.rollout import inflight
 from rljax.rollout import slot_program
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.static_program import new_token_capacity
@@ -111,11 +118,12 @@ def warm(
   activation_dtype: Any,
   note_program: Callable[[Any], None] = lambda sig: None,
   group_width: int | None = None,
+  recompute: bool = False,
 ) -> None:
   """Compiles the programs `run` may call for this request's shapes: a
   prefill of each size (`prefill_sizes`), a decode chunk at each own-cache
   capacity and the growing resizes between them (one step each, on
-  throwaway prompts)."""
+  throwaway prompts); with `recompute`, `recompute_kv` at each capacity."""
   prefill_params, decode_params = params
   plan = make_plan(
     sampling,
@@ -154,6 +162,17 @@ def warm(
     if i:
       note_program(("resize", plan, sizes[i - 1], capacity))
       state = slot_program.resize_cache(capacity, state)
+    if recompute:
+      note_program(("recompute", plan, capacity))
+      state = slot_program.recompute_kv(
+        config,
+        plan,
+        prefill_params,
+        state,
+        jnp.full((groups, prompt_len), pad_id, jnp.int32),
+        jnp.ones((groups, prompt_len), jnp.int32),
+        jnp.full((plan.slots, capacity), pad_id, jnp.int32),
+      )
     note_program(("decode", plan, capacity))
     out = slot_program.decode_chunk(
       config,
@@ -172,11 +191,14 @@ def warm(
 class SlotRun:
   """What `run` returns: per-row tokens and log-probs, in engine order, and
   the run's figures (`stats`: decode_steps, slot_steps, live_row_steps,
-  occupancy, chunks, prefills, kv_bytes_peak, capacity_peak, timeline)."""
+  occupancy, chunks, prefills, kv_bytes_peak, capacity_peak, timeline;
+  with `swaps` also `inflight.Swaps.stats`); `versions`: with `swaps`, each
+  token's policy version, else None."""
 
   tokens: list[list[int]]
   logp: list[np.ndarray]
   stats: dict[str, Any]
+  versions: list[np.ndarray] | None = None
 
 
 def run(
@@ -196,6 +218,7 @@ def run(
   max_steps: int | None = None,
   row_limits: np.ndarray | None = None,
   group_width: int | None = None,
+  swaps: inflight.Swaps | None = None,
 ) -> SlotRun:
   """Samples sampling.n responses of every prompt through G slot groups.
 
@@ -218,6 +241,8 @@ def run(
       samples go in n / width blocks, each admitted on its own with its
       own copy of the prompt's keys. Narrower groups refill sooner after a
       sample ends; each block reads its own prefix copy at every step.
+    swaps: in-flight weight updates (`inflight.Swaps`), polled after each
+      decode chunk while work is left; None: the weights never change.
   """
   prefill_params, decode_params = params
   n = sampling.n
@@ -257,6 +282,12 @@ def run(
   row_done = np.ones((slots,), bool)
   tokens: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
   logps: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
+  versions: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
+  # Each group's prompt as its prefill wrote it (a recompute re-reads it).
+  group_prompts = (
+    np.full((groups, prompt_len), pad_id, np.int32),
+    np.zeros((groups, prompt_len), np.int32),
+  )
   sizes = prefill_sizes(groups)
   stats = collections.Counter()
   kv_peak = slot_program.kv_bytes(config, plan, capacity)
@@ -307,6 +338,8 @@ def run(
       )
       tok, logp = jax.device_get((tok, logp))
       stats["prefills"] += 1
+      group_prompts[0][free[:take]] = toks[:take]
+      group_prompts[1][free[:take]] = mask[:take]
       for i, (p, k) in enumerate(chosen):
         for j in range(width):
           row, out, at = (
@@ -317,6 +350,8 @@ def run(
           owner[row] = out
           tokens[out] = [tok[at : at + 1]]
           logps[out] = [logp[at : at + 1]]
+          if swaps is not None:
+            versions[out] = [np.full((1,), swaps.version, np.int32)]
           row_len[row] = 1
           row_done[row] = int(tok[at]) in stop_set or row_limits[out] <= 1
       continue
@@ -351,6 +386,8 @@ def run(
       count = int(grew[row])
       tokens[owner[row]].append(out_tok[row, :count])
       logps[owner[row]].append(out_logp[row, :count])
+      if swaps is not None:
+        versions[owner[row]].append(np.full((count,), swaps.version, np.int32))
     row_len, row_done = length.astype(np.int64), np.array(done, bool)
     stats["chunks"] += 1
     stats["decode_steps"] += int(steps)
@@ -362,6 +399,25 @@ def run(
         int(live) / max(1, int(steps) * slots),
       )
     )
+    # The swap point: between two chunks, while prompts wait or rows live.
+    if swaps is not None and (queue or not row_done.all()):
+      new_params = swaps.poll()
+      if new_params is not None:
+        prefill_params, decode_params = new_params
+        in_flight = ~row_done
+        swaps.rows_in_flight.append(int(in_flight.sum()))
+        if swaps.mode == "recompute" and in_flight.any():
+          state = swaps.recompute(
+            config,
+            plan,
+            prefill_params,
+            state,
+            group_prompts,
+            inflight.response_matrix(
+              tokens, owner, in_flight, capacity, pad_id
+            ),
+            note_program,
+          )
 
   out_tokens = [np.concatenate(t).astype(np.int32).tolist() for t in tokens]
   out_logp = [np.concatenate(lp).astype(np.float32) for lp in logps]
@@ -371,4 +427,8 @@ def run(
   summary["kv_bytes_peak"] = int(kv_peak)
   summary["capacity_peak"] = int(capacity_peak)
   summary["timeline"] = timeline
-  return SlotRun(tokens=out_tokens, logp=out_logp, stats=summary)
+  if swaps is None:
+    return SlotRun(tokens=out_tokens, logp=out_logp, stats=summary)
+  summary.update(swaps.stats())
+  out_versions = [np.concatenate(v).astype(np.int32) for v in versions]
+  return SlotRun(out_tokens, out_logp, summary, versions=out_versions)
