@@ -10,7 +10,9 @@ from qurl_report_lib import gates
 from qurl_report_lib.claim_list import (
   AA_FROM,
   CLAIMS,
+  LR,
   PREREGISTERED,
+  U,
   UNCALIBRATED,
 )
 from qurl_report_lib.stats import (
@@ -21,7 +23,7 @@ from qurl_report_lib.stats import (
   paired_bootstrap,
   verdict,
 )
-from qurl_report_lib.studies import final_scores
+from qurl_report_lib.studies import final_scores, run_quant_curves
 
 
 def compare(study: dict, a: str, b: str) -> dict | None:
@@ -119,6 +121,26 @@ def _uaq(study: dict, name: str, seeds) -> str:
   return "/".join(f"{v:g}" for v in vals)
 
 
+def _visibility(study: dict, a: str, b: str, seeds) -> str:
+  """UAQ's exposure beside a claim about it or its learning-rate control:
+  the share of INT8/FP8 codes a sync changes and the update-to-quant-error
+  ratio (QuRL Fig. 9), arm A → arm B, means over seeds; '' if not logged."""
+  keys = (
+    ("quant/quantized_change_fraction", "codes changed / sync"),
+    ("quant/update_to_quant_error", "update / quant error"),
+  )
+  parts = []
+  for key, label in keys:
+    means = []
+    for arm in (a, b):
+      vals = [run_quant_curves(study["runs"][arm][s])[key] for s in seeds]
+      vals = [x for x in vals if x is not None]
+      means.append(float(np.mean(vals)) if vals else None)
+    if None not in means:
+      parts.append(f"{label} {means[0]:.2e} → {means[1]:.2e}")
+  return "; exposure (A → B): " + ", ".join(parts) if parts else ""
+
+
 def gate_claim(
   study: dict, claim: str, a: str, b: str, named, result: dict, v: str, why: str
 ) -> tuple[str, str]:
@@ -146,6 +168,8 @@ def gate_claim(
     gates.updates_per_rollout(c) == 1 for _, c in runs
   ):
     why += "; ACR ≡ TIS in these runs (one update per rollout: R ≡ 1)"
+  if U in named or LR in named:
+    why += _visibility(study, a, b, result["seeds"])
   if tuple(named) == ("rollout.uaq_scale",) and v == "supported":
     scale = gates.effective_config(study["runs"][b][result["seeds"][0]])[
       "rollout.uaq_scale"

@@ -362,3 +362,20 @@ def test_aa_floor_is_borrowed_by_a_study_without_an_aa_arm(tmp_path):
     {"q7_uaq_long_horizon": q7}, "q7_uaq_long_horizon", "fp32", "int8_tis_uaq1"
   )
   assert alone["verdict"] == gates.NOT_ATTRIBUTABLE
+
+
+def test_uaq_claims_print_the_visibility_they_changed():
+  """Issue 44 item 7, archived: UAQ s=2 against its learning-rate control
+  (lr × 2 without UAQ) on one instrument; the verdict carries UAQ's exposure
+  (codes a sync changes, update-to-quant-error ratio) of both arms."""
+  path = os.path.join(ROOT, "docs", "qurl", "runs", "q3_lr_control")
+  study = studies_lib.load_study(path)
+  claim = _claim(
+    {"q3_lr_control": study},
+    "q3_lr_control",
+    "int8_acr_lr2e-6",
+    "int8_acr_uaq2_lr1e-6",
+  )
+  assert claim["verdict"] == "not supported"
+  assert "codes changed / sync 1.05e-03 → 9.01e-04" in claim["why"]
+  assert "update / quant error" in claim["why"]
