@@ -68,33 +68,38 @@ CLAIMS = (
   + [
     # Issue 44 item 7: UAQ beside the learning-rate change it amounts to
     # under Adam (QuRL Table 4's control), on one instrument and code.
-    (
-      "3",
-      "q3_lr_control",
-      "UAQ s=2 beats ACR alone at lr 1e-6",
-      "int8_acr_lr1e-6",
-      "int8_acr_uaq2_lr1e-6",
-      "superiority",
-      (U,),
-    ),
-    (
-      "3",
-      "q3_lr_control",
-      "lr × 2 (2e-6, no UAQ) beats ACR alone at lr 1e-6",
-      "int8_acr_lr1e-6",
-      "int8_acr_lr2e-6",
-      "superiority",
-      (LR,),
-    ),
-    (
-      "3",
-      "q3_lr_control",
-      "UAQ s=2 at lr 1e-6 beats its learning-rate control (lr 2e-6, no UAQ)",
-      "int8_acr_lr2e-6",
-      "int8_acr_uaq2_lr1e-6",
-      "superiority",
-      (U, LR),
-    ),
+    claim
+    for s in ("2", "3")
+    for claim in (
+      (
+        "3",
+        "q3_lr_control",
+        f"UAQ s={s} beats ACR alone at lr 1e-6",
+        "int8_acr_lr1e-6",
+        f"int8_acr_uaq{s}_lr1e-6",
+        "superiority",
+        (U,),
+      ),
+      (
+        "3",
+        "q3_lr_control",
+        f"lr × {s} ({s}e-6, no UAQ) beats ACR alone at lr 1e-6",
+        "int8_acr_lr1e-6",
+        f"int8_acr_lr{s}e-6",
+        "superiority",
+        (LR,),
+      ),
+      (
+        "3",
+        "q3_lr_control",
+        f"UAQ s={s} at lr 1e-6 beats its learning-rate control "
+        f"(lr {s}e-6, no UAQ)",
+        f"int8_acr_lr{s}e-6",
+        f"int8_acr_uaq{s}_lr1e-6",
+        "superiority",
+        (U, LR),
+      ),
+    )
   ]
   + [
     (

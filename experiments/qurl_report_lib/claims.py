@@ -181,10 +181,24 @@ def gate_claim(
         "(×s on q/k/v/gate/up, ×1/s on the norm gains: rljax/quant/uaq.py) "
         "and no arm at s = 1 with a larger learning rate tells the two apart"
       )
-    why += (
-      f"; learning-rate control: `{control}` (UAQ is credited only where it "
-      "also beats that arm: its own claim)"
-    )
+    # Credited to UAQ only if it also beats the control, the learning-rate
+    # change it amounts to under Adam.
+    against = compare(study, control, b)
+    if against is not None:
+      v_c, _ = verdict(
+        against["low"], against["high"], "superiority", len(against["seeds"])
+      )
+      shown = (
+        f"UAQ − `{control}` = {against['delta']:+.3f} "
+        f"[{against['low']:+.3f}, {against['high']:+.3f}]"
+      )
+      if v_c != "supported":
+        return gates.NOT_ATTRIBUTABLE, (
+          f"{why}; but its learning-rate control gains as much ({shown}: {v_c})"
+        )
+      why += f"; beats its learning-rate control too ({shown})"
+    else:
+      why += f"; learning-rate control `{control}` has no finished seed"
   gpu = [s for s in result["seeds"] if s in study["gpu_seeds"]]
   if gpu and v in ("supported", "not supported"):
     floor = aa_floor(study)

@@ -157,11 +157,17 @@ def test_uaq_gain_without_a_learning_rate_control_is_not_attributable(tmp_path):
   claim = _claim({"q3_instrument": study}, *args)
   assert claim["verdict"] == gates.NOT_ATTRIBUTABLE
   assert "per-tensor learning rate" in claim["why"]
-  arms["int8_acr_lr2e-6"] = ([0, 1, 1, 1], cfg(1.0, 2e-6), 0.0)
+  arms["int8_acr_lr2e-6"] = ([0, 0, 1, 1], cfg(1.0, 2e-6), 0.0)
   study = _study(tmp_path / "b", arms)
   claim = _claim({"q3_instrument": study}, *args)
   assert claim["verdict"] == "supported"
-  assert "learning-rate control: `int8_acr_lr2e-6`" in claim["why"]
+  assert "beats its learning-rate control too" in claim["why"]
+  # A control that gains as much as UAQ: the gain is the learning rate's.
+  arms["int8_acr_lr2e-6"] = ([1, 1, 1, 1], cfg(1.0, 2e-6), 0.0)
+  study = _study(tmp_path / "c", arms)
+  claim = _claim({"q3_instrument": study}, *args)
+  assert claim["verdict"] == gates.NOT_ATTRIBUTABLE
+  assert "learning-rate control gains as much" in claim["why"]
 
 
 def test_archived_q4_acr_claim_is_not_tested():
@@ -379,3 +385,12 @@ def test_uaq_claims_print_the_visibility_they_changed():
   assert claim["verdict"] == "not supported"
   assert "codes changed / sync 1.05e-03 → 9.01e-04" in claim["why"]
   assert "update / quant error" in claim["why"]
+  # s = 3 beats ACR alone, but no more than lr × 3 does.
+  claim = _claim(
+    {"q3_lr_control": study},
+    "q3_lr_control",
+    "int8_acr_lr1e-6",
+    "int8_acr_uaq3_lr1e-6",
+  )
+  assert claim["verdict"] == gates.NOT_ATTRIBUTABLE
+  assert "learning-rate control gains as much" in claim["why"]
