@@ -11,8 +11,17 @@ tool's output is context. See README, "Multi-turn and tools".
   python experiments/tool_rl.py                              # calculator, tags
   python experiments/tool_rl.py --task.tool=python \\
       --run.run_dir=runs/tool_rl_python                     # sandboxed Python
-  python experiments/tool_rl.py --task.tool_prompt=example  # a worked call
+  python experiments/tool_rl.py --task.tool_choice=auto     # no forced call
   python experiments/tool_rl.py --task.tool_format=qwen     # <tool_call> JSON
+
+The defaults are the setting in which GRPO gets a signal from this 135M
+model: left to itself (`--task.tool_choice=auto`) it calls the calculator in
+under 1 % of its episodes even at temperature 1.0 and never answers right,
+so every group's rewards are equal and every advantage 0. With
+`--task.tool_choice=required` the first turn opens with `<calculator>` (in
+the prompt's ids): the model writes the expression and then its answer, and
+the rewards of a group of 8 at temperature 1.0 differ (README, "Multi-turn
+and tools"). `experiments/tool_eval.py` evaluates a run's checkpoint.
 
 Budgets: `--rollout.max_new_tokens` bounds a whole episode (model and tool
 ids), `--task.max_turn_tokens` one model turn, `--task.max_turns` the turns;
@@ -40,19 +49,21 @@ train_flags.define_train_flags(
     "task.difficulty": "easy",  # one operation: one call answers it
     "task.tool": "calculator",
     "task.tool_format": "tags",
-    "task.max_turns": 3,
-    "task.max_turn_tokens": 64,
+    "task.tool_prompt": "example",  # one worked call in the prompt
+    "task.tool_choice": "required",  # the first turn opens a call
+    "task.max_turns": 2,  # the call, then the answer
+    "task.max_turn_tokens": 48,
     "task.max_prompt_tokens": 512,
     "task.eval_size": 16,
     "rollout.quant": "none",
     "kl.coef": 0.0,
     "loss.aggregation": "token-mean",
-    "rollout.prompts_per_step": 4,
-    "rollout.group_size": 4,
-    "rollout.max_new_tokens": 192,
-    "rollout.temperature": 0.7,
-    "update.micro_batches": 4,
-    "optim.learning_rate": 1e-5,
+    "rollout.prompts_per_step": 2,
+    "rollout.group_size": 8,
+    "rollout.max_new_tokens": 128,
+    "rollout.temperature": 1.0,
+    "update.micro_batches": 2,
+    "optim.learning_rate": 2e-5,
     "run.steps": 30,
     "run.checkpoint_every": 10,
     "run.export_hf": False,

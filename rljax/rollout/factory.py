@@ -29,6 +29,8 @@ def make_engine(
   vllm_urls: Sequence[str] | None = None,
   mesh: Any = None,
   batching: str = "static",
+  reuse_prefix_cache: bool = False,
+  inflight_kv: str = "keep",
 ):
   """The rollout engine `engine` for a model.
 
@@ -47,6 +49,15 @@ def make_engine(
     mesh: the JAX sampler runs sharded over this Mesh (None: one device).
     batching: the JAX sampler's "static" or "continuous" batching
       (`JaxSampler`); vLLM always batches continuously.
+    reuse_prefix_cache: a vLLM engine keeps its prefix cache between
+      generate calls (`VLLMSidecarConfig(fresh_prefix_cache=False)`); for
+      multi-turn tool episodes, whose every turn's prompt is the previous
+      call's prompt and output plus an observation, so the next turn
+      prefills only the new ids. The cache is still reset at every weight
+      sync. Off (the default), each call starts from an empty cache.
+    inflight_kv: the JAX sampler's "keep" or "recompute" of the in-flight
+      rows' KV when `generate`'s weight_updates hook hands it new weights
+      (`rljax.rollout.inflight`).
   """
   if engine == "jax":
     from rljax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
@@ -59,6 +70,7 @@ def make_engine(
       pad_id=pad_id,
       mesh=mesh,
       batching=batching,
+      inflight_kv=inflight_kv,
     )
   if engine == "vllm":
     from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
@@ -74,6 +86,7 @@ def make_engine(
         max_model_len=max_prompt_len + max_new_tokens,
         # Server logs belong to the run, not to a shared temp dir.
         log_dir=os.path.join(run_dir, "vllm_logs"),
+        fresh_prefix_cache=not reuse_prefix_cache,
       ),
     )
   raise ValueError(f"make_engine: engine={engine!r}; expected one of {ENGINES}")

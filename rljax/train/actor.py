@@ -11,7 +11,9 @@ made θ; 0 = the initial weights), the actor remembers the version it last
 pushed, and `generate` stamps it on every response token
 (`RolloutBatch.policy_version`). A push and a generation never interleave
 (one lock), so the stamp is the version that sampled the token even when a
-pipelined worker pushes while the trainer's thread refills a batch.
+pipelined worker pushes while the trainer's thread refills a batch. A
+streaming rollout (`generate_inflight`) may take newer weights between
+decode chunks: the engine then stamps each token with its own version.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rljax.train import batch as batch_lib
 from rljax.train import guard
 from rljax.train import placement as placement_lib
 from rljax.train.config import TrainConfig
+from rljax.train.tasks import TOOL_TASKS
 
 
 def rollout_mode(cfg: TrainConfig) -> str:
@@ -97,7 +100,21 @@ class Actor:
       vllm_urls=cfg.rollout.vllm_urls,
       mesh=mesh,
       batching=cfg.rollout.batching,
+      # Tool episodes: each turn's prompt extends the last call's.
+      reuse_prefix_cache=cfg.task.name in TOOL_TASKS,
+      inflight_kv=cfg.rollout.inflight_kv,
     )
+    if cfg.run.async_mode == "streaming" and (
+      getattr(self.engine, "batching", None) != "continuous"
+    ):
+      # The config asks for batching=continuous; a mesh still makes the
+      # sampler static (its slot programs run on one device).
+      raise ValueError(
+        "run.async_mode='streaming' needs the continuous JAX engine; the "
+        f"engine built runs batching={getattr(self.engine, 'batching', None)!r}"
+        " (a rollout mesh keeps the static program): use "
+        "--run.async_mode=one_step"
+      )
 
   def prepare(self, params: Any, version: int) -> tuple[Any, dict]:
     """What the engine will run, Q(θ) or θ, in fresh buffers (the update
@@ -162,6 +179,30 @@ class Actor:
       "rollout", lambda engine: engine.generate(prompts, sampling)
     )
     return rb if version is None else rb.with_policy_version(version)
+
+  def generate_inflight(
+    self, prompts: list, sampling: SamplingConfig, weight_updates: Callable
+  ) -> RolloutBatch:
+    """The engine's rollout, taking new weights in flight: `weight_updates`
+    is polled between decode chunks (None, or (prepared rollout weights,
+    their version), `JaxSampler.generate`). Each token carries the version
+    that sampled it, and the actor's version becomes the last one taken
+    (the engine keeps those weights)."""
+    with self._engine_lock:
+      if self.version is None:
+        raise RuntimeError(
+          "Actor.generate_inflight: the engine's weights have no version; "
+          "push prepared weights first (Actor.push)"
+        )
+      version = self.version
+      rb = self.recovering(
+        "rollout",
+        lambda: self.engine.generate(
+          prompts, sampling, weight_updates=weight_updates, version=version
+        ),
+      )
+      self.version = int(rb.timing.get("final_version", version))
+    return rb
 
   def with_engine(
     self, what: str, call: Callable[[Any], Any]

@@ -486,12 +486,12 @@ def resume(
   collector: Any,
 ) -> tuple[Any, int]:
   """Restores a trainer checkpoint: returns (state, step); the collector's
-  task goes back to the saved data position and, when pipelined, the saved
-  in-flight rollouts are queued again."""
+  task goes back to the saved data position and, when asynchronous
+  (one_step or streaming), the saved queued rollouts are queued again."""
   state, meta = restore_step(checkpointer, step, state, uaq_scale)
   collector.task.load_state_dict(meta["data_state"])
   step = int(meta["step"])
-  if collector.cfg.run.pipelined:
+  if collector.cfg.run.async_mode != "off":  # one_step or streaming
     collector.restore_pending(pending_rollouts(checkpointer, step, meta))
   return state, step
 

@@ -7,6 +7,15 @@ groups carry a signal; `select` picks the step's groups over the rounds with
 (sync, generate) on a worker thread so that step k+s's rollout is generated
 with θ_k while step k trains.
 
+Streaming mode (`Collector.stream`, `--run.async_mode=streaming`): the same
+worker generates the rollouts of the next max_staleness + 1 steps, one
+request after the other, and takes each θ the trainer publishes
+(`Collector.publish` into a one-slot `Mailbox`) between decode chunks
+(`Actor.generate_inflight`): tokens of one response may come from several
+versions. The trainer queues the request of step j once step j − 1 − k has
+trained (k = run.max_staleness), so no token is older than θ_{j−1−k}: its
+lag at step j is at most k.
+
 A task that says `multi_turn` (`tool_task.ToolTask`) is rolled out as
 episodes (`task.episodes`: `rollout_multiturn` on the actor's engine, which
 holds the synced weights): the rewards are the episodes' (the environment's
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 import time
 from typing import Any
 
@@ -27,6 +37,7 @@ import numpy as np
 from rljax.envs import summarize
 from rljax.rewards import finite as finite_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
+from rljax.train import actor as actor_lib
 from rljax.train import batch as batch_lib
 from rljax.train import critic_pretrain
 from rljax.train.config import TrainConfig
@@ -116,6 +127,44 @@ def episode_metrics(episodes: list) -> dict[str, float]:
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Published:
+  """Prepared rollout weights (`Actor.prepare`'s) and their version."""
+
+  version: int
+  rparams: Any
+  diag: dict
+
+
+class Mailbox:
+  """One slot holding the newest weights the trainer published; the
+  streaming worker reads it (at a request's start and between decode
+  chunks). The weights are `Actor.prepare`'s fresh buffers, never θ's,
+  which the next update donates."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._item: Published | None = None
+
+  def publish(self, version: int, rparams: Any, diag: dict) -> None:
+    with self._lock:
+      if self._item is not None and version < self._item.version:
+        raise ValueError(
+          f"Mailbox.publish: version {version} after {self._item.version}; "
+          "expected versions that never go back"
+        )
+      self._item = Published(int(version), rparams, diag)
+
+  def latest(self) -> Published | None:
+    with self._lock:
+      return self._item
+
+  def newer(self, than: int) -> Published | None:
+    """The newest weights if their version is above `than`, else None."""
+    item = self.latest()
+    return item if item is not None and item.version > than else None
+
+
 class Collector:
   """The step's rollout and rewards from a task and an `actor.Actor`."""
 
@@ -129,6 +178,8 @@ class Collector:
     # The data position before each pending rollout took its prompts: a
     # checkpoint stores the oldest, so a resume draws those prompts again.
     self._pending_data_states: list[dict] = []
+    self.mailbox = Mailbox()  # streaming mode's newest θ
+    self._streamed = False  # the streaming worker pushed weights once
 
   def _sampling(self, step: int, round_: int) -> SamplingConfig:
     cfg = self.cfg
@@ -179,7 +230,10 @@ class Collector:
     )
     for round_ in range(max_rounds):
       if round_ == 0 and self._pending:
+        t_wait = time.perf_counter()
         rb, examples, t_gen, extra = self._pending.pop(0).result()
+        # The trainer's idle time: how long it waited for the queue.
+        timing["time_rollout_wait"] = time.perf_counter() - t_wait
         self._pending_data_states.pop(0)
         timing.update(extra)
       elif multi_turn:
@@ -270,6 +324,63 @@ class Collector:
       trained_by = critic_pretrain.policy_version(self.cfg, step - 1)
       extra["rollout_staleness"] = float(trained_by - version)
       return rb, ex, t_gen, extra
+
+    self._pending.append(self._executor.submit(job))
+
+  def publish(self, params: Any, version: int) -> dict[str, float]:
+    """Streaming: prepares θ = `params` (of `version`) for the engine on
+    this (the trainer's) thread and makes it the newest weights, which the
+    worker takes at its next request or decode chunk; returns the
+    preparation's metrics (quantization diagnostics, time_quantize)."""
+    rparams, diag = self.actor.prepare(params, version)
+    self.mailbox.publish(version, rparams, diag)
+    metrics = dict(diag)
+    metrics.pop(actor_lib.VERSION_KEY, None)
+    return metrics
+
+  def stream(self, step: int) -> None:
+    """Streaming: queues the request of `step` on the worker thread. The
+    caller queues it once step − 1 − max_staleness has trained (the pace);
+    the prompts are drawn here, in step order. The worker starts from the
+    newest published weights and takes newer ones between decode chunks."""
+    if getattr(self.task, "multi_turn", False):  # the config refuses it
+      raise ValueError(
+        "run.async_mode='streaming' with a multi-turn task; expected 'off'"
+      )
+    if self._executor is None:
+      self._executor = concurrent.futures.ThreadPoolExecutor(1)
+    self._pending_data_states.append(self.task.state_dict())
+    examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
+    trained_by = critic_pretrain.policy_version(self.cfg, step - 1)
+
+    def job():
+      t0 = time.perf_counter()
+      start = self.mailbox.latest()
+      if start is None:
+        raise RuntimeError(
+          f"streaming rollout of step {step}: no weights published yet"
+        )
+      extra = {}
+      # The JAX engine starts without weights: the first request pushes.
+      if not self._streamed or start.version != self.actor.version:
+        extra = self.actor.push(start.rparams, dict(start.diag))
+        self._streamed = True
+      taken = [self.actor.version]
+
+      def weight_updates():
+        item = self.mailbox.newer(taken[0])
+        if item is None:
+          return None
+        taken[0] = item.version
+        return item.rparams, item.version
+
+      prompts = [self.task.prompt_ids(e) for e in examples]
+      rb = self.actor.generate_inflight(
+        prompts, self._sampling(step, 0), weight_updates
+      )
+      extra["rollout_staleness"] = float(trained_by - start.version)
+      extra["rollout_weight_swaps"] = float(rb.timing.get("weight_swaps", 0))
+      return rb, examples, time.perf_counter() - t0, extra
 
     self._pending.append(self._executor.submit(job))
 

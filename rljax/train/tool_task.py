@@ -33,11 +33,16 @@ from rljax.rollout.multiturn import (
   rollout_multiturn,
 )
 from rljax.train import tasks as tasks_lib
+from rljax.train.config import sections
 
 TOOL_TASKS = tasks_lib.TOOL_TASKS
+TOOL_CHOICES = sections.TOOL_CHOICES
 # Problems drawn for training: far more than a CPU run's steps × prompts,
 # and each is rendered and tokenized once at start (the length filter).
 TOOL_POOL = 4096
+# Held-out problems are generated with this seed + run.seed (disjoint
+# streams: training's seed is run.seed).
+HELD_OUT_SEED = 10_000
 # The worked example of `--task.tool_prompt=example`.
 _EXAMPLE_QUESTION = "What is 1234 \u00d7 5678?"
 _EXAMPLE_EXPRESSION = "1234 * 5678"
@@ -94,6 +99,79 @@ class ToolPrompt:
     )
 
 
+def call_prefix(tool: envs.Tool, format_name: str) -> str:
+  """The opening of a call of `tool` in `format_name`, up to where the
+  model's own text starts: the tool's argument (`--task.tool_choice=
+  required` puts it at the end of the first prompt)."""
+  if format_name == "tags":
+    return f"<{tool.name}>"
+  head = json.dumps({"name": tool.name, "arguments": {tool.argument: ""}})
+  return "<tool_call>\n" + head[: -len('""}}')] + '"'
+
+
+class FirstCallPrefilled:
+  """`tool_choice="required"`: the episode's first model turn begins with
+  `prefix` (a call's opening, `call_prefix`), which the prompt's ids end
+  with, so the model only writes the call's argument and what follows.
+  The environment reads the turn with the prefix put back; the prefix is
+  prompt (never trained on), the rest the model's. Why: SmolLM2-135M-
+  Instruct calls the calculator in <1 % of its episodes at temperature 1.0
+  (README, "Multi-turn and tools"), too rarely for GRPO to learn from."""
+
+  def __init__(self, env: envs.Environment, prefix: str):
+    self.env, self.prefix = env, prefix
+    self.stop_sequences = tuple(env.stop_sequences)
+    self._first = True
+
+  def reset(self, example: data_lib.Example) -> str:
+    self._first = True
+    return self.env.reset(example)
+
+  def step(self, turn: str) -> envs.StepResult:
+    if self._first:
+      self._first, turn = False, self.prefix + turn
+    return self.env.step(turn)
+
+
+def make_tool_env(
+  tool: envs.Tool,
+  env_config: envs.ToolEnvConfig,
+  prompt: ToolPrompt,
+  tokenizer,
+  tool_choice: str = "auto",
+) -> envs.Environment:
+  """One episode's environment as the trainer makes it (`experiments/
+  tool_eval.py` evaluates with the same): `tool`, the limits, the first
+  observation `prompt`, token counts by `tokenizer`, and `tool_choice`
+  ("auto", or "required": `FirstCallPrefilled`)."""
+  if tool_choice not in TOOL_CHOICES:
+    raise ValueError(
+      f"task.tool_choice={tool_choice!r}; expected one of {TOOL_CHOICES}"
+    )
+
+  def count_tokens(text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+  env = envs.ToolEnv(
+    [tool], env_config, count_tokens=count_tokens, prompt_fn=prompt
+  )
+  if tool_choice == "required":
+    return FirstCallPrefilled(env, call_prefix(tool, env_config.format))
+  return env
+
+
+def render_prompt_ids(
+  tokenizer, render, first_observation: str, prefill: str = ""
+) -> list[int]:
+  """An episode's first prompt: the chat template around the first
+  observation, then `prefill` (a forced call's opening) encoded on its own,
+  so that the template's ids are the same with and without it."""
+  ids = tokenizer.encode(render(first_observation), add_special_tokens=False)
+  if prefill:
+    ids += tokenizer.encode(prefill, add_special_tokens=False)
+  return ids
+
+
 class ToolTask(tasks_lib.Task):
   """A task whose rollouts are tool episodes (`multi_turn`): `episodes`
   runs them on an engine; `prompt_ids` is an episode's first prompt."""
@@ -114,6 +192,7 @@ class ToolTask(tasks_lib.Task):
     turn_tokens: int,
     prompt: ToolPrompt = ToolPrompt(),
     prompts_filtered_long: int = 0,
+    tool_choice: str = "auto",
   ):
     # The chat template around the environment's first observation.
     render = data_lib.ChatTemplate(tokenizer, user_template=_identity)
@@ -133,26 +212,34 @@ class ToolTask(tasks_lib.Task):
     self.prompt = prompt
     self.multiturn_config = MultiTurnConfig(max_response_tokens=response_tokens)
     self.turn_tokens = turn_tokens
+    self.tool_choice = tool_choice
+    # The prompt ends with a call's opening where the first call is forced.
+    self.prefill = (
+      call_prefix(tool, env_config.format) if tool_choice == "required" else ""
+    )
 
   def make_env(self) -> envs.ToolEnv:
     """A fresh environment (one per episode: it holds the episode)."""
-    return envs.ToolEnv(
-      [self.tool],
-      self.env_config,
-      count_tokens=self._count_tokens,
-      prompt_fn=self.prompt,
+    return make_tool_env(
+      self.tool, self.env_config, self.prompt, self.tokenizer, self.tool_choice
     )
 
-  def _count_tokens(self, text: str) -> int:
-    return len(self.tokenizer.encode(text, add_special_tokens=False))
-
   def render_ids(self, first_observation: str) -> list[int]:
-    return self.tokenizer.encode(
-      self.render(first_observation), add_special_tokens=False
+    return render_prompt_ids(
+      self.tokenizer, self.render, first_observation, self.prefill
     )
 
   def prompt_text(self, example: data_lib.Example) -> str:
-    return self.render(self.make_env().reset(example))
+    return self.render(self.make_env().reset(example)) + self.prefill
+
+  def prompt_ids(self, example: data_lib.Example) -> list[int]:
+    ids = self.render_ids(self.make_env().reset(example))
+    if len(ids) > self.max_prompt_tokens:
+      raise ValueError(
+        f"example {example.uid}: prompt of {len(ids)} tokens exceeds "
+        f"max_prompt_tokens={self.max_prompt_tokens}"
+      )
+    return ids
 
   def episodes(
     self,
@@ -181,16 +268,33 @@ class ToolTask(tasks_lib.Task):
     )
 
 
+def arithmetic_level(difficulty: str) -> envs.ToolArithmeticConfig:
+  """The generator's config of `--task.difficulty`."""
+  if difficulty not in tasks_lib.TOOL_LEVELS:
+    raise ValueError(
+      f"task.difficulty={difficulty!r}; expected one of "
+      f"{sorted(tasks_lib.TOOL_LEVELS)}"
+    )
+  low, high = tasks_lib.TOOL_LEVELS[difficulty]
+  return envs.ToolArithmeticConfig(min_steps=low, max_steps=high)
+
+
+def held_out_problems(n: int, run_seed: int, difficulty: str):
+  """The held-out problems of a run with `--run.seed=run_seed`: generated
+  with seed HELD_OUT_SEED + run_seed (training draws with run_seed itself,
+  and drops any question that is also held out). The first `eval_size` are
+  the trainer's own held-out split; more extend it with the same stream."""
+  return envs.generate_tool_arithmetic(
+    n, seed=HELD_OUT_SEED + run_seed, config=arithmetic_level(difficulty)
+  )
+
+
 def build_tool_task(cfg, tokenizer) -> ToolTask:
   """The tool task `cfg.task` names (`tasks.build_task` dispatches here)."""
   t, new = cfg.task, cfg.rollout.max_new_tokens
-  low, high = tasks_lib.TOOL_LEVELS[t.difficulty]
-  level = envs.ToolArithmeticConfig(min_steps=low, max_steps=high)
-  held_out = envs.generate_tool_arithmetic(
-    t.eval_size, seed=10_000 + cfg.run.seed, config=level
-  )
+  held_out = held_out_problems(t.eval_size, cfg.run.seed, t.difficulty)
   train = envs.generate_tool_arithmetic(
-    TOOL_POOL, seed=cfg.run.seed, config=level
+    TOOL_POOL, seed=cfg.run.seed, config=arithmetic_level(t.difficulty)
   )
   held_q = {e.question for e in held_out}
   train = [e for e in train if e.question not in held_q]
@@ -218,14 +322,14 @@ def build_tool_task(cfg, tokenizer) -> ToolTask:
       t.max_turn_tokens or new,
       ToolPrompt(example),
       prompts_filtered_long=dropped,
+      tool_choice=t.tool_choice,
     )
 
   probe = make(train, held_out)  # renders first prompts for the filter
   limit = probe.max_prompt_tokens
 
   def fits(e):
-    text = probe.prompt_text(e)
-    return len(tokenizer.encode(text, add_special_tokens=False)) <= limit
+    return len(probe.render_ids(probe.make_env().reset(e))) <= limit
 
   kept_train = [e for e in train if fits(e)]
   kept_held = [e for e in held_out if fits(e)]

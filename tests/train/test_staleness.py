@@ -166,11 +166,16 @@ class TestAsyncModeFlag:
     with pytest.raises(config_lib.ConfigError, match="alias"):
       config_lib.TrainConfig(run=config_lib.RunConfig(pipelined=True))
 
-  def test_streaming_is_refused_naming_issue_47(self):
+  def test_streaming_is_a_mode_of_its_own(self):
+    # Not the alias's: pipelined stays False (tests/train/test_streaming.py
+    # runs it and checks what it refuses).
+    run = self.resolve(
+      {"run.async_mode": "streaming", "rollout.batching": "continuous"}
+    ).run
+    assert (run.async_mode, run.pipelined) == ("streaming", False)
     with pytest.raises(config_lib.ConfigError) as e:
-      self.resolve({"run.async_mode": "streaming"})
+      self.resolve({"run.async_mode": "streaming", "run.pipelined": True})
     assert "--run.async_mode='streaming'" in str(e.value)
-    assert "issue 47" in str(e.value)
     with pytest.raises(config_lib.ConfigError, match="one of"):
       self.resolve({"run.async_mode": "fast"})
 

@@ -73,6 +73,11 @@ FIELD_HELP: dict[str, str] = {
     "Tool tasks: plain (the tool's description) or example (plus one worked "
     "call and its output)."
   ),
+  "task.tool_choice": (
+    "Tool tasks: auto (the model decides) or required (each episode's first "
+    "turn opens with the call's opening tag, in the prompt's ids: the model "
+    "writes the arguments; as the OpenAI API's tool_choice)."
+  ),
   "task.max_turns": "Tool tasks: model turns per episode.",
   "task.max_turn_tokens": (
     "Tool tasks: ids of one model turn; 0 = rollout.max_new_tokens, which "
@@ -126,6 +131,11 @@ FIELD_HELP: dict[str, str] = {
     "JAX sampler batching: static (each chunk of prompts decodes until its "
     "longest row ends) or continuous (decode slots refilled with waiting "
     "prompts between chunks of decode steps); JAX engine only."
+  ),
+  "rollout.inflight_kv": (
+    "async_mode=streaming: a weight update taken mid-generation keeps the "
+    "in-flight rows' stale KV cache (keep, PipelineRL) or recomputes it with "
+    "the new weights (recompute, AReaL)."
   ),
   # loss
   "loss.surrogate": (
@@ -236,11 +246,16 @@ FIELD_HELP: dict[str, str] = {
   "run.export_hf": "Write an HF export (and a LoRA adapter) at the end.",
   "run.tensorboard": "Write TensorBoard logs next to metrics.jsonl.",
   "run.pipelined": "Alias of --run.async_mode=one_step (true) / off (false).",
-  "run.max_staleness": "async_mode=one_step: rollouts in flight (policy lag in steps).",
+  "run.max_staleness": (
+    "one_step: rollouts in flight (policy lag in steps); streaming: the "
+    "largest lag of any token (the worker admits step j's prompts once "
+    "step j-1-max_staleness has trained; 0 = synchronous)."
+  ),
   "run.async_mode": (
     "off: rollout then update; one_step: the next rollout overlaps this "
-    "step's update (off-policy by max_staleness steps); streaming: not built "
-    "(issue 47)."
+    "step's update (off-policy by max_staleness steps); streaming: a worker "
+    "generates ahead and takes each new θ between decode chunks "
+    "(rollout.inflight_kv; JAX engine, batching=continuous)."
   ),
 }
 

@@ -49,6 +49,7 @@ REWARDS = ("verifier", "reward_model", "vrcli", "judge")
 TOOLS = ("calculator", "python")
 TOOL_FORMATS = ("tags", "qwen")
 TOOL_PROMPTS = ("plain", "example")
+TOOL_CHOICES = ("auto", "required")
 DEFAULT_ALGORITHM = "grpo"
 
 PolicyLossConfig = objectives.PolicyLossConfig
@@ -88,6 +89,7 @@ class TaskConfig:
   tool: str = "calculator"  # calculator|python
   tool_format: str = "tags"  # tags|qwen (rljax.envs.formats)
   tool_prompt: str = "plain"  # plain|example (a worked call in the prompt)
+  tool_choice: str = "auto"  # auto|required (first turn opens with a call)
   max_turns: int = 4  # model turns per episode
   max_turn_tokens: int = 0  # ids of one model turn; 0 = rollout.max_new_tokens
 
@@ -133,6 +135,10 @@ class RolloutConfig:
   # decode steps). Static stays the default until continuous is measured
   # faster on the default job (docs/performance.md).
   batching: str = "static"
+  # run.async_mode=streaming: what a weight update that lands while rows
+  # decode does to their KV cache: "keep" it (stale KV, PipelineRL) or
+  # "recompute" it with the new weights (AReaL). rljax/rollout/inflight.py.
+  inflight_kv: str = "keep"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,13 +220,15 @@ class RunConfig:
   max_staleness: int = 1
   # off: rollout, then update (synchronous). one_step: the next rollout is
   # generated while this step updates (train/collect.py's worker), so its
-  # tokens are max_staleness versions behind θ_old. "streaming" (issue 47:
-  # rollouts that take new weights mid-generation) is refused: not built.
+  # tokens are max_staleness versions behind θ_old. streaming: the worker
+  # generates up to max_staleness + 1 steps ahead and takes each new θ in
+  # flight, between decode chunks (rollout.inflight_kv); no token is more
+  # than max_staleness versions behind θ_old (0: synchronous, bit for bit).
   async_mode: str = "off"
 
 
-# run.async_mode's values (validation refuses the planned "streaming").
-ASYNC_MODES = ("off", "one_step")
+# run.async_mode's values.
+ASYNC_MODES = ("off", "one_step", "streaming")
 
 SECTIONS: dict[str, type] = {
   "model": PolicyModelConfig,

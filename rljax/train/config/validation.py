@@ -75,14 +75,11 @@ def _eps_low(value) -> str | None:
 
 
 def _async_mode(value) -> str | None:
-  if value in sections.ASYNC_MODES:
-    return None
-  if value == "streaming":
-    return (
-      f"one of {sections.ASYNC_MODES}: 'streaming' (rollouts that take new "
-      "weights mid-generation) is planned in issue 47 and not built yet"
-    )
-  return f"one of {sections.ASYNC_MODES}"
+  return (
+    None
+    if value in sections.ASYNC_MODES
+    else (f"one of {sections.ASYNC_MODES}")
+  )
 
 
 # A seed both jax.random.key and numpy take, as a 31-bit int.
@@ -113,6 +110,7 @@ FIELD_RULES: dict[str, v.Rule] = {
   "task.tool": v.one_of(*sections.TOOLS),
   "task.tool_format": v.one_of(*sections.TOOL_FORMATS),
   "task.tool_prompt": v.one_of(*sections.TOOL_PROMPTS),
+  "task.tool_choice": v.one_of(*sections.TOOL_CHOICES),
   "task.max_turns": _POSITIVE_INT,
   "task.max_turn_tokens": v.at_least(0, "0 = rollout.max_new_tokens"),
   "reward.name": v.one_of(*sections.REWARDS),
@@ -133,6 +131,7 @@ FIELD_RULES: dict[str, v.Rule] = {
   ),
   "rollout.top_p": v.in_range(0.0, 1.0, lo_open=True),
   "rollout.batching": v.one_of("static", "continuous"),
+  "rollout.inflight_kv": v.one_of("keep", "recompute"),
   "loss.surrogate": v.one_of(*objectives.SURROGATES),
   "loss.correction": v.one_of(*objectives.CORRECTIONS),
   "loss.aggregation": v.one_of(*aggregation_lib.AGGREGATION_MODES),
@@ -185,7 +184,7 @@ FIELD_RULES: dict[str, v.Rule] = {
   "run.checkpoint_every": _POSITIVE_INT,
   "run.keep_checkpoints": _POSITIVE_INT,
   "run.eval_every": v.at_least(0, "0 = only before and after training"),
-  "run.max_staleness": _POSITIVE_INT,
+  "run.max_staleness": v.at_least(0, "0 only with async_mode=streaming"),
   "run.async_mode": _async_mode,
 }
 
@@ -419,12 +418,26 @@ def _silent_no_op_checks(cfg: TrainConfig) -> list[Problem]:
     )
     out.append(Problem("rollout.batching", r.batching, expected))
   run = cfg.run
-  if run.max_staleness != 1 and not run.pipelined:
+  if run.max_staleness != 1 and run.async_mode == "off":
     expected = (
-      "1 without --run.async_mode=one_step (a synchronous run is never "
-      "stale; add --run.async_mode=one_step, or its alias --run.pipelined)"
+      "1 without --run.async_mode=one_step or streaming (a synchronous run "
+      "is never stale; add --run.async_mode=one_step, or its alias "
+      "--run.pipelined, or --run.async_mode=streaming)"
     )
     out.append(Problem("run.max_staleness", run.max_staleness, expected))
+  if run.max_staleness == 0 and run.async_mode == "one_step":
+    expected = (
+      ">= 1 with async_mode=one_step (the rollout of step k + s is made "
+      "while step k updates; 0 is --run.async_mode=streaming's synchronous "
+      "pace)"
+    )
+    out.append(Problem("run.max_staleness", run.max_staleness, expected))
+  if r.inflight_kv != "keep" and run.async_mode != "streaming":
+    expected = (
+      f"'keep' with run.async_mode={run.async_mode!r} (only streaming "
+      "rollouts take weights in flight)"
+    )
+    out.append(Problem("rollout.inflight_kv", r.inflight_kv, expected))
   if run.async_mode in sections.ASYNC_MODES and run.pipelined != (
     run.async_mode == "one_step"
   ):
@@ -457,6 +470,39 @@ def _engine_url_checks(cfg: TrainConfig) -> list[Problem]:
   return []
 
 
+def _streaming_checks(cfg: TrainConfig) -> list[Problem]:
+  """What --run.async_mode=streaming runs on: the continuous JAX engine
+  (its in-flight weight updates, rljax/rollout/inflight.py), single-turn
+  tasks (multi-turn ones: `_tool_task_checks`), one rollout per step."""
+  if cfg.run.async_mode != "streaming":
+    return []
+  r, out = cfg.rollout, []
+  if r.engine != "jax":
+    expected = (
+      "'jax' with run.async_mode='streaming' (the pinned vLLM's in-flight "
+      "weight update is not wired to the sidecar; fall back to "
+      "--run.async_mode=one_step)"
+    )
+    out.append(Problem("rollout.engine", r.engine, expected))
+  elif r.batching != "continuous":
+    expected = (
+      "'continuous' with run.async_mode='streaming' (new weights are taken "
+      "between decode chunks; the static engine decodes a chunk of prompts "
+      "to its end in one program)"
+    )
+    out.append(Problem("rollout.batching", r.batching, expected))
+  if cfg.advantage.dynamic_sampling:
+    expected = (
+      "False with run.async_mode='streaming' (refills would share the "
+      "engine with the streaming worker; use --run.async_mode=one_step)"
+    )
+    out.append(
+      Problem("advantage.dynamic_sampling", cfg.advantage.dynamic_sampling,
+              expected)
+    )  # fmt: skip
+  return out
+
+
 def _lora_checks(cfg: TrainConfig) -> list[Problem]:
   try:
     cfg.lora_config()  # lora_targets / lora_base_dtype by name
@@ -478,6 +524,7 @@ CROSS_CHECKS: list[Callable[[TrainConfig], list[Problem]]] = [
   _reward_checks,
   _lora_checks,
   _silent_no_op_checks,
+  _streaming_checks,
   _engine_url_checks,
 ]
 

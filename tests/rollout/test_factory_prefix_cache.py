@@ -1,0 +1,52 @@
+"""rollout.factory keeps a vLLM engine's prefix cache between calls when
+asked (multi-turn tool episodes: `Actor` asks for tool tasks), and resets it
+before every call otherwise. The sidecar's constructor is replaced by one
+that records its config: no server starts."""
+
+import pytest
+
+from rljax.rollout import factory
+from rljax.rollout import vllm_sidecar
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_vllm_prefix_cache_follows_reuse(monkeypatch, tmp_path, reuse):
+  seen = {}
+
+  def engine_for_model(model_config, params, path, **kwargs):
+    seen.update(kwargs)
+    return "engine"
+
+  monkeypatch.setattr(vllm_sidecar, "engine_for_model", engine_for_model)
+  out = factory.make_engine(
+    "vllm",
+    None,
+    None,
+    quant="none",
+    max_prompt_len=64,
+    max_new_tokens=32,
+    pad_id=0,
+    run_dir=str(tmp_path),
+    reuse_prefix_cache=reuse,
+  )
+  assert out == "engine"
+  assert seen["config"].fresh_prefix_cache is (not reuse)
+  assert seen["config"].max_model_len == 96
+
+
+def test_the_trainer_reuses_the_cache_for_tool_tasks_only(monkeypatch):
+  from rljax.train import actor as actor_lib
+  from rljax.train.config import apply_preset
+
+  seen = []
+
+  def make_engine(*args, **kwargs):
+    seen.append(kwargs["reuse_prefix_cache"])
+    raise RuntimeError("stop here")  # the engine itself is not needed
+
+  monkeypatch.setattr(actor_lib.rollout_factory, "make_engine", make_engine)
+  for task in ("tool_arithmetic", "arithmetic"):
+    cfg = apply_preset("grpo", {"model.name": "tiny", "task.name": task})
+    with pytest.raises(RuntimeError, match="stop here"):
+      actor_lib.Actor(cfg, None, None, None)
+  assert seen == [True, False]
