@@ -125,6 +125,8 @@ _HEAVIEST_FILES = (
   "rollout/test_continuous_batching.py",
   "experiments/test_gpu_kit.py",
   "train/test_critic_pretrain.py",
+  "train/test_streaming.py",
+  "rollout/test_inflight_updates.py",
   "envs/test_multiturn.py",
   "experiments/test_qurl_replay.py",
   "experiments/test_count_compiles.py",
