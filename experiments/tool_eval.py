@@ -231,15 +231,9 @@ def _with_tools(setup: _Setup, engine, examples, bar) -> tuple[dict, list]:
       )
     bar.update(len(chunk))
   n = len(records)
-  acc = float(np.mean([r["correct"] for r in records]))
   summary = {
-    "accuracy": acc,
-    "accuracy_stderr": _stderr(acc, n),
-    "problems": n,
+    **_scored(records),
     **envs.summarize(infos),
-    "truncated_rate": float(
-      np.mean([r["finish_reason"] == "length" for r in records])
-    ),
     "model_tokens_mean": model_tok / n,
     "tool_tokens_mean": (total_tok - model_tok) / n,
     "seconds": seconds,
@@ -247,6 +241,21 @@ def _with_tools(setup: _Setup, engine, examples, bar) -> tuple[dict, list]:
     "tokens_per_s": total_tok / max(seconds, 1e-9),
   }
   return summary, records
+
+
+def _scored(records: list[dict]) -> dict:
+  """A condition's accuracy (with its standard error), problem count and
+  share of rows cut at the budget, from its records."""
+  n = len(records)
+  acc = float(np.mean([r["correct"] for r in records]))
+  return {
+    "accuracy": acc,
+    "accuracy_stderr": _stderr(acc, n),
+    "problems": n,
+    "truncated_rate": float(
+      np.mean([r["finish_reason"] == "length" for r in records])
+    ),
+  }
 
 
 def _without_tools(setup: _Setup, engine, examples, bar) -> tuple[dict, list]:
@@ -278,14 +287,8 @@ def _without_tools(setup: _Setup, engine, examples, bar) -> tuple[dict, list]:
       )
     bar.update(len(chunk))
   n = len(records)
-  acc = float(np.mean([r["correct"] for r in records]))
   summary = {
-    "accuracy": acc,
-    "accuracy_stderr": _stderr(acc, n),
-    "problems": n,
-    "truncated_rate": float(
-      np.mean([r["finish_reason"] == "length" for r in records])
-    ),
+    **_scored(records),
     "model_tokens_mean": total / n,
     "seconds": seconds,
     "model_tokens_per_s": total / max(seconds, 1e-9),
