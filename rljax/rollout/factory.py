@@ -55,9 +55,9 @@ def make_engine(
       call's prompt and output plus an observation, so the next turn
       prefills only the new ids. The cache is still reset at every weight
       sync. Off (the default), each call starts from an empty cache.
-    inflight_kv: the JAX sampler's "keep" or "recompute" of the in-flight
-      rows' KV when `generate`'s weight_updates hook hands it new weights
-      (`rljax.rollout.inflight`).
+    inflight_kv: "keep" or "recompute" of the in-flight rows' KV when
+      `generate`'s weight_updates hook hands the engine new weights
+      (`rljax.rollout.inflight`; vLLM: `rljax.rollout.vllm.inflight`).
   """
   if engine == "jax":
     from rljax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
@@ -87,6 +87,7 @@ def make_engine(
         # Server logs belong to the run, not to a shared temp dir.
         log_dir=os.path.join(run_dir, "vllm_logs"),
         fresh_prefix_cache=not reuse_prefix_cache,
+        inflight_kv=inflight_kv,
       ),
     )
   raise ValueError(f"make_engine: engine={engine!r}; expected one of {ENGINES}")

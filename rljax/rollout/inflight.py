@@ -50,7 +50,8 @@ def check_inflight_kv(value: Any, where: str) -> str:
   return value
 
 
-def _check_version(value: Any, what: str, least: int = 0) -> int:
+def check_version(value: Any, what: str, least: int = 0) -> int:
+  """`value` as an int in [least, int32 max]; versions never go back."""
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
     raise TypeError(f"{what}={value!r}; expected an int >= {least}")
   if not least <= int(value) <= np.iinfo(np.int32).max:
@@ -85,7 +86,7 @@ def swaps_for(
       f"JaxSampler.generate: weight_updates={weight_updates!r:.80}; expected "
       "a callable returning None or (params, new_version)"
     )
-  version = _check_version(version, "JaxSampler.generate: version")
+  version = check_version(version, "JaxSampler.generate: version")
   return Swaps(weight_updates, engine, slot_params, engine.inflight_kv, version)
 
 
@@ -129,7 +130,7 @@ class Swaps:
         "(params, new_version) tuple"
       )
     params, new_version = update
-    new_version = _check_version(
+    new_version = check_version(
       new_version, "weight_updates' new_version", self.version
     )
     start = time.perf_counter()

@@ -18,7 +18,9 @@ One `generate(prompt_ids, sampling)` call, concern by concern (file by file):
      │    slot_scheduler.run   host loop: a queue of prompts, G slot groups
      │         │               of n rows; refills freed groups between
      │         │               chunks of decode steps; takes in-flight
-     │         │               weight updates there (`inflight`)
+     │         │               weight updates there (`inflight`);
+     │         │               `generate_stream`: prompts of later
+     │         │               requests join as slots free (`prompt_feed`)
      │         └─ slot_program   jitted prefill into free groups, decode
      │                           chunks with per-row cache slots, cache
      │                           resize (own KV capacity follows the
@@ -396,6 +398,47 @@ class JaxSampler:
       "kv_bytes_peak": self._last_kv_bytes,
     }
     return _batch(prompts, responses, behav, sampling, start, stats)
+
+  def generate_stream(
+    self,
+    feed: Any,
+    shape_prompts: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    *,
+    weight_updates: Any = None,
+    version: int = 0,
+  ) -> dict[str, Any]:
+    """A streamed continuous-batching run (`prompt_feed`): the prompts
+    `feed.poll` admits, while the run lasts, share the slots; each prompt's
+    rows go to `feed.done` as soon as they all end. The run's shapes (slot
+    groups, prompt bucket) are those of a request of `shape_prompts` (the
+    first request it will run), so a run fed one request at a time samples
+    what `generate` would. Returns when the feed has nothing more and every
+    row ended (or `feed.stopped()`), with the run's stats (with a hook: the
+    swaps and `final_version`). `sampling.seed` is unused: each prompt
+    brings its request's seed."""
+    prompts, _ = self._check_generate_args(
+      shape_prompts, sampling, "generate_stream"
+    )
+    if self.batching != "continuous":
+      raise ValueError(
+        f"JaxSampler.generate_stream: batching={self.batching!r}; expected "
+        "'continuous' (a stream refills free slots between decode chunks)"
+      )
+    swaps = inflight.swaps_for(self, weight_updates, version, self._slot_params)
+    out = slot_scheduler.run(
+      self.rollout_config,
+      self._slot_params(),
+      [],
+      [],
+      sampling,
+      swaps=swaps,
+      feed=feed,
+      **self._slot_args(prompts, sampling),
+    )
+    self.last_timeline = out.stats["timeline"]
+    self.last_stats = out.stats
+    return out.stats
 
   # -- request checks ---------------------------------------------------------
 

@@ -34,6 +34,7 @@ import numpy as np
 from rljax.models import decoder as decoder_lib
 from rljax.models import fusion as fusion_lib
 from rljax.rollout import inflight
+from rljax.rollout import prompt_feed
 from rljax.rollout import slot_program
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.static_program import new_token_capacity
@@ -219,6 +220,7 @@ def run(
   row_limits: np.ndarray | None = None,
   group_width: int | None = None,
   swaps: inflight.Swaps | None = None,
+  feed: prompt_feed.PromptFeed | None = None,
 ) -> SlotRun:
   """Samples sampling.n responses of every prompt through G slot groups.
 
@@ -242,7 +244,14 @@ def run(
       own copy of the prompt's keys. Narrower groups refill sooner after a
       sample ends; each block reads its own prefix copy at every step.
     swaps: in-flight weight updates (`inflight.Swaps`), polled after each
-      decode chunk while work is left; None: the weights never change.
+      decode chunk while work is left, and before a prefill in a streamed
+      run; None: the weights never change.
+    feed: a streamed run (`prompt_feed`): `prompts` are its first ones;
+      more are polled between chunks (with their own seeds and indices),
+      each prompt's rows go to `feed.done` as soon as they all end, and the
+      run returns once the feed has nothing more and every row is done
+      (its `tokens`/`logp` are then empty). `row_limits` applies to the
+      first prompts; later ones get max_new_tokens.
   """
   prefill_params, decode_params = params
   n = sampling.n
@@ -268,7 +277,13 @@ def run(
   stop_set = set(stop_ids) if sampling.stop_token_ids else set()
   if row_limits is None:
     row_limits = np.full((len(prompts) * n,), max_new, np.int64)
-  row_limits = np.minimum(np.asarray(row_limits, np.int64), max_new)
+  row_limits = list(np.minimum(np.asarray(row_limits, np.int64), max_new))
+  # Per prompt (a streamed run adds prompts as it goes): its PRNG seed, the
+  # caller's tag, and how many of its rows have not ended yet.
+  prompts, prompt_index = list(prompts), list(prompt_index)
+  seeds = [int(sampling.seed)] * len(prompts)
+  tags: list[Any] = [None] * len(prompts)
+  rows_left = [n] * len(prompts)
   capacity = slot_program.cache_capacity(min(chunk_steps, max_new), most)
   note_program(("init", plan, capacity))
   state = slot_program.init_state(config, plan, capacity)
@@ -283,6 +298,69 @@ def run(
   tokens: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
   logps: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
   versions: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
+
+  def admit(new: list[prompt_feed.StreamPrompt]) -> None:
+    for item in new:
+      p = len(prompts)
+      prompts.append(list(item.ids))
+      prompt_index.append(int(item.index))
+      seeds.append(int(item.seed))
+      tags.append(item.tag)
+      rows_left.append(n)
+      row_limits.extend([max_new] * n)
+      for _ in range(n):
+        tokens.append([])
+        logps.append([])
+        versions.append([])
+      queue.extend((p, k) for k in range(blocks))
+
+  def take_new_weights(state, prefill_params, decode_params):
+    """The swap: new weights for every later prefill and chunk, if the hook
+    has any; "recompute" first rewrites the live rows' KV with them."""
+    new_params = swaps.poll()
+    if new_params is None:
+      return state, prefill_params, decode_params
+    prefill_params, decode_params = new_params
+    in_flight = ~row_done
+    swaps.rows_in_flight.append(int(in_flight.sum()))
+    if swaps.mode == "recompute" and in_flight.any():
+      state = swaps.recompute(
+        config,
+        plan,
+        prefill_params,
+        state,
+        group_prompts,
+        inflight.response_matrix(tokens, owner, in_flight, capacity, pad_id),
+        note_program,
+      )
+    return state, prefill_params, decode_params
+
+  def row_ended(out: int) -> None:
+    """Streamed: a prompt whose rows all ended goes to the feed (and its
+    rows are let go: a long run must not keep every response)."""
+    p = out // n
+    rows_left[p] -= 1
+    if feed is None or rows_left[p]:
+      return
+    rows = range(p * n, p * n + n)
+    feed.done(
+      prompt_feed.DoneGroup(
+        tag=tags[p],
+        prompt_ids=prompts[p],
+        tokens=[
+          np.concatenate(tokens[r]).astype(np.int32).tolist() for r in rows
+        ],
+        logp=[np.concatenate(logps[r]).astype(np.float32) for r in rows],
+        versions=(
+          None
+          if swaps is None
+          else [np.concatenate(versions[r]).astype(np.int32) for r in rows]
+        ),
+      )
+    )
+    for r in rows:
+      tokens[r], logps[r], versions[r] = [], [], []
+
   # Each group's prompt as its prefill wrote it (a recompute re-reads it).
   group_prompts = (
     np.full((groups, prompt_len), pad_id, np.int32),
@@ -296,8 +374,18 @@ def run(
   start = time.perf_counter()
 
   while True:
+    if feed is not None:
+      if feed.stopped():
+        break
+      admit(feed.poll(prompt_len))
     free = np.flatnonzero(row_done.reshape(groups, width).all(axis=1))
     if queue and free.size:
+      if feed is not None and swaps is not None:
+        # Streamed: a prompt joins with the newest weights, not those of
+        # the last chunk boundary (its tokens' lag starts as small as can be).
+        state, prefill_params, decode_params = take_new_weights(
+          state, prefill_params, decode_params
+        )
       take = min(free.size, len(queue))
       f = next(s for s in sizes if s >= take)
       chosen = [queue.popleft() for _ in range(take)]
@@ -315,8 +403,12 @@ def run(
       first[:take] = [k * width for _, k in chosen]
       # Row j of a unit is sample first + j of its prompt.
       sample = (first[:, None] + np.arange(width, dtype=np.int32)).reshape(-1)
+      row_seed = np.zeros((f,), np.int32)
+      row_seed[:take] = [seeds[p] for p, _ in chosen]
       keys = sample_keys(
-        sampling.seed,
+        jnp.asarray(np.repeat(row_seed, width))
+        if feed is not None
+        else sampling.seed,
         jnp.asarray(np.repeat(index, width)),
         jnp.asarray(sample),
       )
@@ -338,6 +430,9 @@ def run(
       )
       tok, logp = jax.device_get((tok, logp))
       stats["prefills"] += 1
+      if feed is not None:
+        for p, _ in chosen:
+          feed.started(tags[p], swaps.version if swaps is not None else 0)
       group_prompts[0][free[:take]] = toks[:take]
       group_prompts[1][free[:take]] = mask[:take]
       for i, (p, k) in enumerate(chosen):
@@ -354,6 +449,8 @@ def run(
             versions[out] = [np.full((1,), swaps.version, np.int32)]
           row_len[row] = 1
           row_done[row] = int(tok[at]) in stop_set or row_limits[out] <= 1
+          if row_done[row]:
+            row_ended(out)
       continue
     if row_done.all():
       break
@@ -388,6 +485,8 @@ def run(
       logps[owner[row]].append(out_logp[row, :count])
       if swaps is not None:
         versions[owner[row]].append(np.full((count,), swaps.version, np.int32))
+    for row in np.flatnonzero(np.asarray(done, bool) & ~row_done):
+      row_ended(int(owner[row]))
     row_len, row_done = length.astype(np.int64), np.array(done, bool)
     stats["chunks"] += 1
     stats["decode_steps"] += int(steps)
@@ -401,24 +500,12 @@ def run(
     )
     # The swap point: between two chunks, while prompts wait or rows live.
     if swaps is not None and (queue or not row_done.all()):
-      new_params = swaps.poll()
-      if new_params is not None:
-        prefill_params, decode_params = new_params
-        in_flight = ~row_done
-        swaps.rows_in_flight.append(int(in_flight.sum()))
-        if swaps.mode == "recompute" and in_flight.any():
-          state = swaps.recompute(
-            config,
-            plan,
-            prefill_params,
-            state,
-            group_prompts,
-            inflight.response_matrix(
-              tokens, owner, in_flight, capacity, pad_id
-            ),
-            note_program,
-          )
+      state, prefill_params, decode_params = take_new_weights(
+        state, prefill_params, decode_params
+      )
 
+  if feed is not None:  # every group went to feed.done already
+    tokens, logps, versions = [], [], []
   out_tokens = [np.concatenate(t).astype(np.int32).tolist() for t in tokens]
   out_logp = [np.concatenate(lp).astype(np.float32) for lp in logps]
   summary = dict(stats)

@@ -189,10 +189,19 @@ def sample_keys(
 
   A row's key depends only on these three numbers, not on the batch it runs
   in, so chunking or reordering a rollout does not change its samples.
+  `seed` may be one per row ([B], 31-bit): a streamed slot run mixes the
+  prompts of several requests, each with its own seed, and a row's key is
+  still the one its own request would give it.
   """
-  base = jax.random.key(seed)
+  if jnp.ndim(seed) == 0:
+    base = jax.random.key(seed)
 
-  def one(p, s):
-    return jax.random.fold_in(jax.random.fold_in(base, p), s)
+    def one(p, s):
+      return jax.random.fold_in(jax.random.fold_in(base, p), s)
 
-  return jax.vmap(one)(prompt_index, sample_index)
+    return jax.vmap(one)(prompt_index, sample_index)
+
+  def own(sd, p, s):
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(sd), p), s)
+
+  return jax.vmap(own)(jnp.asarray(seed, jnp.int32), prompt_index, sample_index)

@@ -22,6 +22,10 @@ OpenAI-compatible HTTP server:
     in-place reload breaks for INT8 on CPU), the prefix cache is reset
     (cached KV blocks were computed with the old weights), and a one-token
     probe checks that the engine still produces finite log-probs;
+  * generate_inflight: the rollout takes new weights while its requests run
+    (vLLM 0.32's `/pause?mode=keep`, an in-place sync, `/resume`), each
+    token stamped with the version that sampled it (vLLM's per-token
+    `weight_versions`, on `/inference/v1/generate`); docs/async_vllm.md;
   * failures: a dead, hung or rejecting server raises `SidecarError`, naming
     the sidecar (URL, pid, log file) and what it was doing; `restart()`
     relaunches it and re-pushes the last weights.

@@ -104,8 +104,10 @@ class Actor:
       reuse_prefix_cache=cfg.task.name in TOOL_TASKS,
       inflight_kv=cfg.rollout.inflight_kv,
     )
-    if cfg.run.async_mode == "streaming" and (
-      getattr(self.engine, "batching", None) != "continuous"
+    if (
+      cfg.run.async_mode == "streaming"
+      and cfg.rollout.engine == "jax"
+      and getattr(self.engine, "batching", None) != "continuous"
     ):
       # The config asks for batching=continuous; a mesh still makes the
       # sampler static (its slot programs run on one device).
@@ -203,6 +205,34 @@ class Actor:
       )
       self.version = int(rb.timing.get("final_version", version))
     return rb
+
+  def generate_stream(
+    self,
+    feed: Any,
+    shape_prompts: list,
+    sampling: SamplingConfig,
+    weight_updates: Callable,
+  ) -> dict:
+    """A streamed run of the engine (`JaxSampler.generate_stream`): the
+    prompts `feed` admits share the slots, each group goes to `feed.done`
+    as it ends, new weights are taken in flight; the actor's version
+    becomes the last one taken. Returns the run's stats."""
+    with self._engine_lock:
+      if self.version is None:
+        raise RuntimeError(
+          "Actor.generate_stream: the engine's weights have no version; "
+          "push prepared weights first (Actor.push)"
+        )
+      version = self.version
+      stats = self.engine.generate_stream(
+        feed,
+        shape_prompts,
+        sampling,
+        weight_updates=weight_updates,
+        version=version,
+      )
+      self.version = int(stats.get("final_version", version))
+    return stats
 
   def with_engine(
     self, what: str, call: Callable[[Any], Any]

@@ -7,14 +7,16 @@ groups carry a signal; `select` picks the step's groups over the rounds with
 (sync, generate) on a worker thread so that step k+s's rollout is generated
 with θ_k while step k trains.
 
-Streaming mode (`Collector.stream`, `--run.async_mode=streaming`): the same
-worker generates the rollouts of the next max_staleness + 1 steps, one
-request after the other, and takes each θ the trainer publishes
-(`Collector.publish` into a one-slot `Mailbox`) between decode chunks
-(`Actor.generate_inflight`): tokens of one response may come from several
-versions. The trainer queues the request of step j once step j − 1 − k has
-trained (k = run.max_staleness), so no token is older than θ_{j−1−k}: its
-lag at step j is at most k.
+Streaming mode (`--run.async_mode=streaming`, `group_stream.py`): the
+worker runs the prompts of the next max_staleness + 1 steps through one
+continuous engine run (`Collector.stream_through` admits them, paced: the
+prompts of step j once step j − 1 − k has trained), takes each θ the
+trainer publishes (`Collector.publish` into a one-slot `Mailbox`) before a
+prefill and between decode chunks, and hands back each group as its n rows
+end. A step takes the P finished groups whose deadlines come first (a
+token of version v may be trained while θ_old's version ≤ v + k), so it
+need not wait for its own request's longest response; no token is more
+than k versions behind θ_old.
 
 A task that says `multi_turn` (`tool_task.ToolTask`) is rolled out as
 episodes (`task.episodes`: `rollout_multiturn` on the actor's engine, which
@@ -40,6 +42,7 @@ from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import actor as actor_lib
 from rljax.train import batch as batch_lib
 from rljax.train import critic_pretrain
+from rljax.train import group_stream
 from rljax.train.config import TrainConfig
 
 
@@ -179,7 +182,11 @@ class Collector:
     # checkpoint stores the oldest, so a resume draws those prompts again.
     self._pending_data_states: list[dict] = []
     self.mailbox = Mailbox()  # streaming mode's newest θ
-    self._streamed = False  # the streaming worker pushed weights once
+    self._stream: group_stream.GroupStream | None = None
+    # One-step mode's worker: (start, end or None) of each job, and when
+    # the trainer last took a rollout (the engine's idle share between).
+    self._jobs: list[list[float | None]] = []
+    self._last_take = time.perf_counter()
 
   def _sampling(self, step: int, round_: int) -> SamplingConfig:
     cfg = self.cfg
@@ -229,11 +236,19 @@ class Collector:
       cfg.advantage.max_resample_rounds if cfg.advantage.dynamic_sampling else 0
     )
     for round_ in range(max_rounds):
-      if round_ == 0 and self._pending:
+      if round_ == 0 and self._stream is not None:
+        rb, examples, extra = self._stream.take(
+          step, critic_pretrain.policy_version(cfg, step - 1)
+        )
+        t_gen = extra["time_rollout_wait"]
+        timing.update(extra)
+      elif round_ == 0 and self._pending:
         t_wait = time.perf_counter()
         rb, examples, t_gen, extra = self._pending.pop(0).result()
         # The trainer's idle time: how long it waited for the queue.
-        timing["time_rollout_wait"] = time.perf_counter() - t_wait
+        now = time.perf_counter()
+        timing["time_rollout_wait"] = now - t_wait
+        timing.update(self._idle_shares(now, now - t_wait))
         self._pending_data_states.pop(0)
         timing.update(extra)
       elif multi_turn:
@@ -317,15 +332,36 @@ class Collector:
     examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
     rparams, diag = self.actor.prepare(params, version)
 
+    span = [None, None]
+    self._jobs.append(span)
+
     def job():
+      span[0] = time.perf_counter()
       extra = self.actor.push(rparams, diag)
       rb, ex, t_gen = self._generate(step, 0, examples)
       # Versions count policy updates (value-pretraining steps do not).
       trained_by = critic_pretrain.policy_version(self.cfg, step - 1)
       extra["rollout_staleness"] = float(trained_by - version)
+      span[1] = time.perf_counter()
       return rb, ex, t_gen, extra
 
     self._pending.append(self._executor.submit(job))
+
+  def _idle_shares(self, now: float, waited: float) -> dict[str, float]:
+    """One-step mode: the trainer's and the worker's idle shares of the
+    time since the last take (the worker is idle when no job runs)."""
+    since, span = self._last_take, max(now - self._last_take, 1e-9)
+    busy = sum(
+      max(0.0, min(end or now, now) - max(start, since))
+      for start, end in self._jobs
+      if start is not None
+    )
+    self._jobs = [j for j in self._jobs if j[1] is None or j[1] > now]
+    self._last_take = now
+    return {
+      "trainer_idle_fraction": min(1.0, waited / span),
+      "engine_idle_fraction": min(1.0, max(0.0, 1.0 - busy / span)),
+    }
 
   def publish(self, params: Any, version: int) -> dict[str, float]:
     """Streaming: prepares θ = `params` (of `version`) for the engine on
@@ -338,67 +374,58 @@ class Collector:
     metrics.pop(actor_lib.VERSION_KEY, None)
     return metrics
 
-  def stream(self, step: int) -> None:
-    """Streaming: queues the request of `step` on the worker thread. The
-    caller queues it once step − 1 − max_staleness has trained (the pace);
-    the prompts are drawn here, in step order. The worker starts from the
-    newest published weights and takes newer ones between decode chunks."""
+  def stream_through(self, last: int) -> None:
+    """Streaming: admits the prompts of every step up to `last` not yet
+    admitted (the caller keeps last = the trained step + 1 + max_staleness:
+    the pace), drawn here in step order (`group_stream`)."""
     if getattr(self.task, "multi_turn", False):  # the config refuses it
       raise ValueError(
         "run.async_mode='streaming' with a multi-turn task; expected 'off'"
       )
-    if self._executor is None:
-      self._executor = concurrent.futures.ThreadPoolExecutor(1)
-    self._pending_data_states.append(self.task.state_dict())
-    examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
-    trained_by = critic_pretrain.policy_version(self.cfg, step - 1)
-
-    def job():
-      t0 = time.perf_counter()
-      start = self.mailbox.latest()
-      if start is None:
-        raise RuntimeError(
-          f"streaming rollout of step {step}: no weights published yet"
-        )
-      extra = {}
-      # The JAX engine starts without weights: the first request pushes.
-      if not self._streamed or start.version != self.actor.version:
-        extra = self.actor.push(start.rparams, dict(start.diag))
-        self._streamed = True
-      taken = [self.actor.version]
-
-      def weight_updates():
-        item = self.mailbox.newer(taken[0])
-        if item is None:
-          return None
-        taken[0] = item.version
-        return item.rparams, item.version
-
+    stream = self._group_stream()
+    for step in range(stream.admitted_through + 1, last + 1):
+      data_state = self.task.state_dict()
+      examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
       prompts = [self.task.prompt_ids(e) for e in examples]
-      rb = self.actor.generate_inflight(
-        prompts, self._sampling(step, 0), weight_updates
-      )
-      extra["rollout_staleness"] = float(trained_by - start.version)
-      extra["rollout_weight_swaps"] = float(rb.timing.get("weight_swaps", 0))
-      return rb, examples, time.perf_counter() - t0, extra
+      seed = self._sampling(step, 0).seed
+      stream.admit(step, examples, prompts, seed, data_state)
 
-    self._pending.append(self._executor.submit(job))
+  def _group_stream(self) -> group_stream.GroupStream:
+    if self._stream is None:
+      self._stream = group_stream.GroupStream(
+        self.actor,
+        self.mailbox,
+        lambda step: self._sampling(step, 0),
+        self.cfg.rollout.prompts_per_step,
+        self.cfg.run.max_staleness,
+      )
+    return self._stream
 
   @property
   def pending(self) -> int:
-    """How many rollouts are queued or in flight."""
+    """How many rollouts are queued or in flight (streaming: admitted
+    blocks from the oldest with an untrained group on)."""
+    if self._stream is not None:
+      return self._stream.pending
     return len(self._pending)
 
   def data_state(self) -> dict:
     """The data position a resume must start from: in pipelined mode the
     prompts of the in-flight rollouts are already drawn, so the position
     before them."""
+    if self._stream is not None:
+      oldest = self._stream.data_state()
+      if oldest is not None:
+        return oldest
     if self._pending_data_states:
       return self._pending_data_states[0]
     return self.task.state_dict()
 
   def pending_rollouts(self) -> list[tuple[RolloutBatch, dict]]:
-    """(rollout, its metrics) of every queued rollout, waiting for each."""
+    """(rollout, its metrics) of every queued rollout, waiting for each
+    (streaming: every open block's groups, once what is in flight ended)."""
+    if self._stream is not None:
+      return self._stream.saved()
     out = []
     for fut in self._pending:
       rb, _, _, extra = fut.result()
@@ -408,6 +435,15 @@ class Collector:
   def restore_pending(self, rollouts: list[tuple[RolloutBatch, dict]]):
     """Queues rollouts a checkpoint saved, with the prompts they were drawn
     for (the task was restored to the position before them)."""
+    if self.cfg.run.async_mode == "streaming":
+
+      def draw():
+        data_state = self.task.state_dict()
+        examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
+        return examples, [self.task.prompt_ids(e) for e in examples], data_state
+
+      self._group_stream().restore(rollouts, draw)
+      return
     for rb, extra in rollouts:
       self._pending_data_states.append(self.task.state_dict())
       examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
@@ -417,6 +453,9 @@ class Collector:
 
   def close(self) -> None:
     """Waits for the worker thread and drops the queue (idempotent)."""
+    if self._stream is not None:
+      self._stream.close()
+      self._stream = None
     if self._executor is not None:
       self._executor.shutdown(wait=True)
       self._executor = None

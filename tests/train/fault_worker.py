@@ -6,7 +6,8 @@
 Trains (`model="tiny"` in the JSON: a tiny random model) on a task whose
 reward (the share of 'e' in a completion) varies between samples, so every
 step moves the parameters. Prints `[worker] step N` after each step (not in
-pipelined mode). With $RLJAX_TEST_WAIT_FOR set, waits after start-up (the
+pipelined or streaming mode, which run `Trainer.run`: its worker thread is
+started there). With $RLJAX_TEST_WAIT_FOR set, waits after start-up (the
 run directory locked) until that file exists.
 
 DIE_AT=`point:step` makes the process SIGKILL itself (no cleanup, like
@@ -108,7 +109,7 @@ def main(argv) -> None:
   while go and not os.path.exists(go):  # holding the run directory's lock
     time.sleep(0.05)
   try:
-    if cfg.run.pipelined:
+    if cfg.run.pipelined or cfg.run.async_mode == "streaming":
       trainer.run()  # (its steps are not printed one by one)
     else:
       trainer.actor.sync(trainer.policy_params(), trainer.step_num)

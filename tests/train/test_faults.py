@@ -2,7 +2,8 @@
 kill -9 (at a random point, inside orbax's save, before the checksum manifest),
 damaged checkpoint files, a second process on the same directory, a changed
 config on resume and NaN weights, and the resumed run takes exactly the steps
-the uninterrupted one took, logging each step once.
+the uninterrupted one took, logging each step once (a streaming run: the
+steps it had queued rollouts for, on those rollouts).
 
 Training runs in real subprocesses (`fault_worker.py`) so a kill is a real
 SIGKILL; they share a persistent JAX compilation cache and one saved
@@ -241,6 +242,135 @@ def test_pipelined_run_killed_inside_checkpoints_resumes_exactly(
   assert "Traceback" not in out
   assert os.listdir(os.path.join(str(run), ckpt_lib.DAMAGED_DIR))
   assert_same_run(run, references["pipe"], PIPE_STEPS)
+
+
+# -- streaming: a kill -9 with rollouts queued ---------------------------------
+
+# test_streaming.py's shape for the tiny model (40 new tokens: two decode
+# chunks of the continuous engine, a weight swap point between them), one
+# request generated ahead of the trainer (max_staleness=1).
+STREAM_STEPS = 8
+STALENESS = 1
+STREAMING = {
+  "rollout.batching": "continuous",
+  "max_new_tokens": 40,
+  "optim.steps": STREAM_STEPS,
+  "run.async_mode": "streaming",
+  "run.max_staleness": STALENESS,
+  "rollout.inflight_kv": "keep",
+}
+
+
+def _freeze(proc) -> None:
+  """SIGSTOP, then wait until every thread is stopped: `kill` returns before
+  a thread running on another core has stopped, and nothing may be written
+  after the test reads the disk."""
+  os.kill(proc.pid, signal.SIGSTOP)
+  tasks = f"/proc/{proc.pid}/task"
+  for _ in range(5000):
+    states = []
+    for tid in os.listdir(tasks):
+      try:
+        with open(os.path.join(tasks, tid, "stat")) as f:
+          states.append(f.read().rsplit(")", 1)[1].split()[0])
+      except OSError:  # a thread that just ended
+        pass
+    if all(state in "tTZX" for state in states):
+      return
+    time.sleep(0.001)
+  raise AssertionError(f"pid {proc.pid} did not stop: {states}")
+
+
+def _disk_state(run_dir) -> tuple[int | None, list[dict]]:
+  """(the newest verified checkpoint, the metrics rows) on disk: the step a
+  resume starts from (decided by the checkpointer the resume uses; not the
+  owner, so it cleans nothing up) and the whole rows (a line cut by the
+  freeze ends the log, as it does for the resume)."""
+  ckpt = ckpt_lib.RunCheckpointer(
+    os.path.join(str(run_dir), "checkpoints"), 1, 1
+  )
+  try:
+    step, _ = ckpt.latest_verified_step()
+  finally:
+    ckpt.close()
+  rows = []
+  path = os.path.join(str(run_dir), "metrics.jsonl")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        if not line.endswith("\n"):
+          break
+        rows.append(json.loads(line))
+  return step, rows
+
+
+def test_streaming_run_killed_at_a_random_point_resumes_the_queued_rollouts(
+  env, tmp_path
+):
+  """Issue 47 item 6: a streaming run (max_staleness=1) is frozen at a
+  seeded random moment after checkpoint 2, once it has logged a row past its
+  newest verified checkpoint c, and killed with kill -9. Checkpoint c holds
+  the rollouts it had queued (generated from θ_c and older); the resume
+  trains on them, so its rows for the steps the killed run logged after c
+  equal the killed run's on every key the batch determines. A resume that
+  dropped or regenerated them would sample step c+1 from θ_c instead (other
+  behaviour log-probs, version lag and, mostly, tokens).
+
+  Two streaming runs with max_staleness >= 1 are not compared (in-flight
+  swaps depend on timing): the killed run is the reference."""
+  from .test_streaming import _untimed  # also drops the schedule's keys
+
+  run = tmp_path / "run"
+  ovr = overrides(run, steps=STREAM_STEPS, **STREAMING)
+  rng = random.Random(47)
+  first = start(env, ovr)
+  wait_until(manifest_written(run, 2), first, "checkpoint 2")
+  time.sleep(rng.uniform(0.0, 2.0))
+  for _ in range(2000):
+    _freeze(first)
+    c, rows = _disk_state(run)
+    if c is not None and rows and rows[-1]["step"] > c:
+      break  # rows logged after the checkpoint a resume starts from
+    os.kill(first.pid, signal.SIGCONT)
+    if first.poll() is not None:
+      raise AssertionError(f"worker ended unfrozen:\n{first.stdout.read()}")
+    time.sleep(rng.uniform(0.01, 0.2))
+  else:
+    raise AssertionError("never froze with a row logged after a checkpoint")
+  os.kill(first.pid, signal.SIGKILL)  # frozen: the state read is what it left
+  first.communicate()
+  assert first.returncode == -signal.SIGKILL
+  assert _disk_state(run) == (c, rows)
+  last = rows[-1]["step"]
+  print(f"[test] killed at checkpoint c={c}, rows 1..{last}")
+  assert 2 <= c < last <= STREAM_STEPS
+  assert [r["step"] for r in rows] == list(range(1, last + 1))
+  ckpt = ckpt_lib.RunCheckpointer(os.path.join(str(run), "checkpoints"), 1, 1)
+  try:
+    # The queued rollouts are in the checkpoint (how many depends on how
+    # the groups of the admitted steps were split between steps).
+    assert ckpt_lib.pending_rollouts(ckpt, c, ckpt.read_meta(c))
+  finally:
+    ckpt.close()
+
+  rc, out = finish(start(env, dict(ovr, resume=True)))
+  assert rc == 0, out
+  assert f"starts at step {c}\n" in out, out
+  got = read_metrics(str(run))
+  assert [r["step"] for r in got] == list(range(1, STREAM_STEPS + 1))
+  assert got[:c] == rows[:c]  # the killed run's rows up to c, kept
+  compared = range(c + 1, min(c + STALENESS + 1, last) + 1)
+  for step in compared:
+    want, have = _untimed(rows[step - 1]), _untimed(got[step - 1])
+    for key in ("loss", "reward_mean", "grad_norm", "version_lag_max"):
+      assert key in want and key in have, (step, key)
+    assert "version_lag_mean" in want, want
+    assert have == want, f"step {step}"
+  ckpt = ckpt_lib.RunCheckpointer(os.path.join(str(run), "checkpoints"), 1, 1)
+  try:
+    assert ckpt.latest_verified_step() == (STREAM_STEPS, [])
+  finally:
+    ckpt.close()
 
 
 # -- damaged checkpoints, config changes (no training: the reference's files) --

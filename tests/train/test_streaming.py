@@ -4,16 +4,16 @@ it. Equivalence with the synchronous run at max_staleness=0, the lag bound
 and mid-response versions at max_staleness=2, the resume of queued
 rollouts, and the settings streaming refuses."""
 
-import threading
 import time
 
 import jax
 import numpy as np
 import pytest
 
-from rljax.train import batch as batch_lib
 from rljax.train import checkpoint as checkpoint_lib
 from rljax.train import config as config_lib
+from rljax.train import group_stream
+from rljax.train.metrics import read_metrics
 from tests.train.test_trainer import make_trainer, small_config
 
 # One shape for every run here, so that they share compiled programs: 40
@@ -43,7 +43,14 @@ def _run(cfg, setup=None):
 
 
 def _untimed(row):
-  return {k: v for k, v in row.items() if not any(t in k for t in _TIMED)}
+  """The keys a batch determines: not wall time, and not how the trainer
+  and the worker happened to meet (`group_stream.SCHEDULE_METRICS`)."""
+  return {
+    k: v
+    for k, v in row.items()
+    if not any(t in k for t in _TIMED)
+    and k not in group_stream.SCHEDULE_METRICS
+  }
 
 
 def _assert_same_rows(got, want):
@@ -87,12 +94,28 @@ def test_streaming_at_staleness_0_is_the_synchronous_run(synchronous, tmp_path):
 
 
 def test_a_resume_trains_the_queued_rollout(synchronous, tmp_path):
-  """2 steps (the checkpoint of step 2 holds the queued rollout of step 3),
-  then a resume to 3: step 3 trains that rollout (none lost, none
-  regenerated), so the resumed run ends where the uninterrupted one does,
-  bit for bit."""
+  """A 3-step run stopped after step 2 (whose checkpoint holds the queued
+  rollout of step 3), then a resume: step 3 trains that rollout (none
+  lost, none regenerated), so the resumed run ends where the uninterrupted
+  one does, bit for bit."""
 
-  _, first, _ = _run(small_config("grpo", tmp_path, steps=2, **STREAM0))
+  class Stop(Exception):
+    pass
+
+  def stop_after_two(trainer):
+    step = trainer.train_step
+
+    def limited():
+      row = step()
+      if trainer.step_num == 2:
+        raise Stop
+      return row
+
+    trainer.train_step = limited
+
+  with pytest.raises(Stop):
+    _run(small_config("grpo", tmp_path, steps=3, **STREAM0), stop_after_two)
+  first = read_metrics(str(tmp_path))
   trainer = make_trainer(
     small_config("grpo", tmp_path, steps=3, resume=True, **STREAM0)
   )
@@ -124,13 +147,14 @@ def _wait_for_version(mailbox, version, seconds=300.0):
 
 @pytest.mark.parametrize("inflight_kv", ["keep", "recompute"])
 def test_new_weights_reach_requests_in_flight(tmp_path, inflight_kv):
-  """max_staleness=2: the worker runs up to 3 requests ahead and takes new
-  θ mid-request. So the swap is not left to thread timing, a request of
-  step j >= 2 that starts from θ_0 waits at its first swap point
-  (after the first 32-step decode chunk; 40 new tokens make a second) until
-  θ_1 is published (step 1 trains without this request): its responses
-  then hold tokens of two versions. No token of any step is more than 2
-  versions behind θ_old."""
+  """max_staleness=2: the worker streams the prompts of up to 3 steps and
+  takes new θ between decode chunks. So that the swap is not left to
+  thread timing, the test's hook holds θ_1 back until a group of step 2
+  has started (steps 1 and 2 start from θ_0; the slots hold one step's
+  groups, so step 2 starts once step 1's are done), then, at the next swap
+  point (after the first 32-step chunk; 40 new tokens make a second), waits
+  for θ_1 and takes it: step 2's responses hold tokens of two versions. No
+  token of any step is more than 2 versions behind θ_old."""
   cfg = small_config(
     "grpo",
     tmp_path,
@@ -142,39 +166,48 @@ def test_new_weights_reach_requests_in_flight(tmp_path, inflight_kv):
       "rollout.inflight_kv": inflight_kv,
     },
   )
-  step_of = {batch_lib.seed_for(cfg.run.seed, j, 0): j for j in range(1, 9)}
-  gated_steps, rollouts = [], {}
+  started, groups, gated = {}, {}, []
+
+  class Spy:
+    """The worker's feed, recording each group's start and rows."""
+
+    def __init__(self, feed):
+      self.feed = feed
+
+    def poll(self, prompt_len):
+      return self.feed.poll(prompt_len)
+
+    def started(self, tag, version):
+      started.setdefault(tag, version)
+      self.feed.started(tag, version)
+
+    def done(self, group):
+      groups[group.tag] = group
+      self.feed.done(group)
+
+    def stopped(self):
+      return self.feed.stopped()
 
   def setup(trainer):
     engine, mailbox = trainer.actor.engine, trainer.collector.mailbox
-    generate = engine.generate
+    stream = engine.generate_stream
 
-    def gated(prompts, sampling, *args, weight_updates=None, version=0, **kw):
-      step = step_of[sampling.seed]
-      # Only θ_1: a checkpoint waits for every queued request, so a wait
-      # for a later θ would deadlock with the checkpoint of step 1.
-      if weight_updates is not None and version == 0 and 2 <= step <= 4:
-        gated_steps.append(step)
-        inner, gate = weight_updates, threading.Event()
+    def gated_stream(feed, shape, sampling, *, weight_updates=None, version=0):
+      inner = weight_updates
 
-        def weight_updates():
-          if not gate.is_set():
-            gate.set()
-            _wait_for_version(mailbox, version + 1)
-          return inner()
+      def hook():
+        if not gated:
+          if not any(step == 2 for step, _ in started):
+            return None  # θ_0 until step 2 has started
+          gated.append(True)
+          _wait_for_version(mailbox, 1)
+        return inner()
 
-      rb = generate(
-        prompts,
-        sampling,
-        *args,
-        weight_updates=weight_updates,
-        version=version,
-        **kw,
+      return stream(
+        Spy(feed), shape, sampling, weight_updates=hook, version=version
       )
-      rollouts[step] = rb
-      return rb
 
-    engine.generate = gated
+    engine.generate_stream = gated_stream
 
   _, rows, _ = _run(cfg, setup)
   assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -182,17 +215,14 @@ def test_new_weights_reach_requests_in_flight(tmp_path, inflight_kv):
     assert row["version_lag_max"] <= 2
     for key in ("version_lag_mean", "version_lag_ge1", "version_lag_ge4"):
       assert key in row
-  # Step 2 starts from θ_0 unless the trainer finished step 1 before the
-  # worker took up its next request; either way some request is gated.
-  assert gated_steps and gated_steps[0] in (2, 3)
-  for step in gated_steps:
-    rb = rollouts[step]
-    assert rb.timing["weight_swaps"] >= 1
-    mixed = [v for v in rb.policy_version if len(set(v.tolist())) > 1]
-    assert mixed, f"no response of step {step} holds tokens of two versions"
-    for versions in mixed:  # versions only move forward within a response
-      assert (np.diff(versions) >= 0).all()
-    assert rows[step - 1]["rollout_weight_swaps"] >= 1.0
+  assert gated and started[(2, 0)] == started[(2, 1)] == 0
+  for i in (0, 1):
+    versions = groups[(2, i)].versions
+    mixed = [v for v in versions if len(set(v.tolist())) > 1]
+    assert mixed, f"no response of step 2's group {i} has two versions"
+    for v in mixed:  # versions only move forward within a response
+      assert v[0] == 0 and (np.diff(v) >= 0).all() and v[-1] >= 1
+  assert sum(r["rollout_weight_swaps"] for r in rows) >= 1.0
 
 
 class TestStreamingConfig:
@@ -215,10 +245,16 @@ class TestStreamingConfig:
     assert cfg.run.async_mode == "streaming" and not cfg.run.pipelined
     assert cfg.rollout.inflight_kv == "recompute"
 
-  def test_vllm_is_refused_with_the_fallback(self):
-    got = self.problems(**{"rollout.engine": "vllm"})
-    assert "rollout.engine" in got and "'vllm'" in got
+  def test_one_vllm_server_resolves(self):
+    cfg = self.resolve(**{"rollout.engine": "vllm"})
+    assert cfg.rollout.engine == "vllm" and cfg.run.async_mode == "streaming"
+
+  def test_a_vllm_pool_is_refused_with_the_fallback(self):
+    urls = "http://127.0.0.1:8001,http://127.0.0.1:8002"
+    got = self.problems(**{"rollout.engine": "vllm", "rollout.vllm_urls": urls})
+    assert "rollout.vllm_urls" in got and urls in got
     assert "--run.async_mode=one_step" in got
+    assert "VLLMSidecar.generate_inflight" in got
 
   def test_the_static_engine_is_refused(self):
     got = self.problems()  # batching defaults to static

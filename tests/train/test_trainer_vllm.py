@@ -69,3 +69,68 @@ def test_vllm_int8_rollouts_train_and_survive_a_killed_sidecar(tmp_path):
     assert 0.0 < r["behav_prox_kl"] < 1.0
     assert r["quant/normalized_quant_error"] > 0
   assert len(read_metrics(str(tmp_path))) == 2
+
+
+def test_vllm_streaming_takes_new_weights_in_flight(tmp_path):
+  """Issue 47 item 5: --run.async_mode=streaming on one vLLM server (the
+  tiny model): the worker runs each request through
+  `VLLMSidecar.generate_inflight` (pause, update, resume), every token
+  carries vLLM's own weight version, and no token is more than
+  max_staleness = 1 versions behind θ_old; a synchronous step never
+  exceeds 0."""
+  import jax
+
+  from rljax import data as data_lib
+  from rljax import models
+  from rljax.train import testing
+  from tests.train.test_trainer import LetterTask, small_config
+
+  cfg = small_config(
+    "grpo",
+    tmp_path,
+    steps=3,
+    max_new_tokens=16,
+    **{
+      "rollout.engine": "vllm",
+      "run.async_mode": "streaming",
+      "run.max_staleness": 1,
+      "rollout.inflight_kv": "keep",
+      "task.max_prompt_tokens": 96,
+      "rollout.quant": "none",
+      "model.compute_dtype": "float32",
+    },
+  )
+  tokenizer = testing.tiny_tokenizer()
+  config = models.tiny_config(
+    vocab_size=len(tokenizer),
+    hidden_size=64,
+    num_heads=2,  # head_dim 32: one vLLM's CPU attention takes
+    num_kv_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+  )
+  model = models.Model(
+    config, models.init_params(config, jax.random.key(0)), tokenizer
+  )
+  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
+  task = LetterTask(
+    examples[8:],
+    examples[:8],
+    tokenizer,
+    data_lib.ChatTemplate(tokenizer),
+    cfg.rollout.prompts_per_step,
+    cfg.run.seed,
+    cfg.task.max_prompt_tokens,
+    reward_workers=0,
+  )
+  trainer = loop_lib.Trainer(cfg, model=model, task=task, show_progress=False)
+  try:
+    rows = trainer.run()
+  finally:
+    trainer.close()
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  assert all(np.isfinite(r["loss"]) for r in rows)
+  assert all(r["version_lag_max"] <= 1.0 for r in rows)
+  assert rows[0]["version_lag_max"] == 0.0
+  # From step 2 on the rollouts were queued one step ahead: some lag.
+  assert max(r["version_lag_mean"] for r in rows[1:]) > 0.0

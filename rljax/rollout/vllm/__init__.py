@@ -6,6 +6,7 @@
   api      the server's HTTP routes; completion request/response translation
   client   requests to a server: start-up checks, rollout fan-out, reload
   sync     weights in a server's checkpoint format, sync dirs, timing
+  inflight weight updates while requests run (pause / apply / resume)
   sidecar  `VLLMSidecar`: the engine façade composing the three above
   pool     `VLLMSidecarPool`: one rollout over several sidecars
   export   a model's starting checkpoint and the engine serving it

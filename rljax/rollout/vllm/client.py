@@ -286,10 +286,12 @@ class EngineClient:
       pool.shutdown(wait=False, cancel_futures=True)
     return [row for rows in results for row in rows]
 
-  def reload(self, path: str) -> None:
+  def reload(self, path: str, settle: bool = True) -> None:
     """Reloads the weights of a checkpoint-format dir in place, resets the
     prefix cache (its KV blocks are of the old weights) and, with
-    `verify_after_sync`, probes the engine. A failure marks it `broken`."""
+    `verify_after_sync`, probes the engine. A failure marks it `broken`.
+    settle=False skips the reset and the probe (generation is paused with
+    requests in flight: the caller settles once they are done)."""
     action = f"reloading weights from {path!r}"
     method = "rljax_reload_weights" if self.has_extension else "reload_weights"
     try:
@@ -302,14 +304,16 @@ class EngineClient:
       raise self.server.failure(
         action, f"{e}; the engine is unusable until restart()"
       ) from None
-    self._after_reload(action, path)
+    if settle:
+      self.settle(action, path)
 
   def apply_shared(
-    self, file: str, changed: list[str] | None
+    self, file: str, changed: list[str] | None, settle: bool = True
   ) -> dict[str, Any]:
     """Has the worker extension (version 2+) apply the shared-memory weights
     file in place, only the modules of the `changed` tensors (None: all);
-    then resets the prefix cache and probes, as `reload`.
+    then resets the prefix cache and probes, as `reload` (unless
+    settle=False).
 
     Returns:
       The extension's report (modules, handlers, seconds), or
@@ -343,11 +347,14 @@ class EngineClient:
         '{"results": [{...}]}; the engine is unusable until restart()',
       )
     report = results[0]
-    if "unsupported" not in report:
-      self._after_reload(action, file)
+    if settle and "unsupported" not in report:
+      self.settle(action, file)
     return report
 
-  def _after_reload(self, action: str, path: str) -> None:
+  def settle(self, action: str, path: str) -> None:
+    """After new weights (`action`, from `path`): resets the prefix cache
+    (its blocks hold KV of the old weights) and, with `verify_after_sync`,
+    probes the engine. A failure marks it `broken`."""
     for _ in range(20):
       try:
         if self.http.reset_prefix_cache(timeout_s=60):

@@ -98,6 +98,11 @@ class SidecarError(EngineFailure):
     self.url, self.pid, self.log_path, self.action = url, pid, log_path, action
 
 
+# What an in-flight weight update (`VLLMSidecar.generate_inflight`) does to
+# the requests it finds running (the JAX engine's `inflight.INFLIGHT_KV_MODES`).
+INFLIGHT_KV_MODES = ("keep", "recompute")
+
+
 _POSITIVE_INT = v.expect(
   v.all_of(v.is_int, v.in_range(0, math.inf, lo_open=True)), "a positive int"
 )
@@ -124,6 +129,17 @@ _FIELD_RULES = (
   ("startup_timeout_s", _POSITIVE),
   ("request_timeout_s", _POSITIVE),
   ("sync_timeout_s", _POSITIVE),
+  ("inflight_poll_s", _POSITIVE),
+  (
+    "inflight_kv",
+    v.expect(
+      v.one_of(*INFLIGHT_KV_MODES),
+      f"one of {INFLIGHT_KV_MODES} (keep: running requests keep their KV "
+      "of the old weights, PipelineRL; recompute: vLLM preempts them and "
+      "recomputes it with the new ones, AReaL)",
+    ),
+  ),
+  ("inflight_routes", v.is_bool),
   (
     "gpu_memory_utilization",
     v.expect(
@@ -197,6 +213,15 @@ class VLLMSidecarConfig:
       elsewhere. Off means every prompt is prefilled in one step, so the
       batch token budget is raised to max(max_model_len, 4096) unless
       extra_args sets --max-num-batched-tokens.
+    inflight_routes: launch the server with `--enable-scale-out`, which
+      serves `/inference/v1/generate`, the one route of vLLM 0.32 that
+      returns each token's weight version (`generate_inflight` needs it).
+    inflight_kv: what an in-flight weight update does to the requests it
+      finds running: "keep" their KV cache, made by the old weights
+      (PipelineRL), or "recompute" it with the new ones (AReaL: vLLM's
+      pause preempts them, `clear_cache=true`); see docs/async_vllm.md.
+    inflight_poll_s: `generate_inflight` polls its `weight_updates` hook
+      this often (seconds) while requests are in flight.
   """
 
   host: str = "127.0.0.1"
@@ -224,6 +249,9 @@ class VLLMSidecarConfig:
   chunked_prefill: bool | None = None
   fresh_prefix_cache: bool = True
   batch_invariant: bool = False
+  inflight_routes: bool = True
+  inflight_kv: str = "keep"
+  inflight_poll_s: float = 0.05
   api_key: str | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):

@@ -265,6 +265,10 @@ class LaunchedServer(Server):
     ]
     if cfg.enforce_eager:
       cmd.append("--enforce-eager")
+    if cfg.inflight_routes and "--enable-scale-out" not in cfg.extra_args:
+      # /inference/v1/generate: token ids with per-token weight versions
+      # (VLLMSidecar.generate_inflight); behind the run key as every route.
+      cmd.append("--enable-scale-out")
     if cfg.worker_extension:
       cmd += ["--worker-extension-cls", EXTENSION_CLASS]
     chunked = (

@@ -8,6 +8,7 @@ state a restart needs (the weights of the last sync).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -24,9 +25,11 @@ from rljax.rollout.base import SamplingConfig
 from rljax.rollout.base import SyncStats
 from rljax.rollout.base import check_prompts
 from rljax.rollout.vllm import guard
+from rljax.rollout.vllm import inflight
 from rljax.rollout.vllm.client import EngineClient
 from rljax.rollout.vllm.client import Row
 from rljax.rollout.vllm.client import to_batch
+from rljax.rollout.vllm.config import INFLIGHT_KV_MODES
 from rljax.rollout.vllm.config import VLLMSidecarConfig
 from rljax.rollout.vllm.process import LaunchedServer
 from rljax.rollout.vllm.process import Server
@@ -283,23 +286,119 @@ class VLLMSidecar:
   # -- generation -------------------------------------------------------------
 
   def generate(
-    self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    self,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    *,
+    weight_updates: Any = None,
+    version: int = 0,
   ) -> RolloutBatch:
     """Samples `sampling.n` responses per prompt (see `base.RolloutBatch`).
+
+    With `weight_updates`: `generate_inflight` (the keywords of
+    `JaxSampler.generate`, so `Actor.generate_inflight` drives either).
 
     Raises:
       ValueError: bad prompts, or prompt + max_new_tokens > max_model_len.
       SidecarError: the server died, timed out or failed the request.
     """
-    if not isinstance(sampling, SamplingConfig):
-      raise TypeError(
-        f"VLLMSidecar.generate: sampling={sampling!r:.80}; "
-        "expected a rljax.rollout.SamplingConfig"
+    if weight_updates is not None:
+      return self.generate_inflight(
+        prompt_ids, sampling, weight_updates, version=version
       )
-    prompts = check_prompts(prompt_ids, self.vocab_size)
+    prompts = self._checked_prompts(prompt_ids, sampling, "generate")
     start = time.perf_counter()
     rows = self.generate_rows(prompts, sampling, first_index=0)
     return to_batch(prompts, rows, sampling, time.perf_counter() - start)
+
+  def generate_inflight(
+    self,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    weight_updates: Any,
+    version: int = 0,
+    inflight_kv: str | None = None,
+  ) -> RolloutBatch:
+    """Samples as `generate`, taking new weights while requests run.
+
+    `weight_updates` is polled every `config.inflight_poll_s` while
+    requests are unfinished: None, or (params, new_version >= the current
+    one), params as `update_weights` takes them. The sidecar converts them
+    while the engine generates, then pauses generation keeping the requests
+    (vLLM's `/pause?mode=keep`), applies the weights in place, labels them
+    `new_version` and resumes; running requests keep or recompute their KV
+    (`config.inflight_kv`). The engine keeps the last weights taken.
+
+    Args:
+      prompt_ids: prompts (token ids).
+      sampling: how to sample.
+      weight_updates: the hook (see above).
+      version: the version of the weights the engine runs now.
+      inflight_kv: "keep" or "recompute"; default `config.inflight_kv`.
+
+    Returns:
+      The batch with `policy_version` (each token's version, as vLLM's
+      per-token `weight_versions` spans report it) and timing figures
+      `weight_swaps`, `swap_requests_in_flight`, `swap_pause_seconds`,
+      `swap_prepare_seconds`, `final_version`.
+
+    Raises:
+      ValueError / TypeError: bad prompts, hook, update or version.
+      SidecarError: the server failed, or does not serve the
+        `/inference/v1/generate` route (`config.inflight_routes`).
+    """
+    prompts = self._checked_prompts(prompt_ids, sampling, "generate_inflight")
+    hook = inflight.check_hook(weight_updates)
+    kv = self.config.inflight_kv if inflight_kv is None else inflight_kv
+    if kv not in INFLIGHT_KV_MODES:
+      raise ValueError(
+        f"VLLMSidecar.generate_inflight: inflight_kv={kv!r}; expected one "
+        f"of {INFLIGHT_KV_MODES}"
+      )
+    with self._lock:
+      self._require_usable("generating with in-flight updates")
+      self._check_lengths(prompts, sampling, 0)
+      run = inflight.InflightRun(self._client, version, kv)
+      start = time.perf_counter()
+      rows = inflight.generate(
+        run,
+        prompts,
+        sampling,
+        0,
+        hook,
+        self.prepare_weights,
+        self._apply_in_flight,
+      )
+      seconds = time.perf_counter() - start
+      if run.swap_requests_in_flight:
+        # Blocks of the old weights stay cached; the probe checks the
+        # engine as after every sync.
+        self._client.settle("in-flight weight updates", self._shared.path)
+    batch = to_batch(prompts, [r[:3] for r in rows], sampling, seconds)
+    return dataclasses.replace(
+      batch,
+      timing={**batch.timing, **run.stats()},
+      policy_version=[r[3] for r in rows],
+    )
+
+  def _checked_prompts(self, prompt_ids, sampling, what) -> list[list[int]]:
+    if not isinstance(sampling, SamplingConfig):
+      raise TypeError(
+        f"VLLMSidecar.{what}: sampling={sampling!r:.80}; "
+        "expected a rljax.rollout.SamplingConfig"
+      )
+    return check_prompts(prompt_ids, self.vocab_size)
+
+  def _check_lengths(self, prompts, sampling, first_index) -> None:
+    limit = self.max_model_len
+    for i, prompt in enumerate(prompts):
+      if len(prompt) + sampling.max_new_tokens > limit:
+        raise ValueError(
+          f"VLLMSidecar.generate: prompt {first_index + i} has "
+          f"{len(prompt)} tokens + max_new_tokens="
+          f"{sampling.max_new_tokens} > max_model_len={limit}; expected "
+          "shorter prompts or a larger VLLMSidecarConfig.max_model_len"
+        )
 
   def generate_rows(
     self,
@@ -315,15 +414,7 @@ class VLLMSidecar:
     """
     with self._lock:
       self._require_usable("generating")
-      limit = self.max_model_len
-      for i, prompt in enumerate(prompts):
-        if len(prompt) + sampling.max_new_tokens > limit:
-          raise ValueError(
-            f"VLLMSidecar.generate: prompt {first_index + i} has "
-            f"{len(prompt)} tokens + max_new_tokens="
-            f"{sampling.max_new_tokens} > max_model_len={limit}; expected "
-            "shorter prompts or a larger VLLMSidecarConfig.max_model_len"
-          )
+      self._check_lengths(prompts, sampling, first_index)
       return self._client.generate_rows(prompts, sampling, first_index)
 
   # -- weight sync ------------------------------------------------------------
@@ -369,15 +460,32 @@ class VLLMSidecar:
       )
       return stats
 
-  def _apply_shared(self, changed: list[str]) -> dict[str, Any]:
+  def _apply_in_flight(self, tensors: dict[str, np.ndarray]) -> dict:
+    """Applies prepared tensors while generation is paused with requests
+    kept: no prefix-cache reset (their blocks are held) and no probe (it
+    would wait for the resume); `generate_inflight` settles at its end."""
+    if self._shared is None:
+      self._shared = SharedWeights(self._sync_dirs, self._weights.manifest)
+    stats, timing = timed_shared_sync(
+      lambda: tensors,
+      self._shared,
+      lambda changed: self._apply_shared(changed, settle=False),
+    )
+    self.last_sync_timing = timing
+    return {"seconds": stats.seconds, "bytes": stats.bytes}
+
+  def _apply_shared(
+    self, changed: list[str], settle: bool = True
+  ) -> dict[str, Any]:
     """The engine takes the shared file's weights: in place where the worker
-    extension can, else by vLLM's reload of the file."""
+    extension can, else by vLLM's reload of the file. settle: reset the
+    prefix cache and probe after (`EngineClient.settle`)."""
     shared = self._shared
     # Recorded first: if this sidecar is down, restart() loads these.
     self._last_weights_dir = shared.path
     client = self._client
     if client.extension_version >= 2 and self.fast_sync_unsupported is None:
-      report = client.apply_shared(shared.file, changed)
+      report = client.apply_shared(shared.file, changed, settle)
       if "unsupported" not in report:
         return report
       self.fast_sync_unsupported = str(report["unsupported"])
@@ -387,7 +495,7 @@ class VLLMSidecar:
         self.describe(),
         self.fast_sync_unsupported,
       )
-    client.reload(shared.path)
+    client.reload(shared.path, settle)
     return {"vllm_reload": 1}
 
   def load_weights_dir(self, path: str) -> None:

@@ -472,19 +472,21 @@ def _engine_url_checks(cfg: TrainConfig) -> list[Problem]:
 
 def _streaming_checks(cfg: TrainConfig) -> list[Problem]:
   """What --run.async_mode=streaming runs on: the continuous JAX engine
-  (its in-flight weight updates, rljax/rollout/inflight.py), single-turn
-  tasks (multi-turn ones: `_tool_task_checks`), one rollout per step."""
+  (its in-flight weight updates, rljax/rollout/inflight.py) or one vLLM
+  server (rljax/rollout/vllm/inflight.py), single-turn tasks (multi-turn
+  ones: `_tool_task_checks`), one rollout per step."""
   if cfg.run.async_mode != "streaming":
     return []
   r, out = cfg.rollout, []
-  if r.engine != "jax":
+  if r.engine == "vllm" and len([u for u in r.vllm_urls.split(",") if u]) > 1:
     expected = (
-      "'jax' with run.async_mode='streaming' (the pinned vLLM's in-flight "
-      "weight update is not wired to the sidecar; fall back to "
-      "--run.async_mode=one_step)"
+      "one server (or none: one is started) with run.async_mode='streaming' "
+      "(in-flight weight updates pause and resume one vLLM server, "
+      "VLLMSidecar.generate_inflight; a pool of several has none; fall back "
+      "to --run.async_mode=one_step)"
     )
-    out.append(Problem("rollout.engine", r.engine, expected))
-  elif r.batching != "continuous":
+    out.append(Problem("rollout.vllm_urls", r.vllm_urls, expected))
+  elif r.engine == "jax" and r.batching != "continuous":
     expected = (
       "'continuous' with run.async_mode='streaming' (new weights are taken "
       "between decode chunks; the static engine decodes a chunk of prompts "

@@ -1,0 +1,173 @@
+"""Streaming mode's group-level emission (`group_stream`): the earliest-
+deadline choice of a step's groups, and a step that takes a later request's
+finished group instead of waiting for its own longest response, on the real
+continuous JAX engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rljax.rollout import base
+from rljax.train import collect as collect_lib
+from rljax.train import group_stream
+from tests.rollout.test_inflight_updates import _engine, _sharp
+
+choose = group_stream.choose
+
+
+class TestChoose:
+  """(slack, block step, index, complete) candidates; P groups a step."""
+
+  def test_too_few_complete_waits(self):
+    assert choose([(0, 1, 0, True), (0, 1, 1, False)], 2) is None
+
+  def test_a_later_request_fills_in_for_a_straggler_with_slack(self):
+    # The straggler (1, 0) may still be trained next step (slack 1): the
+    # step takes (1, 1) and the later request's finished (2, 0).
+    got = choose([(1, 1, 0, False), (1, 1, 1, True), (1, 2, 0, True)], 2)
+    assert got == [(1, 1), (2, 0)]
+
+  def test_a_straggler_at_its_deadline_is_waited_for(self):
+    cands = [
+      (0, 1, 0, False),
+      (0, 1, 1, True),
+      (1, 2, 0, True),
+      (1, 2, 1, True),
+    ]
+    assert choose(cands, 2) is None
+    done = [(s, b, i, True) for s, b, i, _ in cands]
+    assert choose(done, 2) == [(1, 0), (1, 1)]
+
+  def test_later_deadlines_reserve_room(self):
+    # Three groups due within two steps, P = 1: this step takes one, the
+    # next one more; one would be overdue. It waits while a group is in
+    # flight, then takes the earliest (the trainer's lag check then names
+    # the overdue token).
+    cands = [(1, 1, 0, True), (1, 1, 1, True), (1, 1, 2, False)]
+    assert choose(cands, 1) is None
+    done = [(s, b, i, True) for s, b, i, _ in cands]
+    assert choose(done, 1) == [(1, 0)]
+
+  def test_earliest_deadline_then_block_then_index(self):
+    cands = [(2, 1, 1, True), (1, 3, 0, True), (1, 2, 1, True), (2, 1, 0, True)]
+    assert choose(cands, 3) == [(2, 1), (3, 0), (1, 0)]
+
+  def test_staleness_0_takes_exactly_its_own_request(self):
+    cands = [(0, 4, 0, True), (0, 4, 1, True)]
+    assert choose(cands, 2) == [(4, 0), (4, 1)]
+    assert choose(cands[:1] + [(0, 4, 1, False)], 2) is None
+
+
+class EngineActor:
+  """The two calls `GroupStream` makes of `actor.Actor` (push, stream),
+  over a real `JaxSampler`; a test adapter, since the trainer's Actor
+  needs a whole TrainConfig."""
+
+  def __init__(self, engine):
+    self.engine = engine
+    self.version = None
+
+  def push(self, rparams, diag):
+    self.engine.update_weights(rparams)
+    self.version = int(diag["version"])
+    return {}
+
+  def generate_stream(self, feed, shape, sampling, weight_updates):
+    stats = self.engine.generate_stream(
+      feed, shape, sampling, weight_updates=weight_updates, version=self.version
+    )
+    self.version = int(stats.get("final_version", self.version))
+    return stats
+
+
+@pytest.fixture(scope="module")
+def w0():
+  return _sharp(0)
+
+
+LONG, SHORT = [4, 8, 15, 16, 23, 42, 7], [5, 17, 3]
+
+
+def _stop_id(engine):
+  """A token SHORT's greedy answer emits by its third token and LONG's
+  never does: SHORT's rows stop early, LONG's run to the limit."""
+  probe = base.SamplingConfig(n=1, greedy=True, max_new_tokens=24)
+  out = engine.generate([LONG, SHORT], probe).response_ids
+  for tok in out[1][:3]:
+    if tok not in out[0]:
+      return tok
+  pytest.skip("no stop id separates the two prompts for these weights")
+
+
+def test_a_step_does_not_wait_for_its_own_longest_response(w0):
+  """max_staleness 1, P = 2 groups of 2 rows, slots for one request at a
+  time. Request 1 = [LONG, SHORT], request 2 = [SHORT, SHORT]. Step 1 takes
+  request 1's short group and request 2's first (LONG may still be trained
+  at step 2); step 2 must take LONG (its deadline) and waits for it. A
+  checkpoint's blocks, restored into a new stream, give step 3 the same
+  batch."""
+  engine = _engine(w0)
+  stop = _stop_id(engine)
+  sampling = base.SamplingConfig(
+    n=2, greedy=True, max_new_tokens=24, stop_token_ids=(stop,)
+  )
+  mailbox = collect_lib.Mailbox()
+  mailbox.publish(0, w0, {"version": 0})
+  actor = EngineActor(engine)
+
+  def new_stream():
+    return group_stream.GroupStream(actor, mailbox, lambda s: sampling, 2, 1)
+
+  stream = new_stream()
+  requests = {1: [LONG, SHORT], 2: [SHORT, SHORT], 3: [SHORT, LONG]}
+  try:
+    for step in (1, 2):
+      stream.admit(step, [f"{step}.{i}" for i in range(2)], requests[step],
+                   seed=step, data_state={"at": step})  # fmt: skip
+    rb1, ex1, m1 = stream.take(1, 0)
+    assert ex1 == ["1.1", "2.0"]
+    assert rb1.prompt_ids == [SHORT, SHORT]
+    assert all(r[-1] == stop for r in rb1.response_ids)
+    assert m1["stream_groups_other_request"] == 1.0
+    mailbox.publish(1, w0, {"version": 1})
+    stream.admit(3, ["3.0", "3.1"], requests[3], seed=3, data_state={"at": 3})
+    rb2, ex2, m2 = stream.take(2, 1)
+    assert ex2 == ["1.0", "2.1"]
+    assert rb2.prompt_ids == [LONG, SHORT]
+    assert [len(r) for r in rb2.response_ids[:2]] == [24, 24]
+    assert rb2.policy_version[0][0] == 0 and m2["rollout_staleness"] == 1.0
+    for key in group_stream.SCHEDULE_METRICS:
+      assert 0.0 <= m2[key]
+    saved = stream.saved()
+    assert [int(e["stream_step"]) for _, e in saved] == [3]
+    assert stream.data_state() == {"at": 3}
+    rb3, ex3, _ = stream.take(3, 2)
+  finally:
+    stream.close()
+  assert ex3 == ["3.0", "3.1"]
+  restored = new_stream()
+  try:
+    restored.restore(saved, lambda: (["3.0", "3.1"], requests[3], {"at": 3}))
+    again, ex, _ = restored.take(3, 2)
+  finally:
+    restored.close()
+  assert ex == ex3 and again.response_ids == rb3.response_ids
+  np.testing.assert_array_equal(
+    np.concatenate(again.behav_logp), np.concatenate(rb3.behav_logp)
+  )
+  assert [v.tolist() for v in again.policy_version] == [
+    v.tolist() for v in rb3.policy_version
+  ]
+
+
+def test_a_restore_refuses_prompts_that_changed(w0):
+  stream = group_stream.GroupStream(None, None, lambda s: None, 1, 0)
+  rb = base.RolloutBatch(
+    prompt_ids=[[1, 2]], response_ids=[[3]], behav_logp=[np.zeros(1)],
+    finish_reason=["length"], n=1,
+  )  # fmt: skip
+  saved = [(rb, {"stream_step": 1.0, "stream_trained_0": 0.0,
+                 "stream_version_0": 0.0})]  # fmt: skip
+  with pytest.raises(ValueError, match="re-drawn for streamed step 1"):
+    stream.restore(saved, lambda: (["x"], [[9, 9]], {}))
