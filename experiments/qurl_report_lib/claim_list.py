@@ -9,6 +9,9 @@ from __future__ import annotations
 # refused (gates.check_named).
 Q, C, U = "rollout.quant", "loss.correction", "rollout.uaq_scale"
 LR = "optim.learning_rate"
+# How stale a rollout is (run.async_mode=one_step, run.max_staleness = s:
+# every token s versions behind θ_old; `pipelined` is async_mode's alias).
+LAG = ("run.async_mode", "run.pipelined", "run.max_staleness")
 
 # (question, study, claim, A, B, kind, named fields): B − A of final held-out
 # accuracy. The quantized arms of the archived studies ran with UAQ 1.5 and
@@ -292,6 +295,49 @@ CLAIMS += [
     (U,),
   ),
 ]
+# Question 8 (issue 47, reduced; pre-registered in
+# experiments/configs/q8_staleness.json): rollouts max_staleness versions
+# behind θ_old, one update per rollout. At lag 0 (fp32) π_behav = π_prox, so
+# naive and decoupled are the same run and the lag-0 arm stands for both.
+CLAIMS += [
+  (
+    "8",
+    "q8_staleness",
+    "lag 8 naive is worse than lag 0 (synchronous: ρ = 1, so naive = "
+    "decoupled there)",
+    "fp32_lag8_naive",
+    "fp32_lag0",
+    "superiority",
+    LAG + (C,),
+  ),
+  (
+    "8",
+    "q8_staleness",
+    "decoupled beats naive at lag 8",
+    "fp32_lag8_naive",
+    "fp32_lag8_decoupled",
+    "superiority",
+    (C,),
+  ),
+  (
+    "8",
+    "q8_staleness",
+    "lag 2 decoupled is no worse than lag 0",
+    "fp32_lag0",
+    "fp32_lag2_decoupled",
+    "non_inferiority",
+    LAG,
+  ),
+  (
+    "8",
+    "q8_staleness",
+    "INT8 rollouts: decoupled beats naive at lag 8",
+    "int8_lag8_naive",
+    "int8_lag8_decoupled",
+    "superiority",
+    (C,),
+  ),
+]
 # Studies under Q6's pre-registered calibration (gates.calibration): a TIS
 # arm outside its truncation range marks its format's verdicts.
 PREREGISTERED = ("q6_acr_fair", "q6_acr_fair_calibrated")
@@ -313,4 +359,6 @@ QUESTIONS = {
   "(pre-registered; issue 44): does ACR slow the behavior–proximal drift "
   "and beat TIS?",
   "7": "Is Q4's long-horizon gap quantization, or Q4's UAQ 1.5?",
+  "8": "Does staleness hurt before lag 8, and does importance sampling "
+  "(decoupled) help? (issue 47, reduced)",
 }

@@ -10,6 +10,7 @@ from qurl_report_lib import gates
 from qurl_report_lib.claim_list import (
   AA_FROM,
   CLAIMS,
+  LAG,
   LR,
   PREREGISTERED,
   U,
@@ -141,6 +142,72 @@ def _visibility(study: dict, a: str, b: str, seeds) -> str:
   return "; exposure (A → B): " + ", ".join(parts) if parts else ""
 
 
+# π_behav = π_prox up to float rounding: the fp32 engine's cached decode and the
+# trainer's full forward pass of the same weights differ only in rounding.
+RHO_ONE_KL, RHO_ONE_TOL = 1e-9, 1e-4
+
+
+def _arm_lag(study: dict, name: str, seeds) -> dict:
+  """One arm's staleness exposure, over the seeds: the version lag (mean
+  over steps of each step's mean, largest max), how far π_behav is from
+  π_prox (mean behav–prox KL, largest ρ = π_prox/π_behav) and the share of
+  tokens clipped (where naive's ratio against π_behav cuts the gradient)."""
+  keys = ("version_lag_mean", "version_lag_max", "behav_prox_kl")
+  keys += ("max_prox_behav_ratio", "clip_fraction")
+  vals = {
+    k: [
+      x for s in seeds for _, x in gates.metric_rows(study["runs"][name][s], k)
+    ]
+    for k in keys
+  }
+  if not vals["version_lag_max"]:
+    return {}
+  return {
+    "lag_mean": float(np.mean(vals["version_lag_mean"])),
+    "lag_max": max(vals["version_lag_max"]),
+    "kl": float(np.mean(vals["behav_prox_kl"] or [0.0])),
+    "max_rho": max(vals["max_prox_behav_ratio"] or [1.0]),
+    "clip": float(np.mean(vals["clip_fraction"] or [0.0])),
+  }
+
+
+def _lag_exposure(study: dict, a: str, b: str, seeds) -> str:
+  """Staleness exposure beside a claim whose arms ran pipelined (issue 47):
+  each arm's version lag and behav–prox distance, A → B; '' when neither
+  arm ran stale or the runs did not log the lag. An arm at lag 0 with
+  π_behav = π_prox (ρ ≡ 1) and one update per rollout (R ≡ 1) gives a
+  correction nothing to act on: said so."""
+  configs = [
+    gates.effective_config(study["runs"][n][s]) for n in (a, b) for s in seeds
+  ]
+  if all(c.get("run.async_mode", "off") == "off" for c in configs):
+    return ""
+  arms = [_arm_lag(study, n, seeds) for n in (a, b)]
+  if not all(arms):
+    return ""
+  x, y = arms
+  text = (
+    f"; exposure (A → B): version lag mean/max {x['lag_mean']:.2f}/"
+    f"{x['lag_max']:g} → {y['lag_mean']:.2f}/{y['lag_max']:g}, behav–prox "
+    f"KL {x['kl']:.1e} → {y['kl']:.1e}, max ρ {x['max_rho']:.3g} → "
+    f"{y['max_rho']:.3g}, clipped tokens {x['clip']:.1e} → {y['clip']:.1e}"
+  )
+  one_update = all(gates.updates_per_rollout(c) == 1 for c in configs)
+  idle = [
+    n
+    for n, arm in zip((a, b), arms)
+    if arm["lag_max"] == 0
+    and arm["kl"] < RHO_ONE_KL
+    and arm["max_rho"] < 1.0 + RHO_ONE_TOL
+  ]
+  if idle and one_update:
+    text += (
+      f"; `{'`, `'.join(idle)}` at lag 0: ρ = 1 to float precision and one "
+      "update per rollout (R ≡ 1), so no correction can act there"
+    )
+  return text
+
+
 def gate_claim(
   study: dict, claim: str, a: str, b: str, named, result: dict, v: str, why: str
 ) -> tuple[str, str]:
@@ -170,6 +237,8 @@ def gate_claim(
     why += "; ACR ≡ TIS in these runs (one update per rollout: R ≡ 1)"
   if U in named or LR in named:
     why += _visibility(study, a, b, result["seeds"])
+  if set(named) & (set(LAG) | {"loss.correction"}):
+    why += _lag_exposure(study, a, b, result["seeds"])
   if tuple(named) == ("rollout.uaq_scale",) and v == "supported":
     scale = gates.effective_config(study["runs"][b][result["seeds"][0]])[
       "rollout.uaq_scale"

@@ -394,3 +394,60 @@ def test_uaq_claims_print_the_visibility_they_changed():
   )
   assert claim["verdict"] == gates.NOT_ATTRIBUTABLE
   assert "learning-rate control gains as much" in claim["why"]
+
+
+def _stale_run(path, name, seed, correct, lag, kl, max_rho):
+  """A q8_staleness arm (issue 47): fp32, one update per rollout, pipelined
+  `lag` versions behind θ_old (synchronous at lag 0), 2 logged steps."""
+  run = {} if lag == 0 else {"async_mode": "one_step", "pipelined": True}
+  run["max_staleness"] = max(lag, 1)
+  correction = "naive" if name.endswith("naive") else "decoupled"
+  config = _fake_config(f"fp32_{correction}", minibatches=1, run=run)
+  metrics = {
+    "version_lag_mean": [lag / 2, lag],
+    "version_lag_max": [lag / 2, lag],
+    "behav_prox_kl": [kl, kl],
+    "max_prox_behav_ratio": [max_rho, max_rho],
+    "clip_fraction": [0.1 * lag, 0.1 * lag],
+  }
+  _fake_run(path, name, seed, correct, config=config, metrics=metrics)
+
+
+def test_staleness_claims_print_lag_and_behav_prox_exposure(tmp_path):
+  """Issue 47: a staleness verdict carries each arm's version lag and how
+  far π_behav is from π_prox; a lag-0 arm (ρ = 1, one update per rollout)
+  is named as one no correction can act on."""
+  arms = {
+    "fp32_lag0": ([1, 1, 1, 1], 0, 0.0, 1.0),
+    "fp32_lag8_naive": ([0, 0, 1, 1], 8, 2e-2, 16.0),
+    "fp32_lag8_decoupled": ([1, 1, 1, 1], 8, 3e-2, 12.0),
+  }
+  for seed in (0, 1, 2):
+    for name, (correct, lag, kl, rho) in arms.items():
+      _stale_run(tmp_path, name, seed, correct, lag, kl, rho)
+  setup = {"seeds": [0, 1, 2], "runs": [{"name": n} for n in arms]}
+  (tmp_path / "ablation.json").write_text(json.dumps(setup))
+  study = studies_lib.load_study(str(tmp_path))
+  worse = _claim(
+    {"q8_staleness": study}, "q8_staleness", "fp32_lag8_naive", "fp32_lag0"
+  )
+  assert worse["verdict"] == "supported"
+  assert "version lag mean/max 6.00/8 → 0.00/0" in worse["why"]
+  assert "behav–prox KL 2.0e-02 → 0.0e+00, max ρ 16 → 1" in worse["why"]
+  assert "`fp32_lag0` at lag 0: ρ = 1 to float precision" in worse["why"]
+  both_stale = _claim(
+    {"q8_staleness": study},
+    "q8_staleness",
+    "fp32_lag8_naive",
+    "fp32_lag8_decoupled",
+  )
+  assert "clipped tokens 8.0e-01 → 8.0e-01" in both_stale["why"]
+  assert "no correction can act" not in both_stale["why"]
+
+
+def test_synchronous_claims_print_no_lag_exposure(tmp_path):
+  study = _study(
+    tmp_path, {"int8_tis": (TIS, None, 0.01), "int8_acr": (ACR, None, 0.01)}
+  )
+  claim = _claim({"q6_acr_fair": study}, "q6_acr_fair", "int8_tis", "int8_acr")
+  assert "version lag" not in claim["why"]
