@@ -33,8 +33,12 @@ and reports, over the steps after the first --warmup_steps (they compile):
 
 Where the engine runs: the JAX engine is a worker thread of the trainer's
 process, so in every mode here engine and trainer share the process's cores;
-the overlap measured is what one process's threads get. The one engine in a
-separate process is the vLLM sidecar, which streaming does not drive yet.
+the overlap measured is what one process's threads get. With
+--rollout.engine=vllm the engine is the sidecar, a process of its own: run
+the script under `taskset -c 0` with VLLM_CPU_OMP_THREADS_BIND=1 in the
+environment and the trainer has core 0, the engine's threads core 1 (the
+JSON records both; streaming then runs one request at a time through the
+sidecar's in-flight update).
 
 The modes use --batching (continuous by default: streaming needs it), so the
 ratios compare the async modes, not two batchings. Every training flag of
@@ -116,11 +120,16 @@ MODES = {
 _ALIASES = {"off": "sync", "streaming": "streaming_keep"}
 # (numerator, denominator, target) of issue 47's steps/hour ratios.
 TARGETS = (("sync", 1.5), ("one_step", 1.2))
-ENGINE_PLACEMENT = (
-  "JAX engine on a worker thread of the trainer's process: engine and "
-  "trainer share this process's {cores} cores (the one separate-process "
-  "engine is the vLLM sidecar, which streaming does not drive yet)"
-)
+ENGINE_PLACEMENT = {
+  "jax": (
+    "JAX engine on a worker thread of the trainer's process: engine and "
+    "trainer share the process's cores {affinity}"
+  ),
+  "vllm": (
+    "vLLM sidecar, a process of its own: {pinned} (VLLM_CPU_OMP_THREADS_BIND"
+    "={bind})"
+  ),
+}
 
 _MODES = flags.DEFINE_list(
   "modes",
@@ -144,6 +153,13 @@ _BATCHING = flags.DEFINE_enum(
   ["static", "continuous"],
   "rollout.batching of every mode on the JAX engine (streaming needs "
   "continuous; the others take the same, so the ratios compare modes).",
+)
+_ENGINE_CORE = flags.DEFINE_integer(
+  "engine_core",
+  -1,
+  "With --rollout.engine=vllm: pin the sidecar's processes (every thread)"
+  " to this core and the trainer's threads to the others, once the sidecar"
+  " has started (-1: no pinning).",
 )
 _OUT_DIR = flags.DEFINE_string(
   "out_dir", "runs/bench_async", "Where the JSON and the plot go."
@@ -180,6 +196,58 @@ def parse_modes(names: list[str]) -> list[str]:
   if not out:
     raise cli.UsageError("--modes is empty; expected at least one mode")
   return out
+
+
+def _descendants(root: int) -> list[int]:
+  """`root` and every process below it (from /proc's parent links)."""
+  children = collections.defaultdict(list)
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+      except (OSError, ValueError, IndexError):
+        continue
+      children[ppid].append(int(entry))
+  out, todo = [], [root]
+  while todo:
+    pid = todo.pop()
+    out.append(pid)
+    todo.extend(children.get(pid, ()))
+  return out
+
+
+def _pin(pid: int, cores: set[int]) -> int:
+  """Every thread of `pid` onto `cores`; how many threads were pinned."""
+  done = 0
+  for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+      os.sched_setaffinity(int(tid), cores)
+      done += 1
+    except OSError:  # a thread that ended meanwhile
+      pass
+  return done
+
+
+def pin_engine(engine_pid: int, core: int) -> dict:
+  """The sidecar (and its engine and worker processes) on `core`, this
+  process's threads on the other cores; new threads inherit."""
+  every = set(range(os.cpu_count() or 1))
+  if core not in every or len(every) < 2:
+    raise ValueError(
+      f"--engine_core={core}; expected one of {sorted(every)} on a machine "
+      "with at least 2 cores"
+    )
+  pids = _descendants(engine_pid)
+  engine_threads = sum(_pin(p, {core}) for p in pids)
+  trainer_threads = _pin(os.getpid(), every - {core})
+  return {
+    "engine_core": core,
+    "engine_processes": len(pids),
+    "engine_threads": engine_threads,
+    "trainer_cores": sorted(every - {core}),
+    "trainer_threads": trainer_threads,
+  }
 
 
 def machine_info() -> dict:
@@ -455,6 +523,16 @@ def run_mode(mode: str, cells: dict, warmup: int) -> dict:
 
   cfg = train_flags.config_from_flags(None, cells)
   trainer = Trainer(cfg, show_progress=False)
+  pinned = {}
+  if _ENGINE_CORE.value >= 0:
+    if cfg.rollout.engine != "vllm":
+      raise ValueError(
+        f"--engine_core={_ENGINE_CORE.value} with rollout.engine="
+        f"{cfg.rollout.engine!r}; expected 'vllm' (the JAX engine is a "
+        "thread of this process)"
+      )
+    pinned = pin_engine(trainer.actor.engine.pid, _ENGINE_CORE.value)
+    print(f"[{mode}] pinned: {pinned}", flush=True)
   # No checkpoints: a save waits for the queued rollouts (the overlap).
   trainer.checkpointer.should_save = lambda step, last=False: False
   starts, lags, masked = [], collections.Counter(), [0]
@@ -489,7 +567,10 @@ def run_mode(mode: str, cells: dict, warmup: int) -> dict:
   finally:
     trainer.close()
   untrained = {"queued": queued, "masked": masked[0]}
-  return summarize(mode, rows, starts, end, lags, untrained, warmup)
+  out = summarize(mode, rows, starts, end, lags, untrained, warmup)
+  if pinned:
+    out["pinning"] = pinned
+  return out
 
 
 def main(argv):
@@ -521,7 +602,7 @@ def main(argv):
     cell = {**base, **MODES[mode], "run.resume": False}
     if mode.startswith("streaming"):
       cell["run.max_staleness"] = _MAX_STALENESS.value
-    if engine == "jax" or mode.startswith("streaming"):
+    if engine == "jax":
       cell["rollout.batching"] = _BATCHING.value
     cells[mode] = cell
   for cell in cells.values():  # every mode's config errors before any run
@@ -529,7 +610,17 @@ def main(argv):
   machine = machine_info()
   result = {
     "machine": machine,
-    "engine_placement": ENGINE_PLACEMENT.format(cores=machine["cores"]),
+    "engine_placement": ENGINE_PLACEMENT[engine].format(
+      affinity=sorted(os.sched_getaffinity(0)),
+      pinned=(
+        f"its processes pinned to core {_ENGINE_CORE.value} once started, "
+        "the trainer's threads to the others (--engine_core)"
+        if _ENGINE_CORE.value >= 0
+        else f"not pinned: trainer and engine share cores "
+        f"{sorted(os.sched_getaffinity(0))}"
+      ),
+      bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "(unset: vLLM's own)"),
+    ),
     "settings": {
       "model": _MODEL.value,
       "steps": _STEPS.value,
