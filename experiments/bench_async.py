@@ -77,27 +77,13 @@ from rljax import hostmem
 from rljax.train import cli
 from rljax.train import flags as train_flags
 
+import default_job  # experiments/, the script's own folder
+
 train_flags.define_train_flags(
   {
-    # experiments/main.py's job ...
-    "algorithm": "grpo",
-    "model.name": "smollm2-135m-instruct",
-    "task.name": "arithmetic",
-    "task.difficulty": "easy",
-    "rollout.quant": "int8",
-    "loss.correction": "tis",
-    "rollout.uaq_scale": 1.5,
-    "kl.coef": 0.0,
-    "loss.aggregation": "token-mean",
-    "rollout.prompts_per_step": 8,
-    "rollout.group_size": 6,
-    "rollout.max_new_tokens": 32,
-    "rollout.temperature": 0.7,
-    "update.micro_batches": 6,
-    "update.logprob_chunk": 32,
-    "optim.learning_rate": 1e-5,
-    # ... without what a benchmark does not time: the held-out set, the
-    # HF export, TensorBoard.
+    # experiments/main.py's job without what a benchmark does not time: the
+    # held-out set, the HF export, TensorBoard.
+    **default_job.RECIPE,
     "task.eval_size": 0,
     "run.export_hf": False,
     "run.tensorboard": False,

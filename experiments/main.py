@@ -28,31 +28,9 @@ from rljax.train import cli
 from rljax.train import flags as train_flags
 from rljax.train.driver import run_experiment
 
-train_flags.define_train_flags(
-  {
-    "algorithm": "grpo",
-    "model.name": "smollm2-135m-instruct",
-    "task.name": "arithmetic",
-    "task.difficulty": "easy",
-    "rollout.quant": "int8",
-    "loss.correction": "tis",
-    "rollout.uaq_scale": 1.5,
-    "kl.coef": 0.0,
-    "loss.aggregation": "token-mean",
-    "rollout.prompts_per_step": 8,
-    "rollout.group_size": 6,
-    "rollout.max_new_tokens": 32,
-    "rollout.temperature": 0.7,
-    "update.micro_batches": 6,
-    "update.logprob_chunk": 32,
-    "run.steps": 20,
-    "optim.learning_rate": 1e-5,
-    "task.eval_size": 64,
-    "run.checkpoint_every": 10,
-    "run.run_dir": "runs/main",
-    "run.resume": True,
-  }
-)
+import default_job  # experiments/, the script's own folder
+
+train_flags.define_train_flags(default_job.JOB)
 
 
 def main(argv):

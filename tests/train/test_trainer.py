@@ -53,7 +53,7 @@ def small_config(algorithm, run_dir, **kw):
   return apply_preset(algorithm, **base)
 
 
-def make_trainer(cfg, task_cls=None):
+def make_trainer(cfg, task_cls=None, model=None):
   tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
   task = (task_cls or LetterTask)(
@@ -66,7 +66,7 @@ def make_trainer(cfg, task_cls=None):
     cfg.task.max_prompt_tokens,
     reward_workers=0,
   )
-  return loop_lib.Trainer(cfg, task=task, show_progress=False)
+  return loop_lib.Trainer(cfg, model=model, task=task, show_progress=False)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

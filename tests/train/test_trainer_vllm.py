@@ -80,10 +80,9 @@ def test_vllm_streaming_takes_new_weights_in_flight(tmp_path):
   exceeds 0."""
   import jax
 
-  from rljax import data as data_lib
   from rljax import models
   from rljax.train import testing
-  from tests.train.test_trainer import LetterTask, small_config
+  from tests.train.test_trainer import make_trainer, small_config
 
   cfg = small_config(
     "grpo",
@@ -112,18 +111,7 @@ def test_vllm_streaming_takes_new_weights_in_flight(tmp_path):
   model = models.Model(
     config, models.init_params(config, jax.random.key(0)), tokenizer
   )
-  examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)
-  task = LetterTask(
-    examples[8:],
-    examples[:8],
-    tokenizer,
-    data_lib.ChatTemplate(tokenizer),
-    cfg.rollout.prompts_per_step,
-    cfg.run.seed,
-    cfg.task.max_prompt_tokens,
-    reward_workers=0,
-  )
-  trainer = loop_lib.Trainer(cfg, model=model, task=task, show_progress=False)
+  trainer = make_trainer(cfg, model=model)
   try:
     rows = trainer.run()
   finally:

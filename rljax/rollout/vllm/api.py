@@ -286,12 +286,7 @@ def parse_completion(
         f"choice {choice.get('index')}: {len(ids)} token ids but "
         f"{len(logprobs)} log-probs"
       )
-    reason = choice.get("finish_reason")
-    if reason not in FINISH_REASONS:
-      raise ValueError(
-        f"choice {choice.get('index')} finished with {reason!r}; expected "
-        f"one of {FINISH_REASONS} (an 'abort' means the server dropped it)"
-      )
+    reason = _finish_reason(choice, f"choice {choice.get('index')}")
     logp = np.array(
       [np.nan if v is None else v for v in logprobs], dtype=np.float32
     )
@@ -378,12 +373,7 @@ def parse_generate(
           f"{where}: log-prob {t} is of token {entry.get('token_id')}, "
           f"not of the sampled token {token}"
         )
-    reason = choice.get("finish_reason")
-    if reason not in FINISH_REASONS:
-      raise ValueError(
-        f"{where} finished with {reason!r}; expected one of "
-        f"{FINISH_REASONS} (an 'abort' means the server dropped it)"
-      )
+    reason = _finish_reason(choice, where)
     logp = np.array(
       [np.nan if e.get("logprob") is None else e["logprob"] for e in content],
       dtype=np.float32,
@@ -391,6 +381,18 @@ def parse_generate(
     versions = span_versions(choice.get("weight_versions"), len(ids), where)
     rows.append(([int(t) for t in ids], logp, reason, versions))
   return rows
+
+
+def _finish_reason(choice: dict, where: str) -> str:
+  """A choice's finish reason, one of FINISH_REASONS (else a ValueError
+  naming `where`)."""
+  reason = choice.get("finish_reason")
+  if reason not in FINISH_REASONS:
+    raise ValueError(
+      f"{where} finished with {reason!r}; expected one of {FINISH_REASONS} "
+      "(an 'abort' means the server dropped it)"
+    )
+  return reason
 
 
 def span_versions(spans: Any, length: int, where: str) -> np.ndarray:
