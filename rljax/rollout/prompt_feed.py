@@ -43,13 +43,16 @@ class StreamPrompt:
 @dataclasses.dataclass(frozen=True)
 class DoneGroup:
   """The n rows of one prompt, in sample order: tokens, behaviour
-  log-probs, and each token's policy version (None without a swap hook)."""
+  log-probs, each token's policy version (None without a swap hook), and
+  the engine's finish reasons when it reports them (None: inferred from
+  the stop ids, `group_stream`)."""
 
   tag: Any
   prompt_ids: list[int]
   tokens: list[list[int]]
   logp: list[np.ndarray]
   versions: list[np.ndarray] | None
+  finish: list[str] | None = None
 
 
 class PromptFeed(Protocol):

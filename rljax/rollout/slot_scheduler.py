@@ -17,13 +17,16 @@ It loops until the queue is empty and every row is done, then returns each
 row's tokens and behaviour log-probs in the engine's order (sample j of
 prompt i is row i·n + j) with the run's occupancy figures, and with a hook
 each token's policy version and the swap figures.
+
+What the run compiles (its plan, prefill sizes, cache capacities, the
+weights as the programs read them) and `warm`, which compiles it ahead, are
+`slot_plan`'s; the jitted programs are `slot_program`'s.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import time
 from typing import Any, Callable
 
@@ -31,161 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.models import decoder as decoder_lib
-from rljax.models import fusion as fusion_lib
 from rljax.rollout import inflight
 from rljax.rollout import prompt_feed
+from rljax.rollout import slot_plan
 from rljax.rollout import slot_program
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.static_program import new_token_capacity
 from rljax.rollout.token_sampling import sample_keys
-
-
-@functools.partial(jax.jit, static_argnums=(1,))
-def prepare_params(params, fuse: bool):
-  """(prefill params, decode params): the decode program reads each layer's
-  weights as a buffer of its own (`decoder.unstack_layers`), made once per
-  rollout rather than once per chunk of steps."""
-  if fuse:
-    params = fusion_lib.fuse_projections(params)
-  decode = {**params, "layers": decoder_lib.unstack_layers(params["layers"])}
-  return params, decode
-
-
-def prefill_sizes(groups: int) -> tuple[int, ...]:
-  """Prompt counts a prefill program is compiled for: G/4, G/2, G (rounded
-  up); a refill of fewer prompts pads to the next one."""
-  return tuple(sorted({-(-groups // 4), -(-groups // 2), groups}))
-
-
-def make_plan(
-  sampling: SamplingConfig,
-  groups: int,
-  prompt_len: int,
-  chunk_steps: int,
-  pad_id: int,
-  cache_dtype: Any,
-  activation_dtype: Any,
-  width: int,
-) -> slot_program.SlotPlan:
-  """The static plan of a request's slot programs (`width` rows a group)."""
-  greedy = sampling.is_greedy
-  return slot_program.SlotPlan(
-    groups=groups,
-    n=width,
-    prompt_len=prompt_len,
-    rope_len=prompt_len + new_token_capacity(sampling.max_new_tokens),
-    chunk_steps=chunk_steps,
-    greedy=greedy,
-    top_k=0 if greedy else int(sampling.top_k),
-    use_top_p=not greedy and sampling.top_p < 1.0,
-    num_stop_ids=len(sampling.stop_token_ids or (-1,)),
-    pad_id=pad_id,
-    cache_dtype=cache_dtype,
-    activation_dtype=activation_dtype,
-  )
-
-
-def _traced(sampling: SamplingConfig, max_new: int) -> tuple[Any, ...]:
-  """The traced sampling scalars: temperature, top-p, stop ids, limit."""
-  return (
-    jnp.float32(1.0 if sampling.is_greedy else sampling.temperature),
-    jnp.float32(sampling.top_p),
-    jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32),
-    jnp.int32(max_new),
-  )
-
-
-def capacities(most: int) -> tuple[int, ...]:
-  """Every own-cache capacity `cache_capacity` can pick up to `most`."""
-  sizes, size = [], 64
-  while size < most:
-    sizes.append(size)
-    size *= 2
-  sizes.append(most)
-  return tuple(sorted(set(slot_program.cache_capacity(s, most) for s in sizes)))
-
-
-def warm(
-  config: Any,
-  params: tuple[Any, Any],
-  sampling: SamplingConfig,
-  *,
-  groups: int,
-  prompt_len: int,
-  chunk_steps: int,
-  pad_id: int,
-  cache_dtype: Any,
-  activation_dtype: Any,
-  note_program: Callable[[Any], None] = lambda sig: None,
-  group_width: int | None = None,
-  recompute: bool = False,
-) -> None:
-  """Compiles the programs `run` may call for this request's shapes: a
-  prefill of each size (`prefill_sizes`), a decode chunk at each own-cache
-  capacity and the growing resizes between them (one step each, on
-  throwaway prompts); with `recompute`, `recompute_kv` at each capacity."""
-  prefill_params, decode_params = params
-  plan = make_plan(
-    sampling,
-    groups,
-    prompt_len,
-    chunk_steps,
-    pad_id,
-    cache_dtype,
-    activation_dtype,
-    group_width or sampling.n,
-  )
-  traced = _traced(sampling, sampling.max_new_tokens)
-  sizes = capacities(new_token_capacity(sampling.max_new_tokens))
-  note_program(("init", plan, sizes[0]))
-  state = slot_program.init_state(config, plan, sizes[0])
-  for f in prefill_sizes(groups):
-    note_program(("prefill", plan, f))
-    keys = sample_keys(
-      0,
-      jnp.zeros((f * plan.n,), jnp.int32),
-      jnp.zeros((f * plan.n,), jnp.int32),
-    )
-    state, *_ = slot_program.prefill_groups(
-      config,
-      plan,
-      prefill_params,
-      state,
-      jnp.full((f, prompt_len), pad_id, jnp.int32),
-      jnp.ones((f, prompt_len), jnp.int32),
-      jnp.arange(f, dtype=jnp.int32),
-      jax.random.key_data(keys),
-      jnp.full((f * plan.n,), 2, jnp.int32),
-      *traced,
-    )
-  for i, capacity in enumerate(sizes):
-    if i:
-      note_program(("resize", plan, sizes[i - 1], capacity))
-      state = slot_program.resize_cache(capacity, state)
-    if recompute:
-      note_program(("recompute", plan, capacity))
-      state = slot_program.recompute_kv(
-        config,
-        plan,
-        prefill_params,
-        state,
-        jnp.full((groups, prompt_len), pad_id, jnp.int32),
-        jnp.ones((groups, prompt_len), jnp.int32),
-        jnp.full((plan.slots, capacity), pad_id, jnp.int32),
-      )
-    note_program(("decode", plan, capacity))
-    out = slot_program.decode_chunk(
-      config,
-      plan,
-      decode_params,
-      state,
-      *traced,
-      jnp.int32(1),
-      jnp.int32(groups + 1),
-    )
-    state = out[0]
-  jax.block_until_ready(state)
 
 
 @dataclasses.dataclass
@@ -226,7 +81,7 @@ def run(
 
   Args:
     config: the rollout decoder config.
-    params: `prepare_params` of the rollout weights.
+    params: `slot_plan.prepare_params` of the rollout weights.
     prompts: token ids, each at most prompt_len long.
     prompt_index: each prompt's index for its PRNG keys (`sample_keys`).
     sampling: the request's `SamplingConfig`.
@@ -262,7 +117,7 @@ def run(
   max_new = sampling.max_new_tokens
   if max_steps is not None:
     max_new = min(max_new, max_steps)
-  plan = make_plan(
+  plan = slot_plan.make_plan(
     sampling,
     groups,
     prompt_len,
@@ -273,7 +128,7 @@ def run(
     width,
   )
   slots = plan.slots
-  traced = _traced(sampling, max_new)
+  traced = slot_plan.traced_args(sampling, max_new)
   stop_set = set(stop_ids) if sampling.stop_token_ids else set()
   if row_limits is None:
     row_limits = np.full((len(prompts) * n,), max_new, np.int64)
@@ -366,7 +221,7 @@ def run(
     np.full((groups, prompt_len), pad_id, np.int32),
     np.zeros((groups, prompt_len), np.int32),
   )
-  sizes = prefill_sizes(groups)
+  sizes = slot_plan.prefill_sizes(groups)
   stats = collections.Counter()
   kv_peak = slot_program.kv_bytes(config, plan, capacity)
   capacity_peak = capacity

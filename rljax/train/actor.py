@@ -12,7 +12,7 @@ pushed, and `generate` stamps it on every response token
 (`RolloutBatch.policy_version`). A push and a generation never interleave
 (one lock), so the stamp is the version that sampled the token even when a
 pipelined worker pushes while the trainer's thread refills a batch. A
-streaming rollout (`generate_inflight`) may take newer weights between
+streaming rollout (`generate_stream`) may take newer weights between
 decode chunks: the engine then stamps each token with its own version.
 """
 
@@ -181,30 +181,6 @@ class Actor:
       "rollout", lambda engine: engine.generate(prompts, sampling)
     )
     return rb if version is None else rb.with_policy_version(version)
-
-  def generate_inflight(
-    self, prompts: list, sampling: SamplingConfig, weight_updates: Callable
-  ) -> RolloutBatch:
-    """The engine's rollout, taking new weights in flight: `weight_updates`
-    is polled between decode chunks (None, or (prepared rollout weights,
-    their version), `JaxSampler.generate`). Each token carries the version
-    that sampled it, and the actor's version becomes the last one taken
-    (the engine keeps those weights)."""
-    with self._engine_lock:
-      if self.version is None:
-        raise RuntimeError(
-          "Actor.generate_inflight: the engine's weights have no version; "
-          "push prepared weights first (Actor.push)"
-        )
-      version = self.version
-      rb = self.recovering(
-        "rollout",
-        lambda: self.engine.generate(
-          prompts, sampling, weight_updates=weight_updates, version=version
-        ),
-      )
-      self.version = int(rb.timing.get("final_version", version))
-    return rb
 
   def generate_stream(
     self,

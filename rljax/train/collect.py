@@ -16,7 +16,9 @@ prefill and between decode chunks, and hands back each group as its n rows
 end. A step takes the P finished groups whose deadlines come first (a
 token of version v may be trained while θ_old's version ≤ v + k), so it
 need not wait for its own request's longest response; no token is more
-than k versions behind θ_old.
+than k versions behind θ_old. Groups are scored as they arrive (`_score`,
+the same scoring and dynamic-sampling filter as the synchronous loop's), and
+a step short of kept groups admits its refill requests into the stream.
 
 A task that says `multi_turn` (`tool_task.ToolTask`) is rolled out as
 episodes (`task.episodes`: `rollout_multiturn` on the actor's engine, which
@@ -43,6 +45,7 @@ from rljax.train import actor as actor_lib
 from rljax.train import batch as batch_lib
 from rljax.train import critic_pretrain
 from rljax.train import group_stream
+from rljax.train import stream_pick
 from rljax.train.config import TrainConfig
 
 
@@ -108,6 +111,16 @@ def reward_metrics(rollout: Collected, task: Any) -> dict[str, float]:
     "accuracy": float((rewards >= 1.0).mean()),
     "prompts_filtered_long": float(getattr(task, "prompts_filtered_long", 0)),
   }
+
+
+def _refuse_all_nonfinite(step: int, cfg, sampled: float, nonfinite: float):
+  """A step whose every reward is NaN or inf: the reward function is
+  broken, not noisy (rewards/finite.py)."""
+  if sampled and nonfinite == sampled:
+    raise finite_lib.NonFiniteRewardError(
+      f"step {step}: every reward is NaN or inf ({int(nonfinite)} samples) "
+      f"from --reward.name={cfg.reward.name!r}; the reward function is broken"
+    )
 
 
 # Counts of `rollout_multiturn`'s driver summed over a step's rounds (its
@@ -183,6 +196,7 @@ class Collector:
     self._pending_data_states: list[dict] = []
     self.mailbox = Mailbox()  # streaming mode's newest θ
     self._stream: group_stream.GroupStream | None = None
+    self._streamed_step = 0  # the step a stream's arrivals are scored for
     # One-step mode's worker: (start, end or None) of each job, and when
     # the trainer last took a rollout (the engine's idle share between).
     self._jobs: list[list[float | None]] = []
@@ -227,6 +241,8 @@ class Collector:
 
   def collect(self, step: int) -> Collected:
     """Rollout + rewards of `step`, with dynamic-sampling refills."""
+    if self._stream is not None:
+      return self._collect_streamed(step)
     cfg = self.cfg
     timing = {"time_rollout": 0.0, "time_reward": 0.0}
     rounds, episodes = [], []
@@ -236,13 +252,7 @@ class Collector:
       cfg.advantage.max_resample_rounds if cfg.advantage.dynamic_sampling else 0
     )
     for round_ in range(max_rounds):
-      if round_ == 0 and self._stream is not None:
-        rb, examples, extra = self._stream.take(
-          step, critic_pretrain.policy_version(cfg, step - 1)
-        )
-        t_gen = extra["time_rollout_wait"]
-        timing.update(extra)
-      elif round_ == 0 and self._pending:
+      if round_ == 0 and self._pending:
         t_wait = time.perf_counter()
         rb, examples, t_gen, extra = self._pending.pop(0).result()
         # The trainer's idle time: how long it waited for the queue.
@@ -264,40 +274,20 @@ class Collector:
       t0 = time.perf_counter()
       if multi_turn:  # scored by the environment as each episode ended
         gen_tokens += int(rb.timing.get("tokens", 0))  # model ids only
-        scores, comps = episodes[-1].rewards, {}
+        raw = episodes[-1].rewards
       else:
         gen_tokens += int(rb.response_lengths.sum())
-        scores, comps = self.task.score(self._decode(rb), examples, rb.n)
+        raw = None
+      round_out, bad = self._score(step, rb, examples, raw)
       timing["time_reward"] += time.perf_counter() - t0
-      # NaN/inf rewards: their groups are dropped (rewards/finite.py).
-      raw = np.asarray(scores)
-      scores, finite_groups, bad = finite_lib.drop_nonfinite_groups(raw, rb.n)
-      sampled += raw.size
+      sampled += round_out.rewards.size
       nonfinite += len(bad)
-      if len(bad):
-        print(
-          f"[rljax] step {step}: {finite_lib.describe(raw, bad)} from "
-          f"--reward.name={cfg.reward.name!r}; their groups are dropped",
-          flush=True,
-        )
-      scores = scores.astype(np.float32)
-      rounds.append(
-        Round(
-          rb,
-          scores,
-          comps,
-          batch_lib.group_keep(cfg, scores) & finite_groups,
-        )
-      )
+      rounds.append(round_out)
       if (
         sum(int(np.sum(r.keep)) for r in rounds) >= cfg.rollout.prompts_per_step
       ):
         break
-    if sampled and nonfinite == sampled:
-      raise finite_lib.NonFiniteRewardError(
-        f"step {step}: every reward is NaN or inf ({nonfinite} samples) from "
-        f"--reward.name={cfg.reward.name!r}; the reward function is broken"
-      )
+    _refuse_all_nonfinite(step, cfg, sampled, nonfinite)
     out = select(rounds, cfg.rollout.prompts_per_step)
     timing["rollout_tokens"] = float(gen_tokens)
     timing["rollout_tokens_per_s"] = gen_tokens / max(
@@ -313,6 +303,79 @@ class Collector:
       **(episode_metrics(episodes) if episodes else {}),
     }
     return out
+
+  def _score(
+    self, step: int, rb: RolloutBatch, examples: list, raw: Any = None
+  ) -> tuple[Round, np.ndarray]:
+    """(the round, the indices of its non-finite rewards): the task's scores of
+    `rb` (or the episodes' `raw` rewards), non-finite ones named and their
+    groups dropped (rewards/finite.py), and dynamic sampling's filter
+    (`batch.group_keep`). Every path that trains scores through here."""
+    cfg = self.cfg
+    comps = {}
+    if raw is None:
+      raw, comps = self.task.score(self._decode(rb), examples, rb.n)
+    raw = np.asarray(raw)
+    scores, finite_groups, bad = finite_lib.drop_nonfinite_groups(raw, rb.n)
+    if len(bad):
+      print(
+        f"[rljax] step {step}: {finite_lib.describe(raw, bad)} from "
+        f"--reward.name={cfg.reward.name!r}; their groups are dropped",
+        flush=True,
+      )
+    scores = scores.astype(np.float32)
+    keep = batch_lib.group_keep(cfg, scores) & finite_groups
+    return Round(rb, scores, comps, keep), bad
+
+  def _collect_streamed(self, step: int) -> Collected:
+    """Streaming: the step's P groups from the stream (scored as they
+    arrived, through `_score`; refills admitted as the stream asks)."""
+    cfg = self.cfg
+    self._streamed_step = step
+    taken = self._stream.take(
+      step,
+      critic_pretrain.policy_version(cfg, step - 1),
+      refill=lambda round_: self._admit(step, round_),
+    )
+    timing = dict(taken.metrics)
+    sampled = timing.pop("reward_sampled")
+    _refuse_all_nonfinite(step, cfg, sampled, timing["reward_nonfinite"])
+    timing["time_rollout"] = timing["time_rollout_wait"]
+    timing["rollout_tokens_per_s"] = timing["rollout_tokens"] / max(
+      timing["time_rollout"], 1e-9
+    )
+    return Collected(
+      batch=taken.batch,
+      valid=taken.valid,
+      rewards=taken.rewards,
+      components=taken.components,
+      kept_groups=taken.kept_groups,
+      dropped_groups=int(timing["dynamic_sampling_filtered_groups"]),
+      metrics={
+        **timing,
+        **{
+          f"reward_{k}": float(np.mean(v)) for k, v in taken.components.items()
+        },
+      },
+    )
+
+  def _score_arrivals(self, groups: list[RolloutBatch], examples: list):
+    """The stream's scorer: one `_score` call over the groups that arrived
+    (its messages name the step being collected)."""
+    rb = RolloutBatch.concat(groups)
+    scored, bad = self._score(self._streamed_step, rb, examples)
+    n, rows = rb.n, lambda g: slice(g * n, (g + 1) * n)
+    return [
+      stream_pick.Scored(
+        rewards=scored.rewards[rows(g)],
+        components={
+          k: np.asarray(v)[rows(g)] for k, v in scored.components.items()
+        },
+        keep=bool(scored.keep[g]),
+        nonfinite=int(np.sum(bad // n == g)),
+      )
+      for g in range(len(groups))
+    ]
 
   def schedule(self, step: int, params: Any, version: int) -> None:
     """Queues (sync, generate the rollout of `step`) on the worker thread.
@@ -384,20 +447,31 @@ class Collector:
       )
     stream = self._group_stream()
     for step in range(stream.admitted_through + 1, last + 1):
-      data_state = self.task.state_dict()
-      examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
-      prompts = [self.task.prompt_ids(e) for e in examples]
-      seed = self._sampling(step, 0).seed
-      stream.admit(step, examples, prompts, seed, data_state)
+      self._admit(step, 0)
+
+  def _admit(self, step: int, round_: int) -> None:
+    """Draws the prompts of request (step, round_) here, on the trainer's
+    thread, in the order the synchronous loop draws them, and queues them
+    with the seed that loop's round would use."""
+    data_state = self.task.state_dict()
+    examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
+    prompts = [self.task.prompt_ids(e) for e in examples]
+    seed = self._sampling(step, round_).seed
+    self._group_stream().admit(
+      step, examples, prompts, seed, data_state, round_=round_
+    )
 
   def _group_stream(self) -> group_stream.GroupStream:
     if self._stream is None:
+      a = self.cfg.advantage
       self._stream = group_stream.GroupStream(
         self.actor,
         self.mailbox,
-        lambda step: self._sampling(step, 0),
+        lambda key: self._sampling(*key),
         self.cfg.rollout.prompts_per_step,
         self.cfg.run.max_staleness,
+        score=self._score_arrivals,
+        refill_rounds=a.max_resample_rounds if a.dynamic_sampling else 0,
       )
     return self._stream
 

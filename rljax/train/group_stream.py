@@ -13,10 +13,16 @@ over a paced prompt stream, groups handed to the trainer as they complete.
                                         before a prefill and between chunks
                                               │
   take(step t) ◄── complete groups ◄──────────┘ a group's n rows all ended
+     scored on arrival (the trainer's thread, `score`); dynamic sampling's
+     filter retires a group with no signal there, and a refill request of
+     P fresh prompts for step t goes to the front of the queue as soon as
+     the groups kept or still to come cannot make P (at most
+     max_resample_rounds of them; then the batch is padded with filtered
+     groups, masked out, as the synchronous loop pads it)
      earliest deadline first: a group's oldest token, of version v, may be
      trained while θ_old's version V ≤ v + k; the step takes the P complete
-     groups whose deadlines come first, and waits while a group still in
-     flight would otherwise miss its own
+     kept groups whose deadlines come first, and waits while a group still
+     in flight would otherwise miss its own
   checkpoint: drain (nothing is admitted while the trainer saves; what is in
      flight finishes), then every admitted block with an untrained group is
      saved; a resume re-draws their prompts from the oldest one's data
@@ -25,10 +31,16 @@ over a paced prompt stream, groups handed to the trainer as they complete.
 So a step does not wait for its own request's longest response: a group of
 a later request that ended sooner fills its place, and the straggler goes
 into a later step (within its deadline). With k = 0 a step can take only
-the groups of its own request, all of them: the synchronous run. vLLM (one
-server) has no streamed slot run here: its worker runs one request at a
-time with in-flight weight updates (pause, update, resume), so its groups
-come back when their request ends.
+the groups of its own request and its refills, in their order: the
+synchronous run, refill loop included. A kept group that was not taken
+before its deadline (a refill's surplus; with k = 0 every surplus) is
+retired unused and counted (`stream_groups_expired`): the bound on lag
+wins over keeping it. Requests are keyed (step, round): round 0 is the
+paced request, rounds 1, 2, ... a step's refills. On vLLM (one server,
+`VLLMSidecar.generate_stream`) each admitted prompt is a request of its
+own, sent at once (the server batches running requests), and its group
+comes back when that request ends; new θ pause the server, are applied in
+place and generation resumes.
 
 The engine's idle share is the time the worker had nothing admitted; the
 trainer's is its wait in `take`.
@@ -37,7 +49,6 @@ trainer's is its wait in `take`.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import threading
 import time
 from typing import Any, Callable
@@ -46,6 +57,15 @@ import numpy as np
 
 from rljax.rollout import prompt_feed
 from rljax.rollout.base import RolloutBatch, SamplingConfig
+from rljax.train.stream_pick import (
+  Block,
+  Key,
+  Scored,
+  Taken,
+  decide,
+  expire,
+  group_batch,
+)
 
 # The metrics of a step that measure how the two threads met (time, the
 # swaps the engine happened to take, where the other groups were), not the
@@ -57,102 +77,44 @@ SCHEDULE_METRICS = (
   "stream_groups_other_request",
   "stream_groups_queued",
   "stream_groups_in_flight",
+  "stream_groups_expired",
 )
 
 _STEP = "stream_step"
+_ROUND = "stream_round"
 _TRAINED = "stream_trained_"  # + group index: 1.0 if a step trained it
 _STARTED = "stream_version_"  # + group index: the version of its prefill
 
 
-@dataclasses.dataclass
-class Block:
-  """The prompts one step admitted (a request) and what became of them."""
-
-  step: int
-  examples: list
-  prompts: list[list[int]]
-  seed: int
-  data_state: dict  # the task's position before these prompts were drawn
-  started: list[int | None]  # each group's first prefill version
-  groups: list[RolloutBatch | None]  # each group's rows once all ended
-  trained: np.ndarray  # bool [P]
-
-  @property
-  def open(self) -> bool:
-    """Some group not trained on yet."""
-    return not bool(self.trained.all())
-
-
-def choose(
-  candidates: list[tuple[int, int, int, bool]], prompts: int
-) -> list[tuple[int, int]] | None:
-  """The step's groups by earliest deadline first, or None to wait.
-
-  Args:
-    candidates: (slack, block step, index, complete) of every untrained
-      group already prefilled; slack m = v + k − V is how many steps after
-      this one the group may still be trained (v: its oldest token's
-      version, V: θ_old's, k: max_staleness).
-    prompts: P, the groups a step takes.
-
-  Returns the (block step, index) of P complete groups, or None when fewer
-  are complete, or when a group in flight with slack ≤ h could still be
-  needed: the next h steps take h·P groups, so this one must take at least
-  (groups with slack ≤ h) − h·P of them. When no group in flight could make
-  up a shortfall, the earliest P are returned anyway (the trainer's lag
-  check then names the token that is too old).
-  """
-  done = sorted(c for c in candidates if c[3])
-  if len(done) < prompts:
-    return None
-  chosen = done[:prompts]
-  for h in sorted({c[0] for c in candidates}):
-    need = sum(c[0] <= h for c in candidates) - h * prompts
-    have = sum(c[0] <= h for c in chosen)
-    waiting = any(c[0] <= h and not c[3] for c in candidates)
-    if have < need and waiting:
-      return None
-  return [(c[1], c[2]) for c in chosen]
-
-
-def group_batch(
-  group: prompt_feed.DoneGroup, sampling: SamplingConfig
-) -> RolloutBatch:
-  """One prompt's n rows as a `RolloutBatch` (finish reasons as the
-  engine's own: "stop" when the last token is a stop id)."""
-  stop = set(sampling.stop_token_ids or ())
-  return RolloutBatch(
-    prompt_ids=[list(group.prompt_ids)],
-    response_ids=group.tokens,
-    behav_logp=group.logp,
-    finish_reason=[
-      "stop" if ids and ids[-1] in stop else "length" for ids in group.tokens
-    ],
-    n=len(group.tokens),
-    policy_version=group.versions,
-  )
-
-
 class GroupStream:
-  """The worker, the admitted blocks and the trainer's `take` (see the
-  module docstring). `sampling_for(step)` is the step's SamplingConfig;
-  `mailbox` holds the newest published θ (`collect.Mailbox`)."""
+  """The worker, the admitted requests and the trainer's `take` (see the
+  module docstring). `sampling_for(key)` is a request's SamplingConfig;
+  `mailbox` holds the newest published θ (`collect.Mailbox`); `score(groups,
+  examples)` scores arriving groups on the trainer's thread (a `Scored`
+  each; None: every group is kept, unscored); `refill_rounds` bounds a
+  step's refill requests (dynamic sampling's max_resample_rounds)."""
 
   def __init__(
     self,
     actor: Any,
     mailbox: Any,
-    sampling_for: Callable[[int], SamplingConfig],
+    sampling_for: Callable[[Key], SamplingConfig],
     prompts: int,
     max_staleness: int,
+    score: Callable[[list[RolloutBatch], list], list[Scored]] | None = None,
+    refill_rounds: int = 0,
   ):
     self.actor = actor
     self.mailbox = mailbox
     self.sampling_for = sampling_for
     self.prompts = prompts
     self.k = max_staleness
+    self.score = score
+    self.refill_rounds = refill_rounds
     self._cv = threading.Condition()
-    self._blocks: collections.OrderedDict[int, Block] = (
+    # In admission order, which is the order their prompts were drawn (a
+    # resume re-draws them in it).
+    self._blocks: collections.OrderedDict[Key, Block] = (
       collections.OrderedDict()
     )
     self._queue: collections.deque[prompt_feed.StreamPrompt] = (
@@ -161,39 +123,62 @@ class GroupStream:
     self._thread: threading.Thread | None = None
     self._closed = False
     self._error: BaseException | None = None
-    self.admitted_through = 0  # the newest admitted block's step
+    self.admitted_through = 0  # the newest paced (round 0) request's step
+    self._rounds: dict[int, int] = {}  # step → its newest refill round
     # Idle accounting: the worker's seconds with nothing admitted, the
     # swaps it took, both read (as differences) at every take.
     self._idle = 0.0
     self._idle_since: float | None = None
     self._swaps = 0
+    self._expired = 0
     self._last_take = time.perf_counter()
     self._idle_at_take = 0.0
     self._swaps_at_take = 0
+    self._expired_at_take = 0
     self._pushed = False  # the worker pushed weights once
 
   # -- the trainer's side -----------------------------------------------------
 
   def admit(
-    self, step: int, examples: list, prompts: list, seed: int, data_state
+    self,
+    step: int,
+    examples: list,
+    prompts: list,
+    seed: int,
+    data_state,
+    round_: int = 0,
   ) -> None:
-    """Queues the prompts of `step` (drawn by the caller, in step order)."""
-    if step != self.admitted_through + 1:
+    """Queues the prompts of request (`step`, `round_`), drawn by the
+    caller in order: round 0 paced, step after step; a refill (round r ≥ 1
+    of an admitted step, after its round r − 1) goes to the queue's front,
+    since the step waiting for it is the oldest."""
+    key = (int(step), int(round_))
+    if round_ == 0 and step != self.admitted_through + 1:
       raise ValueError(
         f"GroupStream.admit: step {step} after {self.admitted_through}; "
         "expected the steps in order, each once"
       )
+    if round_ > 0 and self._rounds.get(step, -1) != round_ - 1:
+      raise ValueError(
+        f"GroupStream.admit: refill round {round_} of step {step}; expected "
+        f"round {self._rounds.get(step, -1) + 1} of an admitted step"
+      )
     p = len(prompts)
     with self._cv:
-      self._blocks[step] = Block(
-        step, list(examples), [list(x) for x in prompts], int(seed),
+      self._blocks[key] = Block(
+        key, list(examples), [list(x) for x in prompts], int(seed),
         data_state, [None] * p, [None] * p, np.zeros((p,), bool),
       )  # fmt: skip
-      self._queue.extend(
-        prompt_feed.StreamPrompt(ids, i, int(seed), (step, i))
-        for i, ids in enumerate(self._blocks[step].prompts)
-      )
-      self.admitted_through = step
+      items = [
+        prompt_feed.StreamPrompt(ids, i, int(seed), (key, i))
+        for i, ids in enumerate(self._blocks[key].prompts)
+      ]
+      if round_ == 0:
+        self._queue.extend(items)
+        self.admitted_through = step
+      else:
+        self._queue.extendleft(reversed(items))
+      self._rounds[step] = round_
       self._cv.notify_all()
     if self._thread is None:
       self._thread = threading.Thread(
@@ -202,80 +187,150 @@ class GroupStream:
       self._thread.start()
 
   def take(
-    self, step: int, version: int
-  ) -> tuple[RolloutBatch, list, dict[str, float]]:
-    """(batch, examples, metrics) of `step`, whose θ_old is `version`: P
-    complete groups by earliest deadline (`choose`), in block order; waits
-    for them."""
+    self,
+    step: int,
+    version: int,
+    refill: Callable[[int], None] | None = None,
+  ) -> Taken:
+    """The batch of `step`, whose θ_old is `version`: P complete kept
+    groups by earliest deadline (`choose`), in request order; waits for
+    them. Groups that arrived are scored first; when too few can be kept,
+    `refill(r)` is asked to admit round r of `step` (r ≤ refill_rounds),
+    and past the last round the batch is padded with filtered groups."""
     t0 = time.perf_counter()
-    with self._cv:
-      while True:
-        if self._error is not None:
-          raise RuntimeError(
-            f"the streaming rollout worker failed: {self._error!r}"
-          ) from self._error
-        picked = choose(self._candidates(version), self.prompts)
-        if picked is not None:
+    # (score, tokens, (key, index)) of the groups that arrived meanwhile
+    scored: list[tuple[Scored, int, tuple[Key, int]]] = []
+    t_score = 0.0
+    while True:
+      with self._cv:
+        self._raise_if_failed()
+        fresh = self._unscored()
+      if fresh and self.score is not None:
+        ts = time.perf_counter()
+        got = self.score([g for _, _, g, _ in fresh], [e for *_, e in fresh])
+        t_score += time.perf_counter() - ts
+        with self._cv:
+          for (key, i, g, _), s in zip(fresh, got):
+            self._blocks[key].scores[i] = s
+            scored.append((s, int(g.response_lengths.sum()), (key, i)))
+        continue
+      with self._cv:
+        action, picked, filler = self._decide(step, version, refill is not None)
+        if action == "take":
+          waited = time.perf_counter() - t0 - t_score
+          taken = self._take(step, version, picked, filler, waited)
           break
-        if self._closed:
-          raise RuntimeError("GroupStream.take after close")
-        self._cv.wait(timeout=1.0)
-      picked.sort()
-      rbs, examples, oldest = [], [], None
-      for step, i in picked:
-        block = self._blocks[step]
-        block.trained[i] = True
-        rbs.append(block.groups[i])
-        examples.append(block.examples[i])
-        v = block.started[i]
-        oldest = v if oldest is None else min(oldest, v)
-      other = sum(s != step for s, _ in picked)
-      queued = sum(
-        g is not None and not b.trained[i]
-        for b in self._blocks.values()
-        for i, g in enumerate(b.groups)
-      )
-      in_flight = sum(
-        g is None for b in self._blocks.values() for g in b.groups
-      )
-      self._forget_trained()
-      now = time.perf_counter()
-      idle = self._idle + (now - self._idle_since if self._idle_since else 0)
-      span = max(now - self._last_take, 1e-9)
-      metrics = {
-        "time_rollout_wait": now - t0,
-        "trainer_idle_fraction": min(1.0, (now - t0) / span),
-        "engine_idle_fraction": min(1.0, (idle - self._idle_at_take) / span),
-        "rollout_weight_swaps": float(self._swaps - self._swaps_at_take),
-        "rollout_staleness": float(version - oldest),
-        "stream_groups_other_request": float(other),
-        "stream_groups_queued": float(queued),
-        "stream_groups_in_flight": float(in_flight),
+        if action == "wait":
+          if self._closed:
+            raise RuntimeError("GroupStream.take after close")
+          self._cv.wait(timeout=1.0)
+          continue
+      refill(self._rounds[step] + 1)  # outside the lock: it draws prompts
+    # Tokens: the batch's, and those of the groups the filter retired
+    # meanwhile (the synchronous loop counts its filtered rounds too); not
+    # the kept groups that arrived for later steps, so that the count is
+    # the batch's when nothing is filtered, however the threads met.
+    filler = set(filler)
+    thrown = sum(t for s, t, g in scored if not s.keep and g not in filler)
+    taken.metrics.update(
+      time_reward=t_score,
+      dynamic_sampling_filtered_groups=float(
+        sum(not s.keep for s, *_ in scored)
+      ),
+      dynamic_sampling_rounds=float(1 + self._rounds.get(step, 0)),
+      rollout_tokens=float(taken.batch.response_lengths.sum() + thrown),
+      reward_nonfinite=float(sum(s.nonfinite for s, *_ in scored)),
+      reward_sampled=float(sum(len(s.rewards) for s, *_ in scored)),
+    )
+    return taken
+
+  def _raise_if_failed(self) -> None:
+    if self._error is not None:
+      raise RuntimeError(
+        f"the streaming rollout worker failed: {self._error!r}"
+      ) from self._error
+
+  def _unscored(self) -> list[tuple[Key, int, RolloutBatch, Any]]:
+    """Groups that ended and are neither scored nor retired."""
+    return [
+      (b.key, i, g, b.examples[i])
+      for b in self._blocks.values()
+      for i, g in enumerate(b.groups)
+      if g is not None and b.scores[i] is None and not b.retired(i)
+    ]
+
+  def _decide(self, step: int, version: int, can_refill: bool):
+    """`stream_pick.decide` on this stream's requests (under the lock)."""
+    self._expired += expire(self._blocks.values(), version, self.k)
+    refill_left = can_refill and self._rounds.get(step, 0) < self.refill_rounds
+    return decide(
+      list(self._blocks.values()),
+      step, version, self.k, self.prompts, refill_left,
+    )  # fmt: skip
+
+  def _take(self, step, version, picked, filler, waited) -> Taken:
+    """Marks the chosen groups trained and gathers the step's batch."""
+    picked = sorted(picked)
+    rbs, examples, scores, oldest = [], [], [], None
+    for key, i in picked + filler:
+      block = self._blocks[key]
+      block.trained[i] = True
+      rbs.append(block.groups[i])
+      examples.append(block.examples[i])
+      scores.append(block.scores[i])
+      v = block.started[i]
+      oldest = v if oldest is None else min(oldest, v)
+    n = rbs[0].n
+    valid = np.repeat(np.arange(len(rbs)) < len(picked), n)
+    rewards = components = None
+    if self.score is not None:
+      rewards = np.concatenate([s.rewards for s in scores]).astype(np.float32)
+      components = {
+        name: np.concatenate([s.components[name] for s in scores])
+        for name in scores[0].components
       }
-      self._last_take, self._idle_at_take = now, idle
-      self._swaps_at_take = self._swaps
-    return RolloutBatch.concat(rbs), examples, metrics
+    other = sum(key[0] != step for key, _ in picked + filler)
+    queued = sum(
+      g is not None and not b.retired(i)
+      for b in self._blocks.values()
+      for i, g in enumerate(b.groups)
+    )
+    in_flight = sum(g is None for b in self._blocks.values() for g in b.groups)
+    self._forget_retired()
+    now = time.perf_counter()
+    idle = self._idle + (now - self._idle_since if self._idle_since else 0)
+    span = max(now - self._last_take, 1e-9)
+    metrics = {
+      "time_rollout_wait": waited,
+      "trainer_idle_fraction": min(1.0, waited / span),
+      "engine_idle_fraction": min(1.0, (idle - self._idle_at_take) / span),
+      "rollout_weight_swaps": float(self._swaps - self._swaps_at_take),
+      "rollout_staleness": float(version - oldest),
+      "stream_groups_other_request": float(other),
+      "stream_groups_queued": float(queued),
+      "stream_groups_in_flight": float(in_flight),
+      "stream_groups_expired": float(self._expired - self._expired_at_take),
+      "dynamic_sampling_kept_groups": float(len(picked)),
+    }
+    self._last_take, self._idle_at_take = now, idle
+    self._swaps_at_take, self._expired_at_take = self._swaps, self._expired
+    return Taken(
+      RolloutBatch.concat(rbs), examples, valid, rewards, components,
+      len(picked), metrics,
+    )  # fmt: skip
 
-  def _candidates(self, version: int) -> list[tuple[int, int, int, bool]]:
-    out = []
-    for block in self._blocks.values():
-      for i, started in enumerate(block.started):
-        if started is not None and not block.trained[i]:
-          slack = started + self.k - version
-          out.append((slack, block.step, i, block.groups[i] is not None))
-    return out
-
-  def _forget_trained(self) -> None:
-    """Drops the oldest blocks whose groups all trained (a checkpoint
+  def _forget_retired(self) -> None:
+    """Drops the oldest requests whose groups all retired (a checkpoint
     starts from the oldest open one)."""
     while self._blocks:
-      step, block = next(iter(self._blocks.items()))
+      key, block = next(iter(self._blocks.items()))
       if block.open:
         return
-      del self._blocks[step]
+      del self._blocks[key]
 
   def open_blocks(self) -> list[Block]:
-    """The admitted blocks from the oldest with an untrained group on."""
+    """The admitted requests from the oldest with a group not retired on,
+    in admission order."""
     with self._cv:
       blocks = list(self._blocks.values())
     for j, block in enumerate(blocks):
@@ -292,21 +347,20 @@ class GroupStream:
         or any(g is None for b in self._blocks.values() for g in b.groups)
       ):
         self._cv.wait(timeout=1.0)
-      if self._error is not None:
-        raise RuntimeError(
-          f"the streaming rollout worker failed: {self._error!r}"
-        ) from self._error
+      self._raise_if_failed()
 
   def saved(self) -> list[tuple[RolloutBatch, dict]]:
-    """What a checkpoint keeps (after `drain`): each open block's groups
-    and, in its metrics dict, its step, which groups trained and each
-    group's first version."""
+    """What a checkpoint keeps (after `drain`): each open request's groups
+    and, in its metrics dict, its step and round, which groups trained and
+    each group's first version (scores are not kept: the resumed trainer
+    scores the groups again as they arrive)."""
     self.drain()
     out = []
     for block in self.open_blocks():
-      extra = {_STEP: float(block.step)}
+      extra = {_STEP: float(block.key[0]), _ROUND: float(block.key[1])}
       for i in range(len(block.groups)):
-        extra[f"{_TRAINED}{i}"] = float(block.trained[i])
+        # An expired group stays retired after a resume.
+        extra[f"{_TRAINED}{i}"] = float(block.trained[i] or block.expired[i])
         extra[f"{_STARTED}{i}"] = float(block.started[i])
       out.append((RolloutBatch.concat(block.groups), extra))
     return out
@@ -316,14 +370,15 @@ class GroupStream:
     saved: list[tuple[RolloutBatch, dict]],
     draw: Callable[[], tuple[list, list, dict]],
   ) -> None:
-    """Queues a checkpoint's blocks again: `draw()` re-draws each one's
+    """Queues a checkpoint's requests again: `draw()` re-draws each one's
     (examples, prompts, data state) from the restored data position."""
     for rb, extra in saved:
       examples, prompts, data_state = draw()
       step = int(extra[_STEP])
+      key = (step, int(extra.get(_ROUND, 0.0)))
       p = len(prompts)
       block = Block(
-        step, examples, prompts, 0, data_state,
+        key, examples, prompts, 0, data_state,
         [int(extra[f"{_STARTED}{i}"]) for i in range(p)],
         [rb.select_groups(np.array([i])) for i in range(p)],
         np.array([extra[f"{_TRAINED}{i}"] > 0 for i in range(p)]),
@@ -334,8 +389,10 @@ class GroupStream:
           "the ones its saved rollouts answer (the task's data order changed)"
         )
       with self._cv:
-        self._blocks[step] = block
-        self.admitted_through = step
+        self._blocks[key] = block
+        if key[1] == 0:
+          self.admitted_through = max(self.admitted_through, step)
+        self._rounds[step] = max(self._rounds.get(step, 0), key[1])
 
   @property
   def pending(self) -> int:
@@ -365,18 +422,18 @@ class GroupStream:
     return out
 
   def started(self, tag: Any, version: int) -> None:
-    step, i = tag
+    key, i = tag
     with self._cv:
-      block = self._blocks[step]
+      block = self._blocks[key]
       if block.started[i] is None:
         block.started[i] = int(version)
         self._cv.notify_all()
 
   def done(self, group: prompt_feed.DoneGroup) -> None:
-    step, i = group.tag
+    key, i = group.tag
     with self._cv:
-      block = self._blocks[step]
-      block.groups[i] = group_batch(group, self.sampling_for(step))
+      block = self._blocks[key]
+      block.groups[i] = group_batch(group, self.sampling_for(key))
       self._cv.notify_all()
 
   def stopped(self) -> bool:
@@ -393,20 +450,20 @@ class GroupStream:
           self._idle_since = None
           if self._closed:
             return
-          step = self._queue[0].tag[0]
-          shape = self._blocks[step].prompts
-        self._run(step, shape)
+          key = self._queue[0].tag[0]
+          shape = self._blocks[key].prompts
+        self._run(key, shape)
     except BaseException as e:  # pylint: disable=broad-except
       with self._cv:
         self._error = e
         self._cv.notify_all()
 
-  def _run(self, step: int, shape: list) -> None:
+  def _run(self, key: Key, shape: list) -> None:
     """One streamed slot run, from the newest published θ."""
     start = self.mailbox.latest()
     if start is None:
       raise RuntimeError(
-        f"streaming rollout of step {step}: no weights published yet"
+        f"streaming rollout of step {key[0]}: no weights published yet"
       )
     if start.version != self.actor.version or not self._pushed:
       # The JAX engine starts without weights: the first run pushes.
@@ -424,28 +481,11 @@ class GroupStream:
       return item.rparams, item.version
 
     if not hasattr(self.actor.engine, "generate_stream"):
-      self._run_request(step, weight_updates)
-      return
+      raise TypeError(
+        f"streaming rollout: engine {type(self.actor.engine).__name__} has no "
+        "generate_stream (a streamed run with in-flight updates: JaxSampler, "
+        "VLLMSidecar); expected one of those, or --run.async_mode=one_step"
+      )
     self.actor.generate_stream(
-      self, shape, self.sampling_for(step), weight_updates
+      self, shape, self.sampling_for(key), weight_updates
     )
-
-  def _run_request(self, step: int, weight_updates: Callable) -> None:
-    """An engine without a streamed slot run (vLLM: one server, paused and
-    resumed for each new θ, `VLLMSidecar.generate_inflight`): the oldest
-    queued request as one call, its groups handed back when it ends."""
-    with self._cv:
-      items = []
-      while self._queue and self._queue[0].tag[0] == step:
-        items.append(self._queue.popleft())
-    start = self.actor.version
-    rb = self.actor.generate_inflight(
-      [item.ids for item in items], self.sampling_for(step), weight_updates
-    )
-    for g, item in enumerate(items):
-      group = rb.select_groups(np.array([g]))
-      first = [int(v[0]) for v in group.policy_version or () if len(v)]
-      self.started(item.tag, min(first) if first else start)
-      with self._cv:
-        self._blocks[step].groups[item.index] = group
-        self._cv.notify_all()

@@ -1,6 +1,6 @@
-"""Continuous batching in the JAX sampler (`slot_program`, `slot_scheduler`):
-the same samples as the static program, refills, a cache that follows the
-live rows, bounded compiles."""
+"""Continuous batching in the JAX sampler (`slot_program`, `slot_plan`,
+`slot_scheduler`): the same samples as the static program, refills, a cache
+that follows the live rows, bounded compiles."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from rljax import models
 from rljax.models import decoder as decoder_lib
 from rljax.models import layers as layers_lib
 from rljax.rollout import base
+from rljax.rollout import slot_plan
 from rljax.rollout import slot_program
-from rljax.rollout import slot_scheduler
 from rljax.rollout.jax_sampler import JaxSampler
 
 _CONFIG = models.tiny_config(vocab_size=128)
@@ -143,13 +143,13 @@ class TestCompiles:
 
 class TestSlotPrograms:
   def test_prefill_sizes_and_capacities(self):
-    assert slot_scheduler.prefill_sizes(8) == (2, 4, 8)
-    assert slot_scheduler.prefill_sizes(1) == (1,)
+    assert slot_plan.prefill_sizes(8) == (2, 4, 8)
+    assert slot_plan.prefill_sizes(1) == (1,)
     assert slot_program.cache_capacity(1, 512) == 64
     assert slot_program.cache_capacity(65, 512) == 128
     assert slot_program.cache_capacity(600, 512) == 512
     assert slot_program.cache_capacity(5, 16) == 16
-    assert slot_scheduler.capacities(320) == (64, 128, 256, 320)
+    assert slot_plan.capacities(320) == (64, 128, 256, 320)
 
   def test_decode_step_equals_decode_with_prefix_cache(self, params):
     """Per-row write slots that happen to agree: the decoder's step."""

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from rljax.rollout import base
+from rljax.rollout import prompt_feed
 from rljax.rollout.vllm import api
 from rljax.rollout.vllm import inflight
 from rljax.rollout.vllm.config import VLLMSidecarConfig
@@ -330,3 +331,62 @@ class TestInflightUpdates:
     assert batch.response_ids == plain.response_ids
     assert set(batch.policy_version[0].tolist()) <= {3, 4}
     assert batch.timing["final_version"] == 4
+
+  def test_a_stream_hands_back_each_group_and_takes_new_prompts(self, engine):
+    """`generate_stream` with a feed: request 1 = [PROMPT, PROMPT[:4]] at
+    the start; request 2's prompt is admitted only once request 1's first
+    group came back, and joins while the other may still run. Each group
+    comes back once, as its own request would sample it (greedy: the same
+    tokens, log-probs and finish reasons as `generate`), stamped with the
+    version it ran under."""
+    greedy = dataclasses.replace(LONG, max_new_tokens=20, stop_token_ids=(EOS,))
+    first = [PROMPT, PROMPT[:4]]
+    second = [PROMPT[2:]]
+
+    class Feed:
+      def __init__(self):
+        self.queue = [
+          prompt_feed.StreamPrompt(p, i, 11, ("r1", i))
+          for i, p in enumerate(first)
+        ]
+        self.later = [prompt_feed.StreamPrompt(second[0], 0, 12, ("r2", 0))]
+        self.started_at, self.done_groups = {}, []
+
+      def poll(self, prompt_len):
+        out = [p for p in self.queue if len(p.ids) <= prompt_len]
+        self.queue = []
+        return out
+
+      def started(self, tag, version):
+        self.started_at[tag] = version
+
+      def done(self, group):
+        self.done_groups.append(group)
+        if self.later:  # the second request arrives with the first group
+          self.queue, self.later = self.later, []
+
+      def stopped(self):
+        return False
+
+    feed = Feed()
+    stats = engine.generate_stream(
+      feed, first, greedy, weight_updates=lambda: None, version=7
+    )
+    assert stats["requests"] == 3 and stats["weight_swaps"] == 0
+    assert stats["final_version"] == 7
+    assert sorted(g.tag for g in feed.done_groups) == [
+      ("r1", 0), ("r1", 1), ("r2", 0)
+    ]  # fmt: skip
+    assert set(feed.started_at) == {("r1", 0), ("r1", 1), ("r2", 0)}
+    want = {
+      ("r1", i): engine.generate([p], greedy) for i, p in enumerate(first)
+    }
+    want[("r2", 0)] = engine.generate(second, greedy)
+    for group in feed.done_groups:
+      plain = want[group.tag]
+      assert group.tokens == plain.response_ids
+      assert group.finish == plain.finish_reason
+      for got, ref in zip(group.logp, plain.behav_logp):
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+      for versions, ids in zip(group.versions, group.tokens):
+        np.testing.assert_array_equal(versions, [7] * len(ids))

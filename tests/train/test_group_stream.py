@@ -10,10 +10,10 @@ import pytest
 
 from rljax.rollout import base
 from rljax.train import collect as collect_lib
-from rljax.train import group_stream
+from rljax.train import group_stream, stream_pick
 from tests.rollout.test_inflight_updates import _engine, _sharp
 
-choose = group_stream.choose
+choose = stream_pick.choose
 
 
 class TestChoose:
@@ -100,6 +100,10 @@ def _stop_id(engine):
   pytest.skip("no stop id separates the two prompts for these weights")
 
 
+def _unpack(taken):
+  return taken.batch, taken.examples, taken.metrics
+
+
 def test_a_step_does_not_wait_for_its_own_longest_response(w0):
   """max_staleness 1, P = 2 groups of 2 rows, slots for one request at a
   time. Request 1 = [LONG, SHORT], request 2 = [SHORT, SHORT]. Step 1 takes
@@ -125,14 +129,14 @@ def test_a_step_does_not_wait_for_its_own_longest_response(w0):
     for step in (1, 2):
       stream.admit(step, [f"{step}.{i}" for i in range(2)], requests[step],
                    seed=step, data_state={"at": step})  # fmt: skip
-    rb1, ex1, m1 = stream.take(1, 0)
+    rb1, ex1, m1 = _unpack(stream.take(1, 0))
     assert ex1 == ["1.1", "2.0"]
     assert rb1.prompt_ids == [SHORT, SHORT]
     assert all(r[-1] == stop for r in rb1.response_ids)
     assert m1["stream_groups_other_request"] == 1.0
     mailbox.publish(1, w0, {"version": 1})
     stream.admit(3, ["3.0", "3.1"], requests[3], seed=3, data_state={"at": 3})
-    rb2, ex2, m2 = stream.take(2, 1)
+    rb2, ex2, m2 = _unpack(stream.take(2, 1))
     assert ex2 == ["1.0", "2.1"]
     assert rb2.prompt_ids == [LONG, SHORT]
     assert [len(r) for r in rb2.response_ids[:2]] == [24, 24]
@@ -142,14 +146,14 @@ def test_a_step_does_not_wait_for_its_own_longest_response(w0):
     saved = stream.saved()
     assert [int(e["stream_step"]) for _, e in saved] == [3]
     assert stream.data_state() == {"at": 3}
-    rb3, ex3, _ = stream.take(3, 2)
+    rb3, ex3, _ = _unpack(stream.take(3, 2))
   finally:
     stream.close()
   assert ex3 == ["3.0", "3.1"]
   restored = new_stream()
   try:
     restored.restore(saved, lambda: (["3.0", "3.1"], requests[3], {"at": 3}))
-    again, ex, _ = restored.take(3, 2)
+    again, ex, _ = _unpack(restored.take(3, 2))
   finally:
     restored.close()
   assert ex == ex3 and again.response_ids == rb3.response_ids

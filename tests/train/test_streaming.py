@@ -169,7 +169,8 @@ def test_new_weights_reach_requests_in_flight(tmp_path, inflight_kv):
   started, groups, gated = {}, {}, []
 
   class Spy:
-    """The worker's feed, recording each group's start and rows."""
+    """The worker's feed, recording each group's start and rows (tags:
+    ((step, round), index))."""
 
     def __init__(self, feed):
       self.feed = feed
@@ -197,7 +198,7 @@ def test_new_weights_reach_requests_in_flight(tmp_path, inflight_kv):
 
       def hook():
         if not gated:
-          if not any(step == 2 for step, _ in started):
+          if not any(key[0] == 2 for key, _ in started):
             return None  # θ_0 until step 2 has started
           gated.append(True)
           _wait_for_version(mailbox, 1)
@@ -215,9 +216,9 @@ def test_new_weights_reach_requests_in_flight(tmp_path, inflight_kv):
     assert row["version_lag_max"] <= 2
     for key in ("version_lag_mean", "version_lag_ge1", "version_lag_ge4"):
       assert key in row
-  assert gated and started[(2, 0)] == started[(2, 1)] == 0
+  assert gated and started[((2, 0), 0)] == started[((2, 0), 1)] == 0
   for i in (0, 1):
-    versions = groups[(2, i)].versions
+    versions = groups[((2, 0), i)].versions
     mixed = [v for v in versions if len(set(v.tolist())) > 1]
     assert mixed, f"no response of step 2's group {i} has two versions"
     for v in mixed:  # versions only move forward within a response
@@ -260,11 +261,12 @@ class TestStreamingConfig:
     got = self.problems()  # batching defaults to static
     assert "rollout.batching" in got and "'continuous'" in got
 
-  def test_dynamic_sampling_is_refused(self):
-    got = self.problems(
+  def test_dynamic_sampling_resolves(self):
+    # Filtered on arrival, refilled through the stream (test_stream_refill).
+    cfg = self.resolve(
       **{"rollout.batching": "continuous", "advantage.dynamic_sampling": True}
     )
-    assert "advantage.dynamic_sampling" in got
+    assert cfg.advantage.dynamic_sampling
 
   def test_a_multi_turn_task_is_refused(self):
     got = self.problems(

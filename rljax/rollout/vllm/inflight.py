@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rljax.rollout import prompt_feed
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.inflight import check_version
 from rljax.rollout.vllm.api import GENERATE_ROUTE
@@ -84,6 +85,7 @@ class InflightRun:
     self.swap_requests_in_flight: list[int] = []
     self.pause_seconds = 0.0
     self.prepare_seconds = 0.0
+    self.sent: list[str] = []  # a streamed run's request ids
 
   def label(self) -> None:
     """Labels the engine's weights with `version` (vLLM's label is a
@@ -206,6 +208,83 @@ def generate(
   finally:
     pool.shutdown(wait=False, cancel_futures=True)
   return [row for rows in results for row in rows]
+
+
+def stream(
+  run: InflightRun,
+  feed: Any,
+  sampling: SamplingConfig,
+  max_prompt_len: int,
+  hook: Callable[[], Any],
+  prepare: Callable[[Any], Any],
+  apply: Callable[[Any], dict[str, Any]],
+) -> None:
+  """A streamed run on the server (`rljax.rollout.prompt_feed`): every
+  prompt `feed.poll` admits becomes one request at once (vLLM batches
+  running requests itself, so a prompt joins as soon as it is sent), each
+  prompt's n rows go to `feed.done` when its request ends, and `hook` is
+  polled every `inflight_poll_s` while requests run (`InflightRun.swap`).
+  A prompt is seeded by its own request's seed and index, as that
+  request's `generate` would seed it. Returns when the feed has nothing
+  more and every request ended, or at once when `feed.stopped()`."""
+  client, config = run.client, run.client.config
+  name, tag = config.served_model_name, uuid.uuid4().hex
+  action = (
+    f"streaming prompts x n={sampling.n} with in-flight weight updates, "
+    f"max_new_tokens={sampling.max_new_tokens}"
+  )
+  run.label()
+  if config.fresh_prefix_cache:
+    run.call(action, client.http.reset_prefix_cache)
+  live: dict[Any, tuple[Any, str]] = {}  # future → (prompt, request id)
+  pool = concurrent.futures.ThreadPoolExecutor(
+    max_workers=max(1, config.max_concurrent_requests),
+    thread_name_prefix="vllm-stream",
+  )
+
+  def send(prompts) -> None:
+    for item in prompts:
+      body = generate_request(
+        name, item.ids, sampling, _prompt_seed(item.seed, item.index)
+      )
+      body["request_id"] = f"rljax-stream-{tag}-{len(run.sent)}"
+      run.sent.append(body["request_id"])
+      live[pool.submit(client.http.generate_tokens, body)] = (
+        item, body["request_id"],
+      )  # fmt: skip
+      # The version sampling now: its first token's is this or newer.
+      feed.started(item.tag, run.version)
+
+  try:
+    send(feed.poll(max_prompt_len))
+    while live and not feed.stopped():
+      done, _ = concurrent.futures.wait(
+        set(live),
+        timeout=config.inflight_poll_s,
+        return_when=concurrent.futures.FIRST_COMPLETED,
+      )
+      for future in done:
+        item, _ = live.pop(future)
+        rows = _rows(run, future, item.index, sampling.n, action)
+        feed.done(
+          prompt_feed.DoneGroup(
+            item.tag, list(item.ids), [r[0] for r in rows],
+            [r[1] for r in rows], [r[3] for r in rows], [r[2] for r in rows],
+          )
+        )  # fmt: skip
+      send(feed.poll(max_prompt_len))
+      if live:  # polled only while work is left, as the JAX engine
+        update = hook()
+        if update is not None:
+          run.swap(update, prepare, apply, len(live))
+  except BaseException:
+    if live:  # they would hold the engine's batch slots until done
+      _abort([rid for _, rid in live.values()], client)
+    raise
+  finally:
+    pool.shutdown(wait=False, cancel_futures=True)
+  if live:  # stopped: the caller is closing
+    _abort([rid for _, rid in live.values()], client)
 
 
 def _abort(request_ids: list[str], client: EngineClient) -> None:

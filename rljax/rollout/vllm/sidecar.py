@@ -3,13 +3,15 @@
 A thin façade over `process` (the server: launch, supervise, stop),
 `client` (requests: start-up checks, rollout fan-out, reloads) and `sync`
 (weights in the checkpoint's format); it serializes calls and keeps the
-state a restart needs (the weights of the last sync).
+state a restart needs (the weights of the last sync). This module holds the
+server's lifecycle (launch or attach, health, restart, close) and the
+generation requests; the weight syncs are its base class's
+(`sidecar_sync.SidecarSync`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import secrets
 import threading
@@ -17,12 +19,9 @@ import time
 import weakref
 from typing import Any, Sequence
 
-import numpy as np
-
 from rljax.rollout import weight_sync
 from rljax.rollout.base import RolloutBatch
 from rljax.rollout.base import SamplingConfig
-from rljax.rollout.base import SyncStats
 from rljax.rollout.base import check_prompts
 from rljax.rollout.vllm import guard
 from rljax.rollout.vllm import inflight
@@ -33,12 +32,12 @@ from rljax.rollout.vllm.config import INFLIGHT_KV_MODES
 from rljax.rollout.vllm.config import VLLMSidecarConfig
 from rljax.rollout.vllm.process import LaunchedServer
 from rljax.rollout.vllm.process import Server
+from rljax.rollout.vllm.sidecar_sync import SidecarSync
 from rljax.rollout.vllm.sync import SharedWeights
 from rljax.rollout.vllm.sync import WeightSync
-from rljax.rollout.vllm.sync import timed_shared_sync
 
 
-class VLLMSidecar:
+class VLLMSidecar(SidecarSync):
   """One vLLM server used as a rollout engine (`base.RolloutEngine`).
 
   Construct with an HF checkpoint dir to launch a server (bf16, or an INT8 /
@@ -381,6 +380,53 @@ class VLLMSidecar:
       policy_version=[r[3] for r in rows],
     )
 
+  def generate_stream(
+    self,
+    feed: Any,
+    shape_prompts: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    *,
+    weight_updates: Any = None,
+    version: int = 0,
+    inflight_kv: str | None = None,
+  ) -> dict[str, Any]:
+    """A streamed run (`rljax.rollout.prompt_feed`), as
+    `JaxSampler.generate_stream` runs one: each prompt `feed.poll` admits
+    is sent as its own request at once (vLLM's scheduler batches running
+    requests, so it joins while others decode), each prompt's n rows go to
+    `feed.done` as its request ends, with the finish reasons and per-token
+    weight versions vLLM reports, and new weights from `weight_updates`
+    are taken in flight as `generate_inflight` takes them. Returns when the
+    feed has nothing more and every request ended (or `feed.stopped()`),
+    with the run's swap figures and `final_version`. `shape_prompts` is
+    checked, not used (vLLM has no shapes to fix); `sampling.seed` is
+    unused: each prompt brings its request's seed."""
+    self._checked_prompts(shape_prompts, sampling, "generate_stream")
+    hook = inflight.check_hook(
+      (lambda: None) if weight_updates is None else weight_updates
+    )
+    kv = self.config.inflight_kv if inflight_kv is None else inflight_kv
+    if kv not in INFLIGHT_KV_MODES:
+      raise ValueError(
+        f"VLLMSidecar.generate_stream: inflight_kv={kv!r}; expected one of "
+        f"{INFLIGHT_KV_MODES}"
+      )
+    with self._lock:
+      self._require_usable("streaming with in-flight updates")
+      run = inflight.InflightRun(self._client, version, kv)
+      start = time.perf_counter()
+      inflight.stream(
+        run, feed, sampling, self.max_model_len - sampling.max_new_tokens,
+        hook, self.prepare_weights, self._apply_in_flight,
+      )  # fmt: skip
+      if run.swap_requests_in_flight:
+        self._client.settle("in-flight weight updates", self._shared.path)
+    return {
+      **run.stats(),
+      "requests": len(run.sent),
+      "seconds": time.perf_counter() - start,
+    }
+
   def _checked_prompts(self, prompt_ids, sampling, what) -> list[list[int]]:
     if not isinstance(sampling, SamplingConfig):
       raise TypeError(
@@ -416,99 +462,3 @@ class VLLMSidecar:
       self._require_usable("generating")
       self._check_lengths(prompts, sampling, first_index)
       return self._client.generate_rows(prompts, sampling, first_index)
-
-  # -- weight sync ------------------------------------------------------------
-
-  def prepare_weights(self, params: Any) -> dict[str, np.ndarray]:
-    """The exact tensors a sync writes: HF name -> array in checkpoint
-    format, checked against the engine's checkpoint and its weight format
-    (`quant_mode`; see `sync.WeightSync.prepare`)."""
-    return self._weights.prepare(params, f"VLLMSidecar {self.describe()}")
-
-  def update_weights(self, params: Any) -> SyncStats:
-    """Pushes new weights: check, copy the tensors that changed into the
-    sidecar's weights file in tmpfs, have the engine apply them, reset the
-    prefix cache.
-
-    The engine applies them in place with rljax's worker extension
-    (`rljax_apply_shared_weights`: no loader, only the modules whose tensors
-    changed); where the extension is older or answers that it cannot (see
-    `fast_sync_unsupported`), it reloads the same file with vLLM's reload.
-
-    Args:
-      params: prepared rollout weights (`quant.prepare_rollout_weights` for
-        this engine's `quant_mode`) or an HF state dict; see
-        `prepare_weights`.
-
-    Returns:
-      SyncStats: wall seconds of the whole sync (conversion included) and
-      bytes of weights written for the engine (the tensors that changed
-      since the last sync it applied; all of them at the first). The
-      breakdown is in `last_sync_timing`.
-
-    Raises:
-      ValueError / TypeError: the weights do not match the engine's
-        checkpoint (nothing was sent).
-      SidecarError: the server failed to reload them.
-    """
-    with self._lock:
-      self._require_usable("syncing weights")
-      if self._shared is None:
-        self._shared = SharedWeights(self._sync_dirs, self._weights.manifest)
-      stats, self.last_sync_timing = timed_shared_sync(
-        lambda: self.prepare_weights(params), self._shared, self._apply_shared
-      )
-      return stats
-
-  def _apply_in_flight(self, tensors: dict[str, np.ndarray]) -> dict:
-    """Applies prepared tensors while generation is paused with requests
-    kept: no prefix-cache reset (their blocks are held) and no probe (it
-    would wait for the resume); `generate_inflight` settles at its end."""
-    if self._shared is None:
-      self._shared = SharedWeights(self._sync_dirs, self._weights.manifest)
-    stats, timing = timed_shared_sync(
-      lambda: tensors,
-      self._shared,
-      lambda changed: self._apply_shared(changed, settle=False),
-    )
-    self.last_sync_timing = timing
-    return {"seconds": stats.seconds, "bytes": stats.bytes}
-
-  def _apply_shared(
-    self, changed: list[str], settle: bool = True
-  ) -> dict[str, Any]:
-    """The engine takes the shared file's weights: in place where the worker
-    extension can, else by vLLM's reload of the file. settle: reset the
-    prefix cache and probe after (`EngineClient.settle`)."""
-    shared = self._shared
-    # Recorded first: if this sidecar is down, restart() loads these.
-    self._last_weights_dir = shared.path
-    client = self._client
-    if client.extension_version >= 2 and self.fast_sync_unsupported is None:
-      report = client.apply_shared(shared.file, changed, settle)
-      if "unsupported" not in report:
-        return report
-      self.fast_sync_unsupported = str(report["unsupported"])
-      logging.warning(
-        "vLLM sidecar %s: in-place weight sync unsupported (%s); reloading "
-        "through vLLM's loader instead (slower)",
-        self.describe(),
-        self.fast_sync_unsupported,
-      )
-    client.reload(shared.path, settle)
-    return {"vllm_reload": 1}
-
-  def load_weights_dir(self, path: str) -> None:
-    """Reloads weights from a checkpoint-format dir (the server must be able
-    to read path), then resets the prefix cache."""
-    with self._lock:
-      # Recorded first: if this sidecar is down, restart() loads these.
-      self._last_weights_dir = path
-      self._require_usable("syncing weights")
-      if self._shared is not None:
-        # The engine then runs what it reloads (the shared file's bytes
-        # only when that is the path).
-        self._shared.in_sync = False
-      self._client.reload(path)
-      if self._shared is not None and path == self._shared.path:
-        self._shared.in_sync = True

@@ -474,7 +474,8 @@ def _streaming_checks(cfg: TrainConfig) -> list[Problem]:
   """What --run.async_mode=streaming runs on: the continuous JAX engine
   (its in-flight weight updates, rljax/rollout/inflight.py) or one vLLM
   server (rljax/rollout/vllm/inflight.py), single-turn tasks (multi-turn
-  ones: `_tool_task_checks`), one rollout per step."""
+  ones: `_tool_task_checks`); dynamic sampling filters the groups as they
+  arrive and refills through the stream (train/group_stream.py)."""
   if cfg.run.async_mode != "streaming":
     return []
   r, out = cfg.rollout, []
@@ -493,15 +494,6 @@ def _streaming_checks(cfg: TrainConfig) -> list[Problem]:
       "to its end in one program)"
     )
     out.append(Problem("rollout.batching", r.batching, expected))
-  if cfg.advantage.dynamic_sampling:
-    expected = (
-      "False with run.async_mode='streaming' (refills would share the "
-      "engine with the streaming worker; use --run.async_mode=one_step)"
-    )
-    out.append(
-      Problem("advantage.dynamic_sampling", cfg.advantage.dynamic_sampling,
-              expected)
-    )  # fmt: skip
   return out
 
 
