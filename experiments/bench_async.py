@@ -34,11 +34,17 @@ and reports, over the steps after the first --warmup_steps (they compile):
 Where the engine runs: the JAX engine is a worker thread of the trainer's
 process, so in every mode here engine and trainer share the process's cores;
 the overlap measured is what one process's threads get. With
---rollout.engine=vllm the engine is the sidecar, a process of its own: run
-the script under `taskset -c 0` with VLLM_CPU_OMP_THREADS_BIND=1 in the
-environment and the trainer has core 0, the engine's threads core 1 (the
-JSON records both; streaming then runs one request at a time through the
-sidecar's in-flight update).
+--rollout.engine=vllm the engine is the sidecar, a process of its own:
+--engine_core=1 pins its threads to core 1 and the trainer's to the others
+once it has started (the JSON records the placement; streaming then sends
+each admitted prompt to the sidecar as a request of its own and takes new
+weights in flight, `VLLMSidecar.generate_stream`).
+
+A long-tailed workload (where streaming's deadlines can act: a step need
+not wait for its longest response, and the update pads to the longest one
+it trains): --rollout.max_new_tokens=256 --rollout.temperature=1.0 (the
+default job's model then ends most responses at EOS within ~70 tokens and
+runs some to the limit).
 
 The modes use --batching (continuous by default: streaming needs it), so the
 ratios compare the async modes, not two batchings. Every training flag of
@@ -356,6 +362,13 @@ def summarize(
           "rollout_weight_swaps",
           "trainer_idle_fraction",
           "engine_idle_fraction",
+          # The exposure of streaming's deadlines on a long tail: how long
+          # the batch's responses ran (the update pads to the longest) and
+          # how many groups came from another step's request.
+          "response_length_mean",
+          "response_length_max",
+          "stream_groups_other_request",
+          "stream_groups_expired",
         )
         if k in r
       }
