@@ -337,6 +337,46 @@ CLAIMS += [
     "superiority",
     (C,),
   ),
+  # Lags 1 and 4 (fp32), added to the same study: where between 0 and 8
+  # staleness starts to cost, and whether the weight ρ helps before lag 8.
+  (
+    "8",
+    "q8_staleness",
+    "lag 1 naive is no worse than lag 0 (synchronous: ρ = 1, so naive = "
+    "decoupled there)",
+    "fp32_lag0",
+    "fp32_lag1_naive",
+    "non_inferiority",
+    LAG + (C,),
+  ),
+  (
+    "8",
+    "q8_staleness",
+    "lag 4 naive is worse than lag 0 (synchronous: ρ = 1, so naive = "
+    "decoupled there)",
+    "fp32_lag4_naive",
+    "fp32_lag0",
+    "superiority",
+    LAG + (C,),
+  ),
+  (
+    "8",
+    "q8_staleness",
+    "decoupled beats naive at lag 4",
+    "fp32_lag4_naive",
+    "fp32_lag4_decoupled",
+    "superiority",
+    (C,),
+  ),
+  (
+    "8",
+    "q8_staleness",
+    "lag 4 decoupled is no worse than lag 0",
+    "fp32_lag0",
+    "fp32_lag4_decoupled",
+    "non_inferiority",
+    LAG,
+  ),
 ]
 # Studies under Q6's pre-registered calibration (gates.calibration): a TIS
 # arm outside its truncation range marks its format's verdicts.
