@@ -2,8 +2,10 @@
 takes (`group_stream.GroupStream` runs them): a request's `Block` of
 prompts and what became of each group (started, ended, scored, trained,
 expired), the `Scored` rewards of an arriving group, the `Taken` batch, and
-the two pure rules — `choose` (earliest deadline first, with the wait rule)
-and `short_of` (when a step must refill).
+the rules, pure functions of the requests: `choose` (earliest deadline
+first, with the wait rule), `short_of` (when a step must refill),
+`expire` (kept groups past their deadline), and `decide`, which combines
+them into the step's next move (take, refill or wait).
 """
 
 from __future__ import annotations
@@ -187,9 +189,9 @@ def decide(
 
   Take P kept groups as soon as `choose` allows. Refill when `short_of`
   and a round is left. With no round left, wait for what this step's
-  requests (and older ones) still have in flight or to start, then take every kept group and pad
-  with filtered groups in request order (masked out by the caller), as the
-  synchronous loop's `select` pads.
+  requests (and older ones) still have in flight or to start, then take
+  every kept group and pad with filtered groups in request order (masked
+  out by the caller), as the synchronous loop's `select` pads.
   """
   cands = candidates(blocks, version, k)
   queued = [b.key for b in blocks for v in b.started if v is None]
