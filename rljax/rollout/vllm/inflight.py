@@ -145,6 +145,34 @@ class InflightRun:
     }
 
 
+class _Request:
+  """A `generate` call as a prompt feed: every prompt at the first poll,
+  the rows kept by prompt."""
+
+  def __init__(self, prompts, seed, first_index):
+    self.prompts = [
+      prompt_feed.StreamPrompt(list(p), first_index + i, seed, i)
+      for i, p in enumerate(prompts)
+    ]
+    self.rows: list[Any] = [None] * len(prompts)
+
+  def poll(self, prompt_len):
+    del prompt_len  # the caller checked the lengths
+    out, self.prompts = self.prompts, []
+    return out
+
+  def started(self, tag, version):
+    del tag, version
+
+  def done(self, group):
+    self.rows[group.tag] = list(
+      zip(group.tokens, group.logp, group.finish, group.versions)
+    )
+
+  def stopped(self):
+    return False
+
+
 def generate(
   run: InflightRun,
   prompts: list[list[int]],
@@ -157,57 +185,15 @@ def generate(
   """Samples every prompt (one concurrent request each, seeded by its
   global index as `EngineClient.generate_rows`), polling `hook` every
   `inflight_poll_s` while requests are unfinished and swapping in the
-  weights it hands over (`InflightRun.swap`). Rows prompt-major."""
-  client, config = run.client, run.client.config
-  name = config.served_model_name
-  tag = uuid.uuid4().hex
-  bodies = [
-    generate_request(
-      name, p, sampling, _prompt_seed(sampling.seed, first_index + i)
-    )
-    for i, p in enumerate(prompts)
-  ]
-  for i, body in enumerate(bodies):
-    body["request_id"] = f"rljax-inflight-{tag}-{first_index + i}"
+  weights it hands over (`InflightRun.swap`): `stream` over a feed that
+  admits them all at once. Rows prompt-major."""
+  request = _Request(prompts, sampling.seed, first_index)
   action = (
     f"generating {len(prompts)} prompts x n={sampling.n} with in-flight "
     f"weight updates, max_new_tokens={sampling.max_new_tokens}"
   )
-  run.label()
-  if config.fresh_prefix_cache:
-    run.call(action, client.http.reset_prefix_cache)
-  results: list[Any] = [None] * len(bodies)
-  pending: set[Any] = set()
-  pool = concurrent.futures.ThreadPoolExecutor(
-    max_workers=max(1, min(len(bodies), config.max_concurrent_requests)),
-    thread_name_prefix="vllm-inflight",
-  )
-  try:
-    futures = {
-      pool.submit(client.http.generate_tokens, body): i
-      for i, body in enumerate(bodies)
-    }
-    pending = set(futures)
-    while pending:
-      done, pending = concurrent.futures.wait(
-        pending,
-        timeout=config.inflight_poll_s,
-        return_when=concurrent.futures.FIRST_COMPLETED,
-      )
-      for future in done:
-        i = futures[future]
-        results[i] = _rows(run, future, first_index + i, sampling.n, action)
-      if pending:  # as the JAX engine: polled only while work is left
-        update = hook()
-        if update is not None:
-          run.swap(update, prepare, apply, len(pending))
-  except BaseException:
-    if pending:  # they would hold the engine's batch slots until done
-      _abort([bodies[futures[f]]["request_id"] for f in pending], client)
-    raise
-  finally:
-    pool.shutdown(wait=False, cancel_futures=True)
-  return [row for rows in results for row in rows]
+  stream(run, request, sampling, 0, hook, prepare, apply, action=action)
+  return [row for rows in request.rows for row in rows]
 
 
 def stream(
@@ -218,6 +204,7 @@ def stream(
   hook: Callable[[], Any],
   prepare: Callable[[Any], Any],
   apply: Callable[[Any], dict[str, Any]],
+  action: str | None = None,
 ) -> None:
   """A streamed run on the server (`rljax.rollout.prompt_feed`): every
   prompt `feed.poll` admits becomes one request at once (vLLM batches
@@ -226,10 +213,11 @@ def stream(
   polled every `inflight_poll_s` while requests run (`InflightRun.swap`).
   A prompt is seeded by its own request's seed and index, as that
   request's `generate` would seed it. Returns when the feed has nothing
-  more and every request ended, or at once when `feed.stopped()`."""
+  more and every request ended, or at once when `feed.stopped()`. `action`
+  names the call in errors."""
   client, config = run.client, run.client.config
   name, tag = config.served_model_name, uuid.uuid4().hex
-  action = (
+  action = action or (
     f"streaming prompts x n={sampling.n} with in-flight weight updates, "
     f"max_new_tokens={sampling.max_new_tokens}"
   )

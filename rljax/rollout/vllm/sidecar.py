@@ -348,12 +348,7 @@ class VLLMSidecar(SidecarSync):
     """
     prompts = self._checked_prompts(prompt_ids, sampling, "generate_inflight")
     hook = inflight.check_hook(weight_updates)
-    kv = self.config.inflight_kv if inflight_kv is None else inflight_kv
-    if kv not in INFLIGHT_KV_MODES:
-      raise ValueError(
-        f"VLLMSidecar.generate_inflight: inflight_kv={kv!r}; expected one "
-        f"of {INFLIGHT_KV_MODES}"
-      )
+    kv = self._inflight_kv(inflight_kv, "generate_inflight")
     with self._lock:
       self._require_usable("generating with in-flight updates")
       self._check_lengths(prompts, sampling, 0)
@@ -405,12 +400,7 @@ class VLLMSidecar(SidecarSync):
     hook = inflight.check_hook(
       (lambda: None) if weight_updates is None else weight_updates
     )
-    kv = self.config.inflight_kv if inflight_kv is None else inflight_kv
-    if kv not in INFLIGHT_KV_MODES:
-      raise ValueError(
-        f"VLLMSidecar.generate_stream: inflight_kv={kv!r}; expected one of "
-        f"{INFLIGHT_KV_MODES}"
-      )
+    kv = self._inflight_kv(inflight_kv, "generate_stream")
     with self._lock:
       self._require_usable("streaming with in-flight updates")
       run = inflight.InflightRun(self._client, version, kv)
@@ -426,6 +416,16 @@ class VLLMSidecar(SidecarSync):
       "requests": len(run.sent),
       "seconds": time.perf_counter() - start,
     }
+
+  def _inflight_kv(self, inflight_kv: str | None, what: str) -> str:
+    """The call's KV rule: `inflight_kv`, else the config's; checked."""
+    kv = self.config.inflight_kv if inflight_kv is None else inflight_kv
+    if kv not in INFLIGHT_KV_MODES:
+      raise ValueError(
+        f"VLLMSidecar.{what}: inflight_kv={kv!r}; expected one of "
+        f"{INFLIGHT_KV_MODES}"
+      )
+    return kv
 
   def _checked_prompts(self, prompt_ids, sampling, what) -> list[list[int]]:
     if not isinstance(sampling, SamplingConfig):
