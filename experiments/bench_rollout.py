@@ -151,6 +151,13 @@ _GROUP_WIDTHS = flags.DEFINE_list(
   "--workloads: continuous batching's rows per slot group, one row each "
   "(0: n, a group is a prompt's n samples).",
 )
+_KV_PAGE_SIZES = flags.DEFINE_list(
+  "kv_page_sizes",
+  ["0"],
+  "--workloads: continuous batching's KV page sizes, one row each (0: an "
+  "own cache of slots x the longest live row; P: pages of P tokens, "
+  "rljax/rollout/kv_pages.py).",
+)
 _CHUNK_STEPS = flags.DEFINE_integer(
   "chunk_steps", 32, "--workloads: decode steps between refills."
 )
@@ -867,6 +874,7 @@ def run_workloads(model, machine: dict) -> None:
     "slots": _SLOTS.value,
     "chunk_steps": _CHUNK_STEPS.value,
     "group_widths": [int(w) for w in _GROUP_WIDTHS.value],
+    "kv_page_sizes": [int(p) for p in _KV_PAGE_SIZES.value],
     "max_new_tokens": _MAX_NEW_TOKENS.value,
     "long_tail_max": _LONG_TAIL_MAX.value,
     "fixed_tokens": _FIXED_TOKENS.value,

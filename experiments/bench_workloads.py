@@ -83,6 +83,9 @@ def _figures(batch: base.RolloutBatch, slots: int) -> dict:
     row["idle_fraction"] = 1.0 - row["occupancy"]
   if "kv_bytes_peak" in timing:
     row["kv_bytes_peak"] = int(timing["kv_bytes_peak"])
+  for name in ("kv_bytes_held_peak", "kv_bytes_written_peak"):
+    if name in timing:
+      row[name] = int(timing[name])
   return row
 
 
@@ -97,8 +100,11 @@ def bench_jax(
   chunk_steps: int,
   limits=None,
   group_width: int | None = None,
+  page_size: int = 0,
 ) -> dict:
-  """One timed rollout of the JAX sampler after a compile-only one."""
+  """One timed rollout of the JAX sampler after a compile-only one (with
+  pages, after a whole untimed rollout: which pool sizes a rollout grows
+  through shows only when it runs, so `warmup` cannot compile them all)."""
   sampler = JaxSampler(
     model.config,
     model.params,
@@ -110,9 +116,12 @@ def bench_jax(
     batching=batching,
     pad_id=0,
     group_width=group_width,
+    kv_page_size=page_size,
   )
   start = time.perf_counter()
   sampler.warmup(prompts, sampling)
+  if page_size:
+    sampler.generate(prompts, sampling, max_new_tokens_per_sample=limits)
   compile_s = time.perf_counter() - start
   batch = sampler.generate(prompts, sampling, max_new_tokens_per_sample=limits)
   if batching == "static":
@@ -121,6 +130,8 @@ def bench_jax(
     batch.timing["slot_steps"] = per_chunk * batch.timing["decode_steps"]
   if batching == "continuous" and group_width not in (None, sampling.n):
     batching = f"continuous-w{group_width}"
+  if page_size:
+    batching = f"{batching}-p{page_size}"
   row = {
     "engine": "jax",
     "batching": batching,
@@ -130,6 +141,7 @@ def bench_jax(
     **_figures(batch, slots),
   }
   row["timeline"] = list(sampler.last_timeline) if batching != "static" else []
+  row["kv_timeline"] = list(sampler.last_stats.get("kv_timeline", []))
   sampler.close()
   return row
 
@@ -213,18 +225,21 @@ def format_rows(rows: list[dict]) -> list[str]:
   """A Markdown table of the rows and the issue-46 ratios."""
   lines = [
     "| workload | engine | batching | quant | useful tok/s | occupancy | "
-    "idle | KV peak MiB | compiles | mean len | at limit | s |",
-    "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    "idle | KV peak MiB | KV held MiB | KV written MiB | compiles | "
+    "mean len | at limit | s |",
+    "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
   ]
   fmt = lambda v, f: "–" if v is None else format(v, f)
+  mib = lambda r, k: None if r.get(k) is None else r[k] / 2**20
   for r in rows:
-    kv = r.get("kv_bytes_peak")
     lines.append(
       f"| {r['workload']} | {r['engine']} | {r.get('batching', '–')} | "
       f"{r['quant']} | {r['useful_tokens_per_s']:.1f} | "
       f"{fmt(r.get('occupancy'), '.2f')} | "
       f"{fmt(r.get('idle_fraction'), '.2f')} | "
-      f"{fmt(None if kv is None else kv / 2**20, '.1f')} | "
+      f"{fmt(mib(r, 'kv_bytes_peak'), '.1f')} | "
+      f"{fmt(mib(r, 'kv_bytes_held_peak'), '.1f')} | "
+      f"{fmt(mib(r, 'kv_bytes_written_peak'), '.1f')} | "
       f"{fmt(r.get('num_compiles'), 'd')} | {r['mean_length']:.0f} | "
       f"{fmt(r.get('at_limit'), '.2f')} | {r['seconds']:.1f} |"
     )
@@ -269,22 +284,45 @@ def format_rows(rows: list[dict]) -> list[str]:
 
 
 def plot_occupancy(rows: list[dict], path: str, title: str) -> None:
-  """Live share of the slots over the rollout, per continuous JAX row."""
+  """Per continuous JAX row, over the rollout: the live share of the slots
+  (left) and the KV bytes the slots hold for tokens (right: with pages the
+  pages in use, else slots x the own cache's capacity; thin, what the pool
+  reserves). One colour per workload and format, one line style per
+  layout (solid: own cache per slot; dashed: pages)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, ax = plt.subplots(figsize=(7, 4))
-  for r in rows:
-    if r.get("timeline"):
-      t, occ = zip(*r["timeline"])
-      ax.plot(t, occ, label=f"{r['workload']} {r['batching']} {r['quant']}")
+  fig, (ax, kv_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+  drawn = [r for r in rows if r.get("timeline")]  # continuous JAX rows
+  kinds = sorted({(r["workload"], r["quant"]) for r in drawn})
+  colour = {k: plt.cm.tab10(i % 10) for i, k in enumerate(kinds)}
+  for r in drawn:
+    style = dict(
+      color=colour[(r["workload"], r["quant"])],
+      linestyle="--" if "-p" in r["batching"] else "-",
+    )
+    t, occ = zip(*r["timeline"])
+    ax.plot(
+      t, occ, label=f"{r['workload']} {r['batching']} {r['quant']}", **style
+    )
+    if r.get("kv_timeline"):
+      t, held, reserved = zip(*r["kv_timeline"])
+      kv_ax.plot(t, [b / 2**20 for b in held], **style)
+      if held != reserved:
+        kv_ax.plot(t, [b / 2**20 for b in reserved], linewidth=0.6, **style)
   ax.set_xlabel("seconds into the rollout")
   ax.set_ylabel("live slots / slots (per chunk)")
   ax.set_ylim(0, 1.05)
   ax.set_title(title, fontsize=8)
-  ax.legend(fontsize=7)
+  ax.legend(fontsize=6, ncol=2)
+  kv_ax.set_xlabel("seconds into the rollout")
+  kv_ax.set_ylabel("KV MiB held (thin: pool reserved)")
+  kv_ax.set_ylim(bottom=0)
+  kv_ax.set_title(
+    "KV cache: own cache per slot (solid) vs pages (dashed)", fontsize=8
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -302,7 +340,10 @@ def run_workloads(model, settings: dict, machine: dict) -> list[dict]:
     row["workload"] = workload
     rows.append(row)
     print(
-      json.dumps({k: v for k, v in row.items() if k != "timeline"}), flush=True
+      json.dumps(
+        {k: v for k, v in row.items() if k not in ("timeline", "kv_timeline")}
+      ),
+      flush=True,
     )
     if settings.get("out"):
       with open(settings["out"], "w") as f:
@@ -315,14 +356,14 @@ def run_workloads(model, settings: dict, machine: dict) -> list[dict]:
       batchings = (
         ["continuous"] if workload == "fixed" else settings["batchings"]
       )
+      continuous = lambda b, values: values if b == "continuous" else [0]
       runs = [
-        (b, w)
+        (b, w, ps)
         for b in batchings
-        for w in (
-          settings.get("group_widths") or [0] if b == "continuous" else [0]
-        )
+        for w in continuous(b, settings.get("group_widths") or [0])
+        for ps in continuous(b, settings.get("kv_page_sizes") or [0])
       ]
-      for batching, width in runs:
+      for batching, width, page_size in runs:
         keep(
           bench_jax(
             model,
@@ -334,6 +375,7 @@ def run_workloads(model, settings: dict, machine: dict) -> list[dict]:
             chunk_steps=settings["chunk_steps"],
             limits=limits,
             group_width=width or None,
+            page_size=page_size,
           ),
           workload,
         )

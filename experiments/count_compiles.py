@@ -39,20 +39,12 @@ from rljax.quant.cpu import host_cpu
 from rljax.train import cli
 from rljax.train import flags as train_flags
 
+import default_job  # experiments/ is on sys.path: the script's own folder
+
 train_flags.define_train_flags(
   {
-    # experiments/main.py's job ...
-    "algorithm": "grpo",
-    "task.name": "arithmetic",
-    "task.difficulty": "easy",
-    "rollout.quant": "int8",
-    "loss.correction": "tis",
-    "rollout.uaq_scale": 1.5,
-    "kl.coef": 0.0,
-    "loss.aggregation": "token-mean",
-    "rollout.temperature": 0.7,
-    "update.logprob_chunk": 32,
-    "optim.learning_rate": 1e-5,
+    # experiments/main.py's job (its one recipe, `default_job.RECIPE`) ...
+    **default_job.RECIPE,
     "run.steps": 20,
     # ... at README's first-hour sizes on the tiny random model.
     "model.name": "tiny",

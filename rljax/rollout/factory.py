@@ -31,6 +31,7 @@ def make_engine(
   batching: str = "static",
   reuse_prefix_cache: bool = False,
   inflight_kv: str = "keep",
+  kv_page_size: int = 0,
 ):
   """The rollout engine `engine` for a model.
 
@@ -58,6 +59,7 @@ def make_engine(
     inflight_kv: "keep" or "recompute" of the in-flight rows' KV when
       `generate`'s weight_updates hook hands the engine new weights
       (`rljax.rollout.inflight`; vLLM: `rljax.rollout.vllm.inflight`).
+    kv_page_size: the continuous JAX sampler's KV page size (0: none).
   """
   if engine == "jax":
     from rljax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
@@ -71,6 +73,7 @@ def make_engine(
       mesh=mesh,
       batching=batching,
       inflight_kv=inflight_kv,
+      kv_page_size=kv_page_size,
     )
   if engine == "vllm":
     from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top

@@ -13,7 +13,7 @@ engine between two decode chunks, without waiting for the rows in flight.
                                │             (PipelineRL)
                                └─ recompute  every live row's KV recomputed
                                              with the new weights first
-                                             (`slot_program.recompute_kv`,
+                                             (`slot_recompute.recompute_kv`,
                                              AReaL)
 
 Either way the tokens already sampled and their behaviour log-probs stay
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.rollout import sampler_weights
-from rljax.rollout import slot_program
+from rljax.rollout import slot_recompute
 
 INFLIGHT_KV_MODES = ("keep", "recompute")
 
@@ -149,11 +149,14 @@ class Swaps:
     self.version = new_version
     return slot_params
 
-  def recompute(self, config, plan, params, state, prompts, response, note):
-    """`slot_program.recompute_kv` on the live rows, timed."""
+  def recompute(
+    self, config, plan, params, state, prompts, response, note, table=None
+  ):
+    """`slot_recompute.recompute_kv` on the live rows, timed (`table`: the
+    block table of a paged own cache)."""
     start = time.perf_counter()
     note(("recompute", plan, int(response.shape[1])))
-    state = slot_program.recompute_kv(
+    state = slot_recompute.recompute_kv(
       config,
       plan,
       params,
@@ -161,6 +164,7 @@ class Swaps:
       jnp.asarray(prompts[0]),
       jnp.asarray(prompts[1]),
       jnp.asarray(response),
+      table,
     )
     jax.block_until_ready(state)
     self.recompute_seconds += time.perf_counter() - start

@@ -26,10 +26,15 @@ One `generate(prompt_ids, sampling)` call, concern by concern (file by file):
      │         │               weight updates there (`inflight`);
      │         │               `generate_stream`: prompts of later
      │         │               requests join as slots free (`prompt_feed`)
-     │         └─ slot_program   jitted prefill into free groups, decode
-     │                           chunks with per-row cache slots, cache
-     │                           resize (own KV capacity follows the
-     │                           longest live row)
+     │         ├─ slot_program   jitted prefill into free groups, decode
+     │         │                 chunks with per-row cache slots, cache
+     │         │                 resize (own KV capacity follows the
+     │         │                 longest live row)
+     │         ├─ kv_pages       with kv_page_size=P: the rows' KV in P-token
+     │         │                 pages of one pool (a block table; the pool
+     │         │                 follows the live tokens)
+     │         └─ slot_recompute in-flight "recompute": live rows' KV
+     │                           rewritten with the new weights
      └─ static (batching="static", the default, and on a mesh)
           static_program._generate_chunk   one program per chunk of
                                    prompts: prefill, decode to its longest row
@@ -138,6 +143,7 @@ class JaxSampler(SamplerRuns):
     chunk_steps: int = 32,
     group_width: int | None = None,
     inflight_kv: str = "keep",
+    kv_page_size: int = 0,
   ):
     """Builds the sampler.
 
@@ -193,7 +199,12 @@ class JaxSampler(SamplerRuns):
       inflight_kv: what an in-flight weight update (`generate`'s
         `weight_updates`) does to the rows it finds decoding: "keep" their
         KV, made by the old weights (PipelineRL), or "recompute" it with
-        the new ones first (AReaL; `slot_program.recompute_kv`).
+        the new ones first (AReaL; `slot_recompute.recompute_kv`).
+      kv_page_size: continuous batching's own KV: 0 (the default) an own
+        cache of S rows × C slots, C following the longest live row in
+        buckets; P > 0, pages of P token slots from one pool that grows
+        with the live rows' tokens (`kv_pages`: less KV memory on long-
+        tailed rollouts, for a per-step gather of the rows' pages).
     """
     self._quant = sampler_weights.check_quant(quant, "JaxSampler")
     self.inflight_kv = inflight.check_inflight_kv(inflight_kv, "JaxSampler")
@@ -210,6 +221,15 @@ class JaxSampler(SamplerRuns):
         isinstance(value, bool) or not isinstance(value, int) or value < 1
       ):
         raise ValueError(f"JaxSampler: {name}={value!r}; expected an int >= 1")
+    if (
+      isinstance(kv_page_size, bool)
+      or not isinstance(kv_page_size, int)
+      or kv_page_size < 0
+    ):
+      raise ValueError(
+        f"JaxSampler: kv_page_size={kv_page_size!r}; expected an int >= 0 "
+        "(0: no pages)"
+      )
     prompt_buckets = request_plan.check_prompt_buckets(
       prompt_buckets, max_prompt_len
     )
@@ -242,6 +262,7 @@ class JaxSampler(SamplerRuns):
     self.decode_slots = decode_slots
     self.chunk_steps = chunk_steps
     self.group_width = group_width
+    self.kv_page_size = kv_page_size
     self._params = None
     self._signatures: set[Any] = set()
     # (seconds into the last continuous rollout, live share) per chunk.

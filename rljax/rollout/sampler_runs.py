@@ -107,6 +107,7 @@ class SamplerRuns:
       "groups": groups,
       "prompt_len": self._bucket(max(len(p) for p in prompts)),
       "chunk_steps": self.chunk_steps,
+      "page_size": self.kv_page_size,
       "pad_id": self.pad_id,
       "cache_dtype": self._default_cache_dtype(),
       "activation_dtype": self.activation_dtype,

@@ -18,7 +18,9 @@ import jax.numpy as jnp
 
 from rljax.models import decoder as decoder_lib
 from rljax.models import fusion as fusion_lib
+from rljax.rollout import kv_pages
 from rljax.rollout import slot_program
+from rljax.rollout import slot_recompute
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.static_program import new_token_capacity
 from rljax.rollout.token_sampling import sample_keys
@@ -50,6 +52,7 @@ def make_plan(
   cache_dtype: Any,
   activation_dtype: Any,
   width: int,
+  page_size: int = 0,
 ) -> slot_program.SlotPlan:
   """The static plan of a request's slot programs (`width` rows a group)."""
   greedy = sampling.is_greedy
@@ -66,6 +69,7 @@ def make_plan(
     pad_id=pad_id,
     cache_dtype=cache_dtype,
     activation_dtype=activation_dtype,
+    page_size=page_size,
   )
 
 
@@ -103,11 +107,17 @@ def warm(
   note_program: Callable[[Any], None] = lambda sig: None,
   group_width: int | None = None,
   recompute: bool = False,
+  page_size: int = 0,
 ) -> None:
   """Compiles the programs `run` may call for this request's shapes: a
   prefill of each size (`prefill_sizes`), a decode chunk at each own-cache
   capacity and the growing resizes between them (one step each, on
-  throwaway prompts); with `recompute`, `recompute_kv` at each capacity."""
+  throwaway prompts); with `recompute`, `recompute_kv` at each capacity.
+
+  With pages (`page_size`), the decode chunks are compiled on the smallest
+  pool only: the pool sizes a run reaches depend on its rows' lengths, so a
+  larger pool's programs compile when a run first grows to it (at most
+  `kv_pages.pool_unit`'s 16 steps × the capacities)."""
   prefill_params, decode_params = params
   plan = make_plan(
     sampling,
@@ -118,11 +128,14 @@ def warm(
     cache_dtype,
     activation_dtype,
     group_width or sampling.n,
+    page_size,
   )
   traced = traced_args(sampling, sampling.max_new_tokens)
-  sizes = capacities(new_token_capacity(sampling.max_new_tokens))
-  note_program(("init", plan, sizes[0]))
-  state = slot_program.init_state(config, plan, sizes[0])
+  most = new_token_capacity(sampling.max_new_tokens)
+  sizes = capacities(most)
+  pages = kv_pages.pool_unit(plan.slots, most, page_size) if page_size else 0
+  note_program(("init", plan, pages or sizes[0]))
+  state = slot_program.init_state(config, plan, pages or sizes[0])
   for f in prefill_sizes(groups):
     note_program(("prefill", plan, f))
     keys = sample_keys(
@@ -143,12 +156,17 @@ def warm(
       *traced,
     )
   for i, capacity in enumerate(sizes):
-    if i:
+    table = None
+    if page_size:
+      # A table of unheld pages: the compile needs its shape only.
+      capacity = kv_pages.pages_for(capacity, page_size) * page_size
+      table = jnp.full((plan.slots, capacity // page_size), pages, jnp.int32)
+    elif i:
       note_program(("resize", plan, sizes[i - 1], capacity))
       state = slot_program.resize_cache(capacity, state)
     if recompute:
       note_program(("recompute", plan, capacity))
-      state = slot_program.recompute_kv(
+      state = slot_recompute.recompute_kv(
         config,
         plan,
         prefill_params,
@@ -156,8 +174,9 @@ def warm(
         jnp.full((groups, prompt_len), pad_id, jnp.int32),
         jnp.ones((groups, prompt_len), jnp.int32),
         jnp.full((plan.slots, capacity), pad_id, jnp.int32),
+        table,
       )
-    note_program(("decode", plan, capacity))
+    note_program(("decode", plan, capacity, pages))
     out = slot_program.decode_chunk(
       config,
       plan,
@@ -166,6 +185,7 @@ def warm(
       *traced,
       jnp.int32(1),
       jnp.int32(groups + 1),
+      table,
     )
     state = out[0]
   jax.block_until_ready(state)

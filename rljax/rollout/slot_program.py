@@ -24,7 +24,8 @@ Four programs move it, each keyed by static shapes only:
   resize_cache    the own cache padded or cut to another capacity C;
   recompute_kv    every live row's KV (its group's prefix entry and its
                   own cache) recomputed with new weights, for an in-flight
-                  weight update in "recompute" mode (`inflight`).
+                  weight update in "recompute" mode (`inflight`); in
+                  `slot_recompute`, beside this module.
 
 Why groups and not single rows: a row's prompt keys are read through the
 group's one prefix entry, so the n samples of a prompt never read n copies
@@ -53,6 +54,7 @@ import jax.numpy as jnp
 from rljax import models
 from rljax.models import decoder as decoder_lib
 from rljax.models import layers as layers_lib
+from rljax.rollout import kv_pages
 from rljax.rollout.token_sampling import sample_next_token
 
 
@@ -71,6 +73,8 @@ class SlotPlan:
     pad_id: token written after a row's end.
     cache_dtype: dtype of both caches.
     activation_dtype: as `decoder.final_hidden_states`.
+    page_size: P > 0: the own cache is a pool of P-slot pages read through
+      a block table (`kv_pages`); 0: S rows × C slots.
   """
 
   groups: int
@@ -85,6 +89,7 @@ class SlotPlan:
   pad_id: int
   cache_dtype: Any
   activation_dtype: Any = None
+  page_size: int = 0
 
   @property
   def slots(self) -> int:
@@ -109,7 +114,8 @@ def _fold(key_data, step):
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def init_state(config, plan: SlotPlan, capacity: int) -> dict[str, Any]:
-  """Empty slots: every row done, every prefix entry masked out."""
+  """Empty slots: every row done, every prefix entry masked out. `capacity`
+  is the own cache's C slots a row, or with pages the pool's N pages."""
   g, s, lp = plan.groups, plan.slots, plan.prompt_len
   prefix = decoder_lib.to_prefix_cache(
     models.init_cache(config, g, lp, plan.cache_dtype)
@@ -118,7 +124,13 @@ def init_state(config, plan: SlotPlan, capacity: int) -> dict[str, Any]:
   return {
     "prefix": prefix,
     "prefix_mask": jnp.zeros((g, lp), jnp.int32),
-    "cache": models.init_decode_cache(config, s, capacity, plan.cache_dtype),
+    "cache": (
+      models.init_decode_cache(
+        config, capacity, plan.page_size, plan.cache_dtype
+      )
+      if plan.page_size
+      else models.init_decode_cache(config, s, capacity, plan.cache_dtype)
+    ),
     "tok": jnp.full((s,), plan.pad_id, jnp.int32),
     "pos": jnp.zeros((s,), jnp.int32),
     "length": jnp.zeros((s,), jnp.int32),
@@ -220,6 +232,7 @@ def decode_step(
   *,
   activation_dtype=None,
   rope_table,
+  table=None,
 ):
   """One decode step of S rows, each writing its own slot.
 
@@ -233,17 +246,20 @@ def decode_step(
     params: params with `unstack_layers`'d layers.
     tokens, positions: int32 [S, 1].
     prefix: `to_prefix_cache` layout, G entries; prefix_mask [G, Lp].
-    cache: own cache (`init_decode_cache` layout), S rows, C slots.
+    cache: own cache (`init_decode_cache` layout), S rows, C slots; with
+      `table`, the page pool (`kv_pages`), N pages of P slots.
     write_index: int32 [S].
     activation_dtype: as `decoder.final_hidden_states`.
     rope_table: `layers.rope_table` covering every position.
+    table: None, or the block table int32 [S, C/P] of a paged cache.
 
   Returns:
     (logits f32 [S, 1, V], updated cache).
   """
   b = tokens.shape[0]
   hd = config.head_dim
-  c = cache["v"][0].shape[2]
+  page_size = cache["v"][0].shape[2] if table is not None else 0
+  c = table.shape[1] * page_size if page_size else cache["v"][0].shape[2]
   rows = jnp.arange(b, dtype=jnp.int32)
   mask = (jnp.arange(c, dtype=jnp.int32)[None] <= write_index[:, None])[
     :, None, :
@@ -255,19 +271,33 @@ def decode_step(
   for i in range(config.num_layers):
     layer = params["layers"][i]
     q, k, v = decoder_lib._qkv(config, layer, x, cos, sin)  # pylint: disable=protected-access
-    # k, v [S, 1, Hkv, hd]: row b's go to K[b, :, :, w_b] and V[b, :, w_b].
-    cache_k = (
-      cache["k"][i]
-      .at[rows, :, :, write_index]
-      .set(k[:, 0].astype(cache["k"][i].dtype), mode="drop")
-    )
-    cache_v = (
-      cache["v"][i]
-      .at[rows, :, write_index, :]
-      .set(v[:, 0].astype(cache["v"][i].dtype), mode="drop")
-    )
-    out_k.append(cache_k)
-    out_v.append(cache_v)
+    if page_size:
+      pool_k, pool_v = kv_pages.write(
+        cache["k"][i],
+        cache["v"][i],
+        k[:, 0],
+        v[:, 0],
+        table,
+        write_index,
+        page_size,
+      )
+      out_k.append(pool_k)
+      out_v.append(pool_v)
+      cache_k, cache_v = kv_pages.gather(pool_k, pool_v, table)
+    else:
+      # k, v [S, 1, Hkv, hd]: row b's go to K[b, :, :, w_b] and V[b, :, w_b].
+      cache_k = (
+        cache["k"][i]
+        .at[rows, :, :, write_index]
+        .set(k[:, 0].astype(cache["k"][i].dtype), mode="drop")
+      )
+      cache_v = (
+        cache["v"][i]
+        .at[rows, :, write_index, :]
+        .set(v[:, 0].astype(cache["v"][i].dtype), mode="drop")
+      )
+      out_k.append(cache_k)
+      out_v.append(cache_v)
     out = layers_lib.shared_prefix_attention(
       q,
       prefix["k"][i].astype(q.dtype),
@@ -304,6 +334,7 @@ def decode_chunk(
   max_new_tokens,
   step_limit,
   refill_at,
+  table=None,
 ):
   """Decodes every live row for up to `step_limit` (<= chunk_steps) steps.
 
@@ -319,6 +350,8 @@ def decode_chunk(
       unused here (each row's limit is in the state), kept for one
       argument list.
     step_limit: int32 scalar; refill_at: int32 scalar (G + 1: never).
+    table: with pages (`plan.page_size`), the block table int32 [S, C/P]:
+      every live row holds the pages of its next `step_limit` tokens.
 
   Returns:
     (state, tokens int32 [S, chunk_steps] and log-probs f32 [S, chunk_steps]
@@ -328,7 +361,7 @@ def decode_chunk(
   s, k = plan.slots, plan.chunk_steps
   sample = _sampler(plan, temperature, top_p)
   rope_table = layers_lib.rope_table(config, plan.rope_len)
-  capacity = state["cache"]["v"][0].shape[2]
+  capacity = own_capacity(plan, state, table)
 
   def free_groups(done):
     return jnp.sum(jnp.all(done.reshape(plan.groups, plan.n), axis=1))
@@ -362,6 +395,7 @@ def decode_chunk(
       write,
       activation_dtype=plan.activation_dtype,
       rope_table=rope_table,
+      table=table,
     )
     tok, logp = sample(logits[:, 0], _fold(fixed["keys"], st["length"]))
     tok = jnp.where(live, tok, plan.pad_id)
@@ -418,90 +452,24 @@ def resize_cache(capacity: int, state):
   return {**state, "cache": cache}
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def recompute_kv(
-  config, plan: SlotPlan, params, state, prompt_tokens, prompt_mask, response
-):
-  """Every live row's KV recomputed with `params` (AReaL's re-prefill).
+def own_capacity(plan: SlotPlan, state, table) -> int:
+  """C, the own-cache slots a row reads: the contiguous cache's, or with
+  pages the block table's width × P."""
+  if plan.page_size:
+    return table.shape[1] * plan.page_size
+  return state["cache"]["v"][0].shape[2]
 
-  One teacher-forced pass of `forward_with_cache` over each row's whole
-  sequence, [its group's prompt (Lp, left-padded) | its own C slots]: the
-  prompt's keys and values (taken from the group's first row) replace the
-  group's prefix entry, the response's replace the row's own cache. Only
-  the tokens the row has fed (t < length - 1) are attended to; its last
-  sampled token is fed by the next decode step, as before the update. The
-  sampled tokens, their log-probs and the row state (token, position,
-  length, keys) are untouched: the old weights sampled them.
 
-  Cost: one prefill of S·(Lp + C) tokens (the prompt part n-fold, once per
-  row of a group), attention over (Lp + C)² per row, an [L, S, Lp + C, Hkv,
-  hd] scratch cache. Chosen over replaying C decode steps (S·C tokens but C
-  sequential steps, each as slow as a sampling step) because one batched
-  pass keeps the matmuls large, reuses the tested prefill path, and writes
-  what a fresh prefill of prompt + tokens would (a new engine given the
-  sequence as its prompt). Rows that are done and groups with no live row
-  keep their entries. One compile per (plan, C).
+# Not donated: the grown pool has another shape, so no buffer is reused.
+@functools.partial(jax.jit, static_argnums=(0,))
+def resize_pool(pages: int, state):
+  """The state with its page pool grown to `pages` pages (the new ones
+  zero; every held page keeps its index)."""
 
-  Args:
-    config, plan: static.
-    params: the new rollout weights (stacked layers, as `prefill_groups`).
-    state: the slot state (donated).
-    prompt_tokens, prompt_mask: int32 [G, Lp], each group's prompt as its
-      prefill wrote it (anything for a group with no live row).
-    response: int32 [S, C] each row's sampled tokens, slot t = token t.
+  def grow(x):
+    return jnp.pad(x, [(0, pages - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
 
-  Returns:
-    the state with new "prefix" and "cache".
-  """
-  n, lp = plan.n, plan.prompt_len
-  capacity = state["cache"]["v"][0].shape[2]
-  live = ~state["done"]
-  fed = (
-    jnp.arange(capacity, dtype=jnp.int32)[None] < state["length"][:, None] - 1
-  )
-  mask = jnp.concatenate(
-    [
-      jnp.repeat(prompt_mask, n, axis=0),
-      (fed & live[:, None]).astype(jnp.int32),
-    ],
-    axis=1,
-  )
-  tokens = jnp.concatenate([jnp.repeat(prompt_tokens, n, axis=0), response], 1)
-  cache = models.init_cache(config, plan.slots, lp + capacity, plan.cache_dtype)
-  _, cache = models.forward_with_cache(
-    config,
-    params,
-    tokens,
-    decoder_lib.positions_from_mask(mask),
-    cache,
-    0,
-    mask,
-    activation_dtype=plan.activation_dtype,
-    last_only=True,
-  )
-  prefix = decoder_lib.to_prefix_cache(
-    {name: x[:, ::n, :lp] for name, x in cache.items()}
-  )
-  own = decoder_lib.to_decode_cache(
-    {name: x[:, :, lp:] for name, x in cache.items()}
-  )
-  group_live = jnp.any(live.reshape(plan.groups, n), axis=1)
-
-  def keep_dead(rows_live):
-    def pick(new, old):
-      return jnp.where(
-        rows_live.reshape((-1,) + (1,) * (old.ndim - 1)),
-        new.astype(old.dtype),
-        old,
-      )
-
-    return pick
-
-  return {
-    **state,
-    "prefix": jax.tree.map(keep_dead(group_live), prefix, state["prefix"]),
-    "cache": jax.tree.map(keep_dead(live), own, state["cache"]),
-  }
+  return {**state, "cache": jax.tree.map(grow, state["cache"])}
 
 
 def cache_capacity(needed: int, most: int) -> int:
@@ -514,7 +482,14 @@ def cache_capacity(needed: int, most: int) -> int:
 
 
 def kv_bytes(config, plan: SlotPlan, capacity: int) -> int:
-  """Bytes of the prefix pool and own cache at own-cache capacity C."""
+  """Bytes of the prefix pool and own cache at own-cache capacity C (with
+  pages: of the pool at `capacity` pages)."""
+  own = capacity * plan.page_size if plan.page_size else plan.slots * capacity
+  return kv_token_bytes(config, plan, own)
+
+
+def kv_token_bytes(config, plan: SlotPlan, tokens: int) -> int:
+  """Bytes of the prefix pool and of `tokens` own-cache token slots."""
   per_token = (
     2
     * config.num_layers
@@ -522,4 +497,4 @@ def kv_bytes(config, plan: SlotPlan, capacity: int) -> int:
     * config.head_dim
     * jnp.dtype(plan.cache_dtype).itemsize
   )
-  return per_token * (plan.groups * plan.prompt_len + plan.slots * capacity)
+  return per_token * (plan.groups * plan.prompt_len + tokens)

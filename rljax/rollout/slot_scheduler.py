@@ -11,7 +11,7 @@ group, when the own cache grows or shrinks, and what each row sampled.
   swap point (only with a `weight_updates` hook, while work is left):
   hook() ──► None: go on ──► (params, version): new weights for every later
   prefill and chunk; inflight_kv="recompute" first rewrites the live rows'
-  KV with them (`slot_program.recompute_kv`), "keep" leaves it (`inflight`)
+  KV with them (`slot_recompute.recompute_kv`), "keep" leaves it (`inflight`)
 
 It loops until the queue is empty and every row is done, then returns each
 row's tokens and behaviour log-probs in the engine's order (sample j of
@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.rollout import inflight
+from rljax.rollout import kv_pages
 from rljax.rollout import prompt_feed
 from rljax.rollout import slot_plan
 from rljax.rollout import slot_program
@@ -47,7 +48,11 @@ from rljax.rollout.token_sampling import sample_keys
 class SlotRun:
   """What `run` returns: per-row tokens and log-probs, in engine order, and
   the run's figures (`stats`: decode_steps, slot_steps, live_row_steps,
-  occupancy, chunks, prefills, kv_bytes_peak, capacity_peak, timeline;
+  occupancy, chunks, prefills, kv_bytes_peak, capacity_peak, timeline,
+  kv_timeline (seconds, KV bytes held, reserved) per chunk,
+  kv_bytes_written_peak (the prefix pool and the tokens the live rows had
+  written, at their most: any layout's floor); with pages also
+  kv_bytes_held_peak (the pages in use at their most), page_size;
   with `swaps` also `inflight.Swaps.stats`); `versions`: with `swaps`, each
   token's policy version, else None."""
 
@@ -76,6 +81,7 @@ def run(
   group_width: int | None = None,
   swaps: inflight.Swaps | None = None,
   feed: prompt_feed.PromptFeed | None = None,
+  page_size: int = 0,
 ) -> SlotRun:
   """Samples sampling.n responses of every prompt through G slot groups.
 
@@ -107,6 +113,9 @@ def run(
       run returns once the feed has nothing more and every row is done
       (its `tokens`/`logp` are then empty). `row_limits` applies to the
       first prompts; later ones get max_new_tokens.
+    page_size: P > 0: the rows' own KV in P-slot pages of one pool
+      (`kv_pages`), which holds about the live rows' tokens; 0: an own
+      cache of S rows × C slots, C following the longest live row.
   """
   prefill_params, decode_params = params
   n = sampling.n
@@ -126,6 +135,7 @@ def run(
     cache_dtype,
     activation_dtype,
     width,
+    page_size,
   )
   slots = plan.slots
   traced = slot_plan.traced_args(sampling, max_new)
@@ -140,8 +150,25 @@ def run(
   tags: list[Any] = [None] * len(prompts)
   rows_left = [n] * len(prompts)
   capacity = slot_program.cache_capacity(min(chunk_steps, max_new), most)
-  note_program(("init", plan, capacity))
-  state = slot_program.init_state(config, plan, capacity)
+  if page_size:
+    unit = kv_pages.pool_unit(slots, most, page_size)
+    book = kv_pages.PageBook(slots, page_size, unit)
+    note_program(("init", plan, unit))
+    state = slot_program.init_state(config, plan, unit)
+  else:
+    note_program(("init", plan, capacity))
+    state = slot_program.init_state(config, plan, capacity)
+
+  def own_slots() -> int:
+    """C, the own-cache slots a row reads now (a whole number of pages)."""
+    if page_size:
+      return kv_pages.pages_for(capacity, page_size) * page_size
+    return capacity
+
+  def block_table():
+    if not page_size:
+      return None
+    return jnp.asarray(book.table(own_slots() // page_size))
 
   # A unit is sample block k of prompt p: samples k·width .. k·width+width-1.
   queue = collections.deque(
@@ -185,8 +212,9 @@ def run(
         prefill_params,
         state,
         group_prompts,
-        inflight.response_matrix(tokens, owner, in_flight, capacity, pad_id),
+        inflight.response_matrix(tokens, owner, in_flight, own_slots(), pad_id),
         note_program,
+        table=block_table(),
       )
     return state, prefill_params, decode_params
 
@@ -223,9 +251,12 @@ def run(
   )
   sizes = slot_plan.prefill_sizes(groups)
   stats = collections.Counter()
-  kv_peak = slot_program.kv_bytes(config, plan, capacity)
+  kv_peak = slot_program.kv_bytes(
+    config, plan, book.pages if page_size else capacity
+  )
   capacity_peak = capacity
-  timeline = []
+  timeline, kv_timeline = [], []
+  cached_peak = 0
   start = time.perf_counter()
 
   while True:
@@ -311,7 +342,29 @@ def run(
       break
     need = int(row_len[~row_done].max()) + chunk_steps - 1
     new_capacity = slot_program.cache_capacity(min(need, max_new), most)
-    if new_capacity != capacity:
+    if page_size:
+      # Each live row holds the pages of the slots its next chunk may
+      # write (t < length - 1 + chunk_steps, and below its limit); the pool
+      # grows by whole steps when the free list is short.
+      capacity = new_capacity
+      wanted = {
+        int(row): min(
+          int(row_len[row]) - 1 + chunk_steps,
+          int(row_limits[owner[row]]),
+          own_slots(),
+        )
+        for row in np.flatnonzero(~row_done)
+      }
+      short = book.shortfall(wanted)
+      if short:
+        pages = kv_pages.pool_pages(book.pages + short, unit)
+        note_program(("grow", plan, book.pages, pages))
+        state = slot_program.resize_pool(pages, state)
+        book.grow(pages)
+        kv_peak = max(kv_peak, slot_program.kv_bytes(config, plan, pages))
+      book.reserve(wanted)
+      capacity_peak = max(capacity_peak, capacity)
+    elif new_capacity != capacity:
       note_program(("resize", plan, capacity, new_capacity))
       state = slot_program.resize_cache(new_capacity, state)
       capacity = new_capacity
@@ -320,7 +373,7 @@ def run(
     # With prompts waiting, leave the chunk once a quarter of the groups
     # (or all that the queue can fill) are free: one prefill refills them.
     refill_at = min(len(queue), max(1, groups // 4)) if queue else groups + 1
-    note_program(("decode", plan, capacity))
+    note_program(("decode", plan, own_slots(), book.pages if page_size else 0))
     state, out_tok, out_logp, steps, live = slot_program.decode_chunk(
       config,
       plan,
@@ -329,6 +382,7 @@ def run(
       *traced,
       jnp.int32(chunk_steps),
       jnp.int32(refill_at),
+      block_table(),
     )
     out_tok, out_logp, steps, live, length, done = jax.device_get(
       (out_tok, out_logp, steps, live, state["length"], state["done"])
@@ -342,17 +396,29 @@ def run(
         versions[owner[row]].append(np.full((count,), swaps.version, np.int32))
     for row in np.flatnonzero(np.asarray(done, bool) & ~row_done):
       row_ended(int(owner[row]))
+      if page_size:
+        book.release(int(row))
+    # Tokens whose KV the chunk's rows had written by its end: what any
+    # layout must hold at that moment (the floor under every KV figure).
+    cached_peak = max(
+      cached_peak, int(np.maximum(length - 1, 0)[~row_done].sum())
+    )
     row_len, row_done = length.astype(np.int64), np.array(done, bool)
     stats["chunks"] += 1
     stats["decode_steps"] += int(steps)
     stats["slot_steps"] += int(steps) * slots
     stats["live_row_steps"] += int(live)
-    timeline.append(
-      (
-        round(time.perf_counter() - start, 4),
-        int(live) / max(1, int(steps) * slots),
-      )
+    now = round(time.perf_counter() - start, 4)
+    timeline.append((now, int(live) / max(1, int(steps) * slots)))
+    # KV bytes the slots reserve (the pool, or S x C) and hold for tokens
+    # (with pages: the pages in use; without: the same S x C).
+    reserved = slot_program.kv_bytes(
+      config, plan, book.pages if page_size else capacity
     )
+    held = (
+      slot_program.kv_bytes(config, plan, book.used) if page_size else reserved
+    )
+    kv_timeline.append((now, held, reserved))
     # The swap point: between two chunks, while prompts wait or rows live.
     if swaps is not None and (queue or not row_done.all()):
       state, prefill_params, decode_params = take_new_weights(
@@ -367,8 +433,18 @@ def run(
   summary["occupancy"] = stats["live_row_steps"] / max(1, stats["slot_steps"])
   summary["slots"] = slots
   summary["kv_bytes_peak"] = int(kv_peak)
+  summary["kv_bytes_written_peak"] = int(
+    slot_program.kv_token_bytes(config, plan, cached_peak)
+  )
+  if page_size:
+    # What the held pages alone took at their most (the pool rounds up).
+    summary["kv_bytes_held_peak"] = int(
+      slot_program.kv_bytes(config, plan, book.used_peak)
+    )
+    summary["page_size"] = page_size
   summary["capacity_peak"] = int(capacity_peak)
   summary["timeline"] = timeline
+  summary["kv_timeline"] = kv_timeline
   if swaps is None:
     return SlotRun(tokens=out_tokens, logp=out_logp, stats=summary)
   summary.update(swaps.stats())

@@ -103,6 +103,7 @@ class Actor:
       # Tool episodes: each turn's prompt extends the last call's.
       reuse_prefix_cache=cfg.task.name in TOOL_TASKS,
       inflight_kv=cfg.rollout.inflight_kv,
+      kv_page_size=cfg.rollout.kv_page_size,
     )
     if (
       cfg.run.async_mode == "streaming"

@@ -1,5 +1,5 @@
 """In-flight weight updates of the continuous JAX engine (`inflight`,
-`slot_scheduler.run`'s swap point, `slot_program.recompute_kv`): new
+`slot_scheduler.run`'s swap point, `slot_recompute.recompute_kv`): new
 weights between decode chunks, keep or recompute the in-flight KV, per-token
 policy versions."""
 

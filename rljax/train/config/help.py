@@ -132,6 +132,11 @@ FIELD_HELP: dict[str, str] = {
     "longest row ends) or continuous (decode slots refilled with waiting "
     "prompts between chunks of decode steps); JAX engine only."
   ),
+  "rollout.kv_page_size": (
+    "batching=continuous: 0 gives every slot an own KV cache as long as the "
+    "longest live row; P > 0 keeps the rows' KV in P-token pages of one pool "
+    "that grows with the live tokens (less memory on long tails)."
+  ),
   "rollout.inflight_kv": (
     "async_mode=streaming: a weight update taken mid-generation keeps the "
     "in-flight rows' stale KV cache (keep, PipelineRL) or recomputes it with "

@@ -139,6 +139,10 @@ class RolloutConfig:
   # decode does to their KV cache: "keep" it (stale KV, PipelineRL) or
   # "recompute" it with the new weights (AReaL). rljax/rollout/inflight.py.
   inflight_kv: str = "keep"
+  # batching=continuous: 0 keeps each slot's own KV for the longest live
+  # row's length; P > 0 keeps it in P-token pages of one pool that follows
+  # the live tokens (rljax/rollout/kv_pages.py).
+  kv_page_size: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

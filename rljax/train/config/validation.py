@@ -132,6 +132,7 @@ FIELD_RULES: dict[str, v.Rule] = {
   "rollout.top_p": v.in_range(0.0, 1.0, lo_open=True),
   "rollout.batching": v.one_of("static", "continuous"),
   "rollout.inflight_kv": v.one_of("keep", "recompute"),
+  "rollout.kv_page_size": v.at_least(0),
   "loss.surrogate": v.one_of(*objectives.SURROGATES),
   "loss.correction": v.one_of(*objectives.CORRECTIONS),
   "loss.aggregation": v.one_of(*aggregation_lib.AGGREGATION_MODES),
@@ -417,6 +418,12 @@ def _silent_no_op_checks(cfg: TrainConfig) -> list[Problem]:
       "sampler's; vLLM always batches continuously)"
     )
     out.append(Problem("rollout.batching", r.batching, expected))
+  if r.kv_page_size and r.batching != "continuous":
+    expected = (
+      f"0 with rollout.batching={r.batching!r} (pages hold the continuous "
+      "engine's slot KV; add --rollout.batching=continuous)"
+    )
+    out.append(Problem("rollout.kv_page_size", r.kv_page_size, expected))
   run = cfg.run
   if run.max_staleness != 1 and run.async_mode == "off":
     expected = (

@@ -1,0 +1,67 @@
+"""experiments/profile_decode_chunk.py times the continuous engine's decode
+chunk per (slots, own-cache capacity, page size), and bench_workloads'
+table carries the paged rows' KV figures."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+import bench_workloads  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def test_tiny_dry_run_prints_every_row_and_the_fit(tmp_path):
+  out = tmp_path / "rows.json"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "experiments", "profile_decode_chunk.py"),
+      "--random_init",
+      "--model=tiny",
+      "--quant=none",
+      "--slots=4",
+      "--n=2",
+      "--capacities=16,32",
+      "--page_sizes=0,8",
+      "--prompt_len=8",
+      "--steps=2",
+      "--repeats=1",
+      f"--out={out}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [(r["page_size"], r["capacity"]) for r in rows] == [
+    (0, 16),
+    (0, 32),
+    (8, 16),
+    (8, 32),
+  ]
+  assert all(r["ms_per_step"] > 0 for r in rows)
+  # The paged pool holds exactly S x C slots here, as the own cache does.
+  assert rows[0]["kv_bytes"] == rows[2]["kv_bytes"]
+  assert "S=4 P=8: ms/step =" in proc.stdout
+
+
+def test_table_has_the_kv_columns_and_ratios():
+  base = {"engine": "jax", "quant": "bf16", "mean_length": 10.0, "seconds": 1.0}
+  rows = [
+    {**base, "workload": "real", "batching": "static",
+     "useful_tokens_per_s": 100.0, "kv_bytes_peak": 4 * 2**20},
+    {**base, "workload": "real", "batching": "continuous-p16",
+     "useful_tokens_per_s": 120.0, "kv_bytes_peak": 2**20,
+     "kv_bytes_held_peak": 2**19, "kv_bytes_written_peak": 2**18,
+     "num_compiles": 9},
+  ]  # fmt: skip
+  lines = bench_workloads.format_rows(rows)
+  assert "| KV peak MiB | KV held MiB | KV written MiB |" in lines[0]
+  assert "| 1.0 | 0.5 | 0.2 | 9 |" in lines[3]
+  assert "- real bf16: peak KV continuous-p16 / static = 0.25" in lines
+  assert "- real bf16: continuous-p16 / static = 1.20x" in lines
