@@ -10,9 +10,13 @@ g holds the n samples of one prompt, rows g·n .. g·n + n - 1:
   own cache     k [S, Hkv, hd, C], v [S, Hkv, C, hd] per layer: each row's
                 generated tokens, token t at slot t; C grows (and shrinks)
                 in buckets with the longest live row (`resize_cache`);
+                with pages (`plan.page_size` = P), instead a pool k [N, Hkv,
+                hd, P], v [N, Hkv, P, hd] read through a block table [S,
+                C/P] the host passes to each chunk (`kv_pages`), N growing
+                with the live rows' tokens (`resize_pool`);
   row state     last token, its position, length, done, PRNG key data.
 
-Four programs move it, each keyed by static shapes only:
+Five programs move it, each keyed by static shapes only:
 
   prefill_groups  F prompts (F a power of two) into F free groups: their
                   prefix entries, first tokens, keys (one program per
@@ -22,6 +26,7 @@ Four programs move it, each keyed by static shapes only:
                   (`refill_at`) or every row is done; returns the tokens
                   and log-probs each row sampled in the chunk;
   resize_cache    the own cache padded or cut to another capacity C;
+  resize_pool     with pages, the pool grown to more pages;
   recompute_kv    every live row's KV (its group's prefix entry and its
                   own cache) recomputed with new weights, for an in-flight
                   weight update in "recompute" mode (`inflight`); in
