@@ -212,24 +212,18 @@ class JaxSampler(SamplerRuns):
       raise ValueError(
         f"JaxSampler: batching={batching!r}; expected one of {BATCHING_MODES}"
       )
-    for name, value in (
-      ("decode_slots", decode_slots),
-      ("chunk_steps", chunk_steps),
-      ("group_width", group_width),
+    for name, value, least, hint in (
+      ("decode_slots", decode_slots, 1, ""),
+      ("chunk_steps", chunk_steps, 1, ""),
+      ("group_width", group_width, 1, ""),
+      ("kv_page_size", kv_page_size, 0, " (0: no pages)"),
     ):
       if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or value < 1
+        isinstance(value, bool) or not isinstance(value, int) or value < least
       ):
-        raise ValueError(f"JaxSampler: {name}={value!r}; expected an int >= 1")
-    if (
-      isinstance(kv_page_size, bool)
-      or not isinstance(kv_page_size, int)
-      or kv_page_size < 0
-    ):
-      raise ValueError(
-        f"JaxSampler: kv_page_size={kv_page_size!r}; expected an int >= 0 "
-        "(0: no pages)"
-      )
+        raise ValueError(
+          f"JaxSampler: {name}={value!r}; expected an int >= {least}{hint}"
+        )
     prompt_buckets = request_plan.check_prompt_buckets(
       prompt_buckets, max_prompt_len
     )

@@ -4,31 +4,25 @@ contiguous own cache, and a pool that follows the live tokens."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax import models
 from rljax.rollout import base
 from rljax.rollout import kv_pages
 from rljax.rollout.jax_sampler import JaxSampler
 from rljax.train import config as config_lib
+from tests.rollout.test_inflight_updates import _CONFIG
+from tests.rollout.test_inflight_updates import _sharp
 
-_CONFIG = models.tiny_config(vocab_size=128)
 PROMPTS = [[5, 17, 3], [9], [4, 8, 15, 16, 23, 42, 7], [11, 12], [1, 2, 3], [6]]
 
 
 @pytest.fixture(scope="module")
 def params():
-  """Sharp next-token distributions, as the other rollout tests' tiny
-  model (no near-ties for float noise to flip)."""
-  p = models.init_params(_CONFIG, jax.random.key(0))
-  p = jax.tree_util.tree_map(lambda x: x * 10.0, p)
-  for norm in ("attn_norm", "mlp_norm"):
-    p["layers"][norm]["scale"] = jnp.ones_like(p["layers"][norm]["scale"])
-  p["final_norm"]["scale"] = jnp.ones_like(p["final_norm"]["scale"])
-  return p
+  """Sharp next-token distributions (no near-ties for float noise to
+  flip): the in-flight tests' tiny model."""
+  return _sharp(0)
 
 
 def _engine(params, **kw):
