@@ -120,9 +120,7 @@ def problem(md_path, target, tracked, folders):
     if path.startswith("/"):
       resolved = os.path.normpath(path.lstrip("/"))
     else:
-      resolved = os.path.normpath(
-        os.path.join(os.path.dirname(md_path), path)
-      )
+      resolved = os.path.normpath(os.path.join(os.path.dirname(md_path), path))
     if resolved.startswith(".."):
       return "outside the repository"
     if resolved not in tracked and resolved not in folders:
@@ -167,10 +165,13 @@ def test_slug_follows_github():
 def test_a_broken_link_is_named():
   """The checker reports a missing file, a missing heading, an escape."""
   tracked = {"README.md", "docs/a.md"}
-  assert problem("docs/a.md", "../README.md#set-up-two-commands", tracked, set()) is None
-  assert problem("docs/a.md", "../README.md#no-such-heading", tracked, set()) == (
-    "no heading #no-such-heading in README.md"
+  assert (
+    problem("docs/a.md", "../README.md#set-up-two-commands", tracked, set())
+    is None
   )
+  assert problem(
+    "docs/a.md", "../README.md#no-such-heading", tracked, set()
+  ) == ("no heading #no-such-heading in README.md")
   assert problem("README.md", "docs/a.md", tracked, {"docs"}) is None
   assert problem("README.md", "docs", tracked, {"docs"}) is None
   assert problem("README.md", "docs/b.md", tracked, {"docs"}) == (
