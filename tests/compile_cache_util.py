@@ -24,6 +24,11 @@ entry at once, or a killed one may leave an entry cut short; JAX reads
 such an entry as a miss (a warning) and compiles the program itself.
 `env` gives one test file's scripts a cache of their own instead (the
 fault tests, whose workers are killed mid-run on purpose).
+
+The run's cache directory also keeps the tiny model's tokenizer in its
+saved form (`rljax.models.pretrained.TOKENIZER_CACHE_ENV`): every process
+that loads the tiny model would otherwise rebuild it from the GGUF file's
+metadata (~4 s of CPU each).
 """
 
 from __future__ import annotations
@@ -33,8 +38,11 @@ import tempfile
 
 FAST_COMPILE_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
-# Set to 0 to run the suite without its shared compilation cache.
+# Set to 0 to run the suite without its shared caches.
 SUITE_CACHE_SWITCH = "RLJAX_TEST_COMPILE_CACHE"
+# rljax.models.pretrained.TOKENIZER_CACHE_ENV (not imported: this module is
+# read before JAX may be).
+TOKENIZER_CACHE_ENV = "RLJAX_TOKENIZER_CACHE"
 
 
 def env(directory: str | os.PathLike) -> dict[str, str]:
@@ -49,8 +57,9 @@ def env(directory: str | os.PathLike) -> dict[str, str]:
 
 def start_suite_cache(environ=os.environ) -> str | None:
   """Points this process, and every process it starts after this call, at
-  a new, empty compilation cache directory, and returns it (the caller
-  removes it when the run ends).
+  a new, empty directory for the run's caches (compiled programs under
+  `jax/`, the tiny tokenizer under `tokenizer/`), and returns it (the
+  caller removes it when the run ends).
 
   Returns None and changes nothing in a process that inherited the run's
   cache (an xdist worker), where the user named a cache of their own
@@ -60,6 +69,7 @@ def start_suite_cache(environ=os.environ) -> str | None:
     return None
   if environ.get("JAX_COMPILATION_CACHE_DIR"):
     return None
-  directory = tempfile.mkdtemp(prefix="rljax-test-jax-cache-")
-  environ.update(env(directory))
+  directory = tempfile.mkdtemp(prefix="rljax-test-cache-")
+  environ.update(env(os.path.join(directory, "jax")))
+  environ.setdefault(TOKENIZER_CACHE_ENV, os.path.join(directory, "tokenizer"))
   return directory

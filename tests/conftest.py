@@ -53,7 +53,9 @@ if _SUITE_CACHE_DIR is not None and "jax" in sys.modules:
   # JAX reads these variables when it is imported; a plugin was first.
   import jax  # pylint: disable=g-import-not-at-top
 
-  jax.config.update("jax_compilation_cache_dir", _SUITE_CACHE_DIR)
+  jax.config.update(
+    "jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"]
+  )
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
