@@ -339,6 +339,15 @@ def test_the_trainer_refuses_an_unavailable_strong_mode(strong_unavailable):
   assert tool_task.sandbox_problems(named) == []
 
 
+def test_the_tool_task_does_not_start(strong_unavailable):
+  cfg = config_lib.resolve(
+    "grpo", {"task.name": "tool_arithmetic", "task.tool": "python"}
+  )
+  # Refused before the tokenizer (or anything else) is used.
+  with pytest.raises(config_lib.ConfigError, match="task.python_sandbox"):
+    tool_task.build_tool_task(cfg, tokenizer=None)
+
+
 def test_the_trainer_names_a_bad_or_idle_sandbox_setting():
   bad = config_lib.TaskConfig(
     name="tool_arithmetic", tool="python", python_sandbox="rlimits"
