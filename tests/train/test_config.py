@@ -172,9 +172,10 @@ def test_a_cross_check_that_cannot_run_does_not_hide_the_others():
 
 
 class TestSilentSettings:
-  """Issue 43 items 12, 13, 17, 22: settings that made a run silently not
-  what it said are refused by field, value and range before anything loads;
-  the legitimate research settings among them are accepted with a note."""
+  """Settings that would make a run silently not what it says (out of
+  range, infinite, or a no-op because of another field) are refused by
+  field, value and range before anything loads; the legitimate research
+  settings among them are accepted with a note."""
 
   @pytest.mark.parametrize(
     "layer,field",
