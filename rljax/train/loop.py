@@ -101,12 +101,8 @@ class Trainer:
     # θ is trained in the UAQ-folded parametrisation (init_state.py).
     self.uaq_scale = cfg.rollout.uaq_scale
     start = init_state.build(cfg, model)
-    self.spec, self.lora, self.optimizer = (
-      start.spec,
-      start.lora,
-      start.optimizer,
-    )
-    self.critic_step = start.critic_step
+    self.spec, self.lora = start.spec, start.lora
+    self.optimizer, self.critic_step = start.optimizer, start.critic_step
     # VC-PPO value pretraining: the run's first steps fit the critic alone.
     self.total_steps = critic_pretrain.total_steps(cfg)
     # cfg.mesh: state, reference and LoRA base on NamedShardings ("1,1,1":
@@ -125,6 +121,7 @@ class Trainer:
       self.spec, self.optimizer, start.critic_optimizer, self.state,
       self.frozen_params, plain=start.update_step,
     )  # fmt: skip
+    del start  # on a mesh, the unplaced arrays: their memory goes back now
     self.checkpointer = self.run_dir.checkpointer
     self.step_num = 0
     self.actor = actor_lib.Actor(
