@@ -3,7 +3,8 @@ type hint), finiteness, and its range or vocabulary (FIELD_RULES).
 
 To add a field: declare it in its section (its dotted name is its flag) and
 give it a rule in FIELD_RULES (tests/train/test_config.py checks that every
-numeric field has one). `field_problems` applies them to one value.
+numeric field has one); a check over several fields goes in
+cross_checks.py. `field_problems` applies them to one value.
 """
 
 from __future__ import annotations
