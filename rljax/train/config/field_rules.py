@@ -76,6 +76,7 @@ FIELD_RULES: dict[str, v.Rule] = {
   # A chat prompt's fixed part alone is longer than this.
   "task.max_prompt_tokens": v.at_least(16, "the chat template alone is longer"),
   "task.tool": v.one_of(*sections.TOOLS),
+  "task.python_sandbox": v.one_of(*sections.PYTHON_SANDBOXES),
   "task.tool_format": v.one_of(*sections.TOOL_FORMATS),
   "task.tool_prompt": v.one_of(*sections.TOOL_PROMPTS),
   "task.tool_choice": v.one_of(*sections.TOOL_CHOICES),
