@@ -1,5 +1,5 @@
 """`experiments/ablate.py --grid="algorithm=grpo,reinforce_pp,vapo,orz"` on
-the tiny random model (issue 45's "done means"): every cell trains its own
+the tiny random model, end to end: every cell trains its own
 preset a step, VAPO and ORZ after a step of value pretraining, and the table has
 one row per algorithm. Runs the script as a user would (subprocess)."""
 
@@ -53,7 +53,7 @@ def test_grid_of_algorithms_runs_each_preset(tmp_path):
   table = {r["name"]: r for r in json.loads((out / "table.json").read_text())}
   names = {a: f"algorithm={a}" for a in ("grpo", "reinforce_pp", "vapo", "orz")}
   assert set(table) == set(names.values())
-  # Run directories spell the cell without "=" or "." (issue 43, item 11).
+  # Run directories spell the cell without "=" or "." (portable path names).
   dirs = {a: out / f"algorithm-{a}_s0" for a in names}
   steps = {a: table[n]["steps"] for a, n in names.items()}
   assert steps == {"grpo": 1, "reinforce_pp": 1, "vapo": 2, "orz": 2}

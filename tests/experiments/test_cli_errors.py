@@ -1,5 +1,6 @@
 """A user error prints its message and exits 2; a traceback is for bugs
-(issue 43, item 7). One mechanism, `rljax.train.cli`, for every script."""
+(a user should read what to fix, not a stack). One mechanism,
+`rljax.train.cli`, for every script."""
 
 import os
 import subprocess

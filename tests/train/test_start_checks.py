@@ -1,5 +1,7 @@
 """A start that cannot succeed fails before anything loads, and a start that
-failed leaves the run directory as it found it (issue 43, item 6)."""
+failed leaves the run directory as it found it (no stray config.json,
+checkpoints/ or lock: a corrected retry starts as if the failed one never
+ran)."""
 
 import os
 
