@@ -54,7 +54,8 @@ CITATION = re.compile(
   | \bitems?\ [1-9]\d*\b          # item 7, items 21-22 (not "item 0")
   | \bdefects?\ \d+\b             # defect 6
   | \bdeliver(?:ables?)?\ \d+\b   # Deliver 4
-  | (?<![\w\#&])\#\d+\b           # (#14), see #13
+  | (?<![\w\#&])\#\d+\b(?!-)       # (#14), see #13 (not "#2026-11-28-...",
+                                  # a Markdown anchor of a dated heading)
   | (?-i:(?<![A-Za-z0-9])s(?!(?:16|32|64)(?![0-9]))\d{2,}(?![A-Za-z0-9]))
                                   # s48, _s43.json, /tmp/s48/: a session tag
   """,
@@ -118,6 +119,7 @@ PROSE = [
   '@pytest.fixture(scope="session")',
   "tasks such as arithmetic",
   "sha 5f0f3b3c0717d44a63129adcb49534f58d27ca66",
+  "- [2026-11-28: Rollouts](#2026-11-28-rollouts-shaped-like-rl): the table",
   "color #1f77b4",
   "measured 2026-11-27 on an AMX Xeon, commit 5f0f3b3",
 ]
