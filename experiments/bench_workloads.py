@@ -222,7 +222,11 @@ def workload_requests(model, workload: str, settings: dict):
 
 
 def format_rows(rows: list[dict]) -> list[str]:
-  """A Markdown table of the rows and the issue-46 ratios."""
+  """A Markdown table of the rows, then the ratios that compare engines.
+
+  Continuous over static batching (throughput and peak KV), JAX over vLLM,
+  and on the long-tail workload continuous over a fixed-length batch.
+  """
   lines = [
     "| workload | engine | batching | quant | useful tok/s | occupancy | "
     "idle | KV peak MiB | KV held MiB | KV written MiB | compiles | "
