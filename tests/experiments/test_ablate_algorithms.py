@@ -45,10 +45,8 @@ def test_grid_of_algorithms_runs_each_preset(tmp_path):
       "--run.tensorboard=false",
       "--rollout.quant=none",
       "--rollout.prompts_per_step=2",
-      # The sizes of test_ablate_script's runs: the rollout programs are
-      # the same, and come from the run's compilation cache when those ran.
-      "--rollout.group_size=4",
-      "--rollout.max_new_tokens=6",
+      "--rollout.group_size=2",
+      "--rollout.max_new_tokens=4",
       "--task.eval_size=0",
       "--task.reward_workers=0",
     ],

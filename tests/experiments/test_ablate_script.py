@@ -274,17 +274,15 @@ def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
 
 def _tiny_config(tmp_path, steps, names=("a", "b")):
   # The flat keys of an older rljax, on purpose: such files still run
-  # (config.LEGACY_KEYS). The sizes and the int8 + ACR cells are those of
-  # the "q" run above, so these runs load its compiled programs from the
-  # run's compilation cache instead of compiling their own.
+  # (config.LEGACY_KEYS).
   config = {
     "base": {
       "model": "tiny",
       "steps": steps,
       "prompts_per_step": 2,
-      "group_size": 4,
-      "max_new_tokens": 6,
-      "eval_size": 4,
+      "group_size": 2,
+      "max_new_tokens": 4,
+      "eval_size": 2,
       "reward_workers": 0,
       "tensorboard": False,
       "checkpoint_every": 1,

@@ -133,9 +133,6 @@ class TestTrainRewardModelScript:
       "--model=tiny",
       f"--pairs={good}",
       "--steps=2",
-      # The fixture's shapes: its programs come from the run's cache.
-      "--batch_size=8",
-      "--max_len=128",
       "--eval_every=0",
       "--held_out_fraction=0.3",
       f"--out_dir={out}",
