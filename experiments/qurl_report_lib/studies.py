@@ -4,6 +4,7 @@ of disjoint seeds, archiving the small files, and per-run summaries of
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -149,17 +150,42 @@ def pool_studies(parts: list[dict]) -> dict:
   }
 
 
-def final_scores(run_dir: str) -> dict[str, int] | None:
-  """{problem uid: correct} of a finished run's last held-out records."""
+@functools.lru_cache(maxsize=None)
+def _readout(run_dir: str, k: int) -> tuple[tuple, tuple]:
+  scores, steps = _readout_scores(run_dir, k)
+  return tuple(sorted(scores.items())), tuple(steps)
+
+
+def readout_scores(run_dir: str, k: int) -> tuple[dict[str, float], list[int]]:
+  """`_readout_scores`, cached: every claim on a run reads the same files."""
+  scores, steps = _readout(run_dir, k)
+  return dict(scores), list(steps)
+
+
+def _readout_scores(run_dir: str, k: int) -> tuple[dict[str, float], list[int]]:
+  """({problem uid: mean of `correct` over the run's last k held-out
+  evaluations}, their steps) of a finished run; ({}, []) if it is not
+  finished or kept no records. A run that kept fewer than k evaluations
+  (the archived runs kept only the final one) uses those it has: the
+  steps say which."""
   if not os.path.exists(os.path.join(run_dir, "summary.json")):
-    return None
+    return {}, []
   from rljax.study import read_eval_records
 
   recs = read_eval_records(run_dir)
-  if not recs:
-    return None
-  last = recs[max(recs)]
-  return {r["uid"]: int(r["correct"]) for r in last}
+  steps = [s for s in sorted(recs) if s > 0][-k:]
+  if not steps:
+    return {}, []
+  per_step = [{r["uid"]: float(r["correct"]) for r in recs[s]} for s in steps]
+  uids = set.intersection(*(set(p) for p in per_step))
+  scores = {u: float(np.mean([p[u] for p in per_step])) for u in uids}
+  return scores, steps
+
+
+def final_scores(run_dir: str) -> dict[str, float] | None:
+  """{problem uid: correct} of a finished run's last held-out records."""
+  scores, _ = readout_scores(run_dir, 1)
+  return scores or None
 
 
 def train_rows(run_dir: str) -> list[dict]:
@@ -278,7 +304,12 @@ def archive_study(study_dir: str, dest: str) -> None:
         with open(os.path.join(run, name), "rb") as src:
           with gzip.open(os.path.join(dest, entry, name + ".gz"), "wb") as out:
             shutil.copyfileobj(src, out)
+      elif name.startswith("eval_step") and name.endswith(".jsonl"):
+        # Per-problem records, compressed too (rljax.study reads both).
+        with open(os.path.join(run, name), "rb") as src:
+          with gzip.open(os.path.join(dest, entry, name + ".gz"), "wb") as out:
+            shutil.copyfileobj(src, out)
       elif name in ("metrics.jsonl.gz", "config.json", "summary.json") or (
-        name.startswith("eval_step") and name.endswith(".jsonl")
+        name.startswith("eval_step") and name.endswith(".jsonl.gz")
       ):
         shutil.copy(os.path.join(run, name), os.path.join(dest, entry, name))
