@@ -186,3 +186,15 @@ def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
   ).read_text()
   uids = lambda d: [json.loads(l)["uid"] for l in open(d / "eval_step3.jsonl")]
   assert uids(aa) == uids(run)
+
+
+def test_mixed_version_fraction():
+  """A response whose tokens came from two policy versions spanned a weight
+  swap; masked-out rows (dynamic sampling's filler) do not count."""
+  from rljax import study
+
+  versions = [np.array([3, 3, 3]), np.array([3, 4]), np.array([5]), []]
+  assert study.mixed_version_fraction(versions) == pytest.approx(1 / 3)
+  valid = np.array([True, False, True, True])
+  assert study.mixed_version_fraction(versions, valid) == 0.0
+  assert study.mixed_version_fraction(None) is None
