@@ -502,4 +502,8 @@ REGISTERED = {
   "INT8 TIS A/A)",
   "q10_uaq_table4": "8 seeds × 300 steps × 6 arms (s = 1, 1.5, 2; lr × 1.5, "
   "× 2; A/A)",
+  "q9_acr_long_calibration": "seed 100 × 30 steps × 7 caps (INT8 TIS): the "
+  "rule that fixes Q9's C",
+  "q11_streaming_probe": "1 seed × 20 steps × 4 lags (fp32 streaming, TIS): "
+  "does any response span a weight swap? No verdicts",
 }

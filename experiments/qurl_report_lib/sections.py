@@ -189,6 +189,8 @@ def study_table(study: dict) -> list[str]:
     ("acr_grad_share", "ACR grad share"),
     ("changed_codes", "codes changed / sync"),
     ("update_to_error", "update / quant error"),
+    ("version_lag", "version lag"),
+    ("version_mixed", "mixed-version responses"),
     ("s_per_step", "s/step"),
   ]
   lines = [

@@ -217,6 +217,8 @@ def run_summary(run_dir: str) -> dict:
     "acr_grad_share": mean("acr_grad_share", train),
     "changed_codes": mean("quant/quantized_change_fraction", train),
     "update_to_error": mean("quant/update_to_quant_error", train),
+    "version_lag": mean("version_lag_mean", train),
+    "version_mixed": mean("version_mixed_fraction", train),
     "s_per_step": mean("time_step", train),
   }
 
