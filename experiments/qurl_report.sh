@@ -28,6 +28,20 @@ if [ -n "$QURL_RUNS" ]; then
       --studies="$part:$QURL_RUNS/$part" --archive="$RUNS" \
       --out=/tmp/qurl_archive_$$.md > /dev/null
     cp "$QURL_RUNS/$inst/instrument.json" "$RUNS/$part/instrument.json"
+    # The runs ran on this host: its CPU model and dot flags, beside them.
+    python3 - "$RUNS/$part/ablation.json" << 'PY'
+import json, os, sys
+from rljax.quant import cpu
+path = sys.argv[1]
+setup = json.load(open(path))
+if not setup.get("machine"):
+  info = cpu.host_cpu()
+  flags = [f for f in ("avx2", "avx512_vnni", "avx512_bf16", "amx_int8",
+                       "amx_bf16") if info.has(f)]
+  setup["machine"] = (f"{info.model}, {os.cpu_count()} cores (CPU; "
+                      f"flags {' '.join(flags)}), shared with other jobs")
+  json.dump(setup, open(path, "w"), indent=1)
+PY
   done
   for replay in "$QURL_RUNS"/replay/*/replay.json; do
     [ -f "$replay" ] || continue

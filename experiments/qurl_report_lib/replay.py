@@ -158,7 +158,9 @@ def page_section(paths) -> list[str]:
     f"share of {EXPOSED_SHARE:g} every reading is not exercised; otherwise "
     "an ACR − TIS interval over batches above 0 is supported, below 0 "
     "reversed, else not resolved. One seed of one instrument: the size and "
-    "sign of the mechanism, not a verdict on ACR's end effect.",
+    "sign of the mechanism, not a verdict on ACR's end effect. These "
+    "readings are descriptive: their unit is the batch, not the seed, and "
+    "they are not in the page's Holm family.",
     "",
   ]
   for path in paths:
@@ -167,7 +169,7 @@ def page_section(paths) -> list[str]:
     c, m = result["config"], result.get("machine", {})
     inst = result.get("instrument", {})
     start = (
-      f"θ and Adam state of `{c['init_run_dir']}`"
+      f"θ and Adam state of RL run `{os.path.basename(c['init_run_dir'])}`"
       if c.get("init_run_dir")
       else "SFT θ, fresh Adam"
     )

@@ -112,8 +112,10 @@ def pool_studies(parts: list[dict]) -> dict:
         f"pool_studies: {part['dir']} runs configs {sorted(part_names)}; "
         f"expected those of {parts[0]['dir']}: {sorted(names)}"
       )
+    # The seeds the part planned (its ablation.json) and those on disk.
     part_seeds = sorted(
       {s for by_seed in part["runs"].values() for s in by_seed}
+      | {int(s) for s in part["setup"].get("seeds", [])}
     )
     for name, by_seed in part["runs"].items():
       for seed, run_dir in by_seed.items():
@@ -302,10 +304,12 @@ def archive_study(study_dir: str, dest: str) -> None:
     os.makedirs(os.path.join(dest, entry), exist_ok=True)
     for name in os.listdir(run):
       if name == "metrics.jsonl":
-        # Stored compressed (~10x): read_metrics reads either form.
+        # Stored compressed (~10x): read_metrics reads either form. A run
+        # still training may be mid-line: only whole lines are archived.
         with open(os.path.join(run, name), "rb") as src:
-          with gzip.open(os.path.join(dest, entry, name + ".gz"), "wb") as out:
-            shutil.copyfileobj(src, out)
+          data = src.read()
+        with gzip.open(os.path.join(dest, entry, name + ".gz"), "wb") as out:
+          out.write(data[: data.rfind(b"\n") + 1])
       elif name.startswith("eval_step") and name.endswith(".jsonl"):
         # Per-problem records, compressed too (rljax.study reads both).
         with open(os.path.join(run, name), "rb") as src:

@@ -72,6 +72,7 @@ def test_dry_replay_acr_equals_tis_at_k1_and_reuses_batches(tmp_path):
   # The page renders the archived file, not numbers typed by hand.
   page = "\n".join(replay_lib.page_section([str(out / "replay.json")]))
   assert "### INT8, C = 1.02, K = 1, SFT θ, fresh Adam" in page
+  assert "not in the page's Holm family" in page
   assert replay_lib.table(result) in page
   assert result["machine"]["cpu"] and result["date"]
   batches = sorted(p.name for p in (out / "batches" / "int8_s0").iterdir())
