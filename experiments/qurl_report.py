@@ -314,7 +314,7 @@ def main(argv):
         f"![{name}]({rel})",
         "",
         "Lines: mean over seeds (over the steps every seed reached; "
-        "runs the session did not finish are labelled partial); "
+        "runs not finished yet are labelled partial); "
         "bands: min–max over seeds.",
         "",
       ]

@@ -314,6 +314,35 @@ def exposure_over_time(study: dict, arms, windows: int = 4) -> list[str]:
   return lines
 
 
+def regime_check(study: dict, arm: str = "fp32") -> str:
+  """Q9's registered check that fp32 kept improving: its readout (the
+  mean of its last 4 evaluations) against its mean held-out accuracy at
+  steps 400-500 of the run's 1,000, over the seeds that finished."""
+  runs = study["runs"].get(arm, {})
+  late, mid = [], []
+  for run in runs.values():
+    if not os.path.exists(os.path.join(run, "summary.json")):
+      continue
+    evals = [(r["step"], r["eval_accuracy"]) for r in _eval_rows(run)]
+    middle = [a for s, a in evals if 400 <= s <= 500]
+    last = [a for s, a in evals if s > 0][-stats.READOUT_K :]
+    if middle and last:
+      mid.append(float(np.mean(middle)))
+      late.append(float(np.mean(last)))
+  if not late:
+    return f"Regime check (registered): no `{arm}` seed has finished."
+  verdict = (
+    "kept improving"
+    if np.mean(late) > np.mean(mid)
+    else "did not keep improving: the learning rate left the registered regime"
+  )
+  return (
+    f"Regime check (registered): `{arm}` readout {np.mean(late):.3f} "
+    f"against {np.mean(mid):.3f} at steps 400–500 ({len(late)} seeds): "
+    f"{verdict}."
+  )
+
+
 def _q6_block(
   name: str, study: dict, rows: list[dict], slopes: list[dict], q: str = "6"
 ) -> list[str]:
@@ -330,7 +359,8 @@ def _q6_block(
     )
     lines += [
       f"C fixed by the registered calibration before the study ran: "
-      f"{', '.join(caps) or '–'}. Noise floor: {noise_cell(study)}.",
+      f"{', '.join(caps) or '–'}. Noise floor: {noise_cell(study)}. "
+      + regime_check(study),
       "",
     ]
     lines += _rows_table(name, study, rows, slopes)

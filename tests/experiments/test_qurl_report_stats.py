@@ -448,3 +448,31 @@ def test_perturbed_aa_arm_sets_the_noise_floor(tmp_path):
   assert acr["verdict"] == "within noise"
   assert "inside the A/A spread 0.250" in acr["why"]
   assert acr["noise"].startswith("0.250 (`int8_tis_aa` − `int8_tis`")
+
+
+def test_q9_regime_check_reads_fp32_evaluations(tmp_path):
+  """Q9's registered check: fp32's readout (last 4 evaluations) above its
+  mean at steps 400-500 means it kept improving."""
+  from qurl_report_lib import fair_test
+
+  run = tmp_path / "fp32_s0"
+  run.mkdir()
+  rows = [
+    {"step": s, "eval_accuracy": 0.3 + s / 10_000} for s in range(0, 1001, 50)
+  ]
+  (run / "metrics.jsonl").write_text(
+    "".join(json.dumps(r) + "\n" for r in rows)
+  )
+  study = {"runs": {"fp32": {0: str(run)}}}
+  assert "no `fp32` seed has finished" in fair_test.regime_check(study)
+  (run / "summary.json").write_text("{}")
+  # Readout: mean of 0.385, 0.39, 0.395, 0.4 = 0.3925; steps 400-500: 0.345.
+  text = fair_test.regime_check(study)
+  assert "readout 0.392 against 0.345" in text and "kept improving" in text
+  (run / "metrics.jsonl").write_text(
+    "".join(
+      json.dumps({**r, "eval_accuracy": 0.7 - r["step"] / 10_000}) + "\n"
+      for r in rows
+    )
+  )
+  assert "left the registered regime" in fair_test.regime_check(study)
