@@ -3,7 +3,9 @@
 The protocol (``Environment``: reset with a problem, step with a model turn),
 a tool environment (``ToolEnv``, limits in ``ToolEnvConfig``), two tools
 (``CalculatorTool``: exact arithmetic without eval; ``PythonTool``: code in
-a sandboxed process, ``sandbox.py``), two tool-call formats (Qwen's
+a sandboxed process, ``sandbox.py``), an HTTP boundary (``env_server.py``
+serves any environment in its own process, ``remote.py`` is its client),
+two tool-call formats (Qwen's
 ``<tool_call>`` JSON and plain tags) and a generated task that needs the
 calculator (``generate_tool_arithmetic``). The engines run them through
 ``rljax.rollout.multiturn.rollout_multiturn`` (one folder up, since
@@ -20,6 +22,7 @@ from rljax.envs.base import (
   summarize,
 )
 from rljax.envs.calculator import CalculatorConfig, CalculatorError, calculate
+from rljax.envs.env_server import EnvServer, EnvServerConfig
 from rljax.envs.formats import (
   FORMATS,
   ParsedTurn,
@@ -29,6 +32,12 @@ from rljax.envs.formats import (
   ToolCallFormat,
   make_format,
   tool_schemas,
+)
+from rljax.envs.remote import (
+  RemoteEnv,
+  RemoteEnvError,
+  RemoteEnvFactory,
+  connect,
 )
 from rljax.envs.sandbox import (
   SandboxConfig,
@@ -56,10 +65,15 @@ __all__ = [
   "CalculatorConfig",
   "CalculatorError",
   "CalculatorTool",
+  "EnvServer",
+  "EnvServerConfig",
   "Environment",
   "ParsedTurn",
   "PythonTool",
   "QwenFormat",
+  "RemoteEnv",
+  "RemoteEnvError",
+  "RemoteEnvFactory",
   "SandboxConfig",
   "SandboxResult",
   "StepResult",
@@ -74,6 +88,7 @@ __all__ = [
   "ToolEnvConfig",
   "ToolResult",
   "calculate",
+  "connect",
   "generate_tool_arithmetic",
   "make_format",
   "run_python",

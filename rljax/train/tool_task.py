@@ -224,6 +224,7 @@ class ToolTask(tasks_lib.Task):
     prompt: ToolPrompt = ToolPrompt(),
     prompts_filtered_long: int = 0,
     tool_choice: str = "auto",
+    remote: envs.RemoteEnvFactory | None = None,
   ):
     # The chat template around the environment's first observation.
     render = data_lib.ChatTemplate(tokenizer, user_template=_identity)
@@ -244,13 +245,17 @@ class ToolTask(tasks_lib.Task):
     self.multiturn_config = MultiTurnConfig(max_response_tokens=response_tokens)
     self.turn_tokens = turn_tokens
     self.tool_choice = tool_choice
+    # An environment server's episodes replace the in-process environment.
+    self.remote = remote
     # The prompt ends with a call's opening where the first call is forced.
     self.prefill = (
       call_prefix(tool, env_config.format) if tool_choice == "required" else ""
     )
 
-  def make_env(self) -> envs.ToolEnv:
+  def make_env(self) -> envs.Environment:
     """A fresh environment (one per episode: it holds the episode)."""
+    if self.remote is not None:
+      return self.remote()
     return make_tool_env(
       self.tool, self.env_config, self.prompt, self.tokenizer, self.tool_choice
     )
@@ -260,11 +265,18 @@ class ToolTask(tasks_lib.Task):
       self.tokenizer, self.render, first_observation, self.prefill
     )
 
+  def first_observation(self, example: data_lib.Example) -> str:
+    """The text an episode of `example` starts with (opens no episode on
+    an environment server)."""
+    if self.remote is not None:
+      return self.remote.first_observation(example)
+    return self.make_env().reset(example)
+
   def prompt_text(self, example: data_lib.Example) -> str:
-    return self.render(self.make_env().reset(example)) + self.prefill
+    return self.render(self.first_observation(example)) + self.prefill
 
   def prompt_ids(self, example: data_lib.Example) -> list[int]:
-    ids = self.render_ids(self.make_env().reset(example))
+    ids = self.render_ids(self.first_observation(example))
     if len(ids) > self.max_prompt_tokens:
       raise ValueError(
         f"example {example.uid}: prompt of {len(ids)} tokens exceeds "
@@ -332,6 +344,7 @@ def build_tool_task(cfg, tokenizer) -> ToolTask:
   problems = sandbox_problems(t)
   if problems:
     raise ConfigError(problems)
+  remote = envs.connect(t.env_url) if t.env_url else None
   tool = make_tool(t.tool, t.python_sandbox)
   if t.tool == "python":
     # config.json records task.python_sandbox, the mode that runs (there
@@ -364,13 +377,14 @@ def build_tool_task(cfg, tokenizer) -> ToolTask:
       ToolPrompt(example),
       prompts_filtered_long=dropped,
       tool_choice=t.tool_choice,
+      remote=remote,
     )
 
   probe = make(train, held_out)  # renders first prompts for the filter
   limit = probe.max_prompt_tokens
 
   def fits(e):
-    return len(probe.render_ids(probe.make_env().reset(e))) <= limit
+    return len(probe.render_ids(probe.first_observation(e))) <= limit
 
   kept_train = [e for e in train if fits(e)]
   kept_held = [e for e in held_out if fits(e)]
