@@ -7,7 +7,8 @@ a sandboxed process, ``sandbox.py``), an HTTP boundary (``env_server.py``
 serves any environment in its own process, ``remote.py`` is its client),
 two tool-call formats (Qwen's
 ``<tool_call>`` JSON and plain tags) and a generated task that needs the
-calculator (``generate_tool_arithmetic``). The engines run them through
+calculator (``generate_tool_arithmetic``), word problems that take a
+program (``generate_tool_word_problems``). The engines run them through
 ``rljax.rollout.multiturn.rollout_multiturn`` (one folder up, since
 ``rollout`` imports ``envs``): token in / token out trajectories with an
 action mask. The trainer trains on them with ``--task.name=tool_arithmetic``
@@ -51,6 +52,10 @@ from rljax.envs.tasks import (
   score_answer,
 )
 from rljax.envs.tool_env import ToolEnv, ToolEnvConfig, truncate
+from rljax.envs.word_problems import (
+  WORD_PROBLEM_LEVELS,
+  generate_tool_word_problems,
+)
 from rljax.envs.tools import (
   TOOL_ERROR_KINDS,
   CalculatorTool,
@@ -62,6 +67,7 @@ from rljax.envs.tools import (
 __all__ = [
   "FORMATS",
   "TOOL_ERROR_KINDS",
+  "WORD_PROBLEM_LEVELS",
   "CalculatorConfig",
   "CalculatorError",
   "CalculatorTool",
@@ -90,6 +96,7 @@ __all__ = [
   "calculate",
   "connect",
   "generate_tool_arithmetic",
+  "generate_tool_word_problems",
   "make_format",
   "run_python",
   "sandbox_mode",

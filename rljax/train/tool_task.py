@@ -1,7 +1,9 @@
 """Tool tasks: the trainer's prompts are multi-turn episodes with a tool.
 
 `--task.name=tool_arithmetic` trains on `rljax.envs.generate_tool_arithmetic`
-(4-6 digit operands, exact answers a 135M model does not know by heart):
+(4-6 digit operands, exact answers a 135M model does not know by heart),
+`--task.name=tool_word_problems` on `rljax.envs.generate_tool_word_problems`
+(multi-step word problems a short program answers; `--task.tool=python`):
 each rollout row is an episode of `rljax.rollout.multiturn.rollout_multiturn`
 in a fresh `ToolEnv` (`--task.tool=calculator|python`,
 `--task.tool_format=tags|qwen`), its reward the environment's verdict on the
@@ -322,23 +324,34 @@ def arithmetic_level(difficulty: str) -> envs.ToolArithmeticConfig:
   return envs.ToolArithmeticConfig(min_steps=low, max_steps=high)
 
 
-def held_out_problems(n: int, run_seed: int, difficulty: str):
+def generate_problems(name: str, n: int, seed: int, difficulty: str):
+  """`n` problems of the tool task `name` (tool_arithmetic: long
+  arithmetic for the calculator; tool_word_problems: word problems that
+  take a program) at `--task.difficulty`."""
+  if name == "tool_word_problems":
+    return envs.generate_tool_word_problems(n, seed=seed, level=difficulty)
+  if name != "tool_arithmetic":
+    raise ValueError(f"task.name={name!r}; expected one of {TOOL_TASKS}")
+  return envs.generate_tool_arithmetic(
+    n, seed=seed, config=arithmetic_level(difficulty)
+  )
+
+
+def held_out_problems(
+  n: int, run_seed: int, difficulty: str, name: str = "tool_arithmetic"
+):
   """The held-out problems of a run with `--run.seed=run_seed`: generated
   with seed HELD_OUT_SEED + run_seed (training draws with run_seed itself,
   and drops any question that is also held out). The first `eval_size` are
   the trainer's own held-out split; more extend it with the same stream."""
-  return envs.generate_tool_arithmetic(
-    n, seed=HELD_OUT_SEED + run_seed, config=arithmetic_level(difficulty)
-  )
+  return generate_problems(name, n, HELD_OUT_SEED + run_seed, difficulty)
 
 
 def build_tool_task(cfg, tokenizer) -> ToolTask:
   """The tool task `cfg.task` names (`tasks.build_task` dispatches here)."""
   t, new = cfg.task, cfg.rollout.max_new_tokens
-  held_out = held_out_problems(t.eval_size, cfg.run.seed, t.difficulty)
-  train = envs.generate_tool_arithmetic(
-    TOOL_POOL, seed=cfg.run.seed, config=arithmetic_level(t.difficulty)
-  )
+  held_out = held_out_problems(t.eval_size, cfg.run.seed, t.difficulty, t.name)
+  train = generate_problems(t.name, TOOL_POOL, cfg.run.seed, t.difficulty)
   held_q = {e.question for e in held_out}
   train = [e for e in train if e.question not in held_q]
   problems = sandbox_problems(t)
