@@ -26,13 +26,15 @@ from the trainer's training pool with the held-out ones removed.
 Writes <out_dir>/model (an HF directory: `--model.name=` of the trainer,
 `--model=` of tool_eval.py), metrics.jsonl (loss per step) and
 demos.jsonl (the first demonstrations as text). A finished out_dir is left
-as it is (the stages of experiments/tool_sft_pipeline.sh resume that way).
+as it is, and a killed run resumes from its last checkpoint (state.pkl,
+every --save_every steps: weights, optimizer state, batch order, rng).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import time
 
 import jax
@@ -59,11 +61,36 @@ _PROMPT = flags.DEFINE_enum(
 )
 _SEED = flags.DEFINE_integer("seed", 0, "The training run's run.seed.")
 _DEMOS = flags.DEFINE_integer("demos", 256, "Demonstrations written.")
-_STEPS = flags.DEFINE_integer("steps", 64, "Optimizer steps.")
+_STEPS = flags.DEFINE_integer("steps", 32, "Optimizer steps.")
 _BATCH = flags.DEFINE_integer("batch", 8, "Demonstrations per step.")
 _LR = flags.DEFINE_float("lr", 2e-5, "AdamW learning rate (cosine decay).")
 _MAX_LEN = flags.DEFINE_integer("max_len", 512, "Ids of one demonstration.")
 _OUT_DIR = flags.DEFINE_string("out_dir", "runs/tool_sft/sft", "Output.")
+_SAVE_EVERY = flags.DEFINE_integer(
+  "save_every", 4, "Steps between checkpoints (a killed run resumes)."
+)
+_STATE = "state.pkl"
+
+
+def _save_state(out_dir: str, state) -> None:
+  """params, optimizer state, step, the batch order left and the rng, by
+  an atomic rename (a kill leaves the previous checkpoint whole)."""
+  params, opt_state, step, order, rng = state
+  host = jax.device_get((params, opt_state))
+  path = os.path.join(out_dir, _STATE)
+  with open(path + ".tmp", "wb") as f:
+    pickle.dump((*host, step, list(order), rng.bit_generator.state), f)
+  os.replace(path + ".tmp", path)
+
+
+def _load_state(out_dir: str):
+  path = os.path.join(out_dir, _STATE)
+  if not os.path.isfile(path):
+    return None
+  with open(path, "rb") as f:
+    params, opt_state, step, order, rng_state = pickle.load(f)
+  as_jax = jax.tree_util.tree_map(jnp.asarray, (params, opt_state))
+  return (*as_jax, step, order, rng_state)
 
 
 def _identity(text: str) -> str:
@@ -210,8 +237,13 @@ def main(argv) -> None:
   pad = int(tokenizer.pad_token_id or 0)
   rng = np.random.default_rng(_SEED.value)
   order: list[int] = []
-  with open(os.path.join(out_dir, "metrics.jsonl"), "w") as log:
-    for k in range(1, _STEPS.value + 1):
+  first, saved = 1, _load_state(out_dir)
+  if saved is not None:  # a killed run goes on from its last checkpoint
+    params, opt_state, done, order, rng.bit_generator.state = saved
+    first = done + 1
+    print(f"resumed after step {done}", flush=True)
+  with open(os.path.join(out_dir, "metrics.jsonl"), "a") as log:
+    for k in range(first, _STEPS.value + 1):
       if len(order) < _BATCH.value:
         order += list(rng.permutation(len(rows)))
       picked, order = order[: _BATCH.value], order[_BATCH.value :]

@@ -9,14 +9,14 @@
 # Each stage is skipped when its output is there (summary.json, or the SFT
 # model), and the GRPO run resumes from its last checkpoint, so after a
 # kill the same command goes on where it stopped. Knobs: N (held-out
-# problems, 64), STEPS (GRPO steps, 20), SFT_STEPS (64), WORD (1: run the
+# problems, 64), STEPS (GRPO steps, 20), SFT_STEPS (32), WORD (1: run the
 # word-problem stages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/tool_sft}
 N=${N:-64}
 STEPS=${STEPS:-20}
-SFT_STEPS=${SFT_STEPS:-64}
+SFT_STEPS=${SFT_STEPS:-32}
 WORD=${WORD:-1}
 PY=${PY:-python3}
 mkdir -p "$OUT"
