@@ -47,7 +47,9 @@ from rljax import envs, hostmem, models
 from rljax.data.prompts import ChatTemplate
 from rljax.train import cli, tool_task
 
-_MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Policy.")
+_MODEL = flags.DEFINE_string(
+  "model", "smollm2-135m-instruct", "Policy: a name, HF directory or tiny."
+)
 _TASK = flags.DEFINE_enum(
   "task", "tool_arithmetic", ["tool_arithmetic", "tool_word_problems"], ""
 )
@@ -68,6 +70,12 @@ _MAX_LEN = flags.DEFINE_integer("max_len", 512, "Ids of one demonstration.")
 _OUT_DIR = flags.DEFINE_string("out_dir", "runs/tool_sft/sft", "Output.")
 _SAVE_EVERY = flags.DEFINE_integer(
   "save_every", 4, "Steps between checkpoints (a killed run resumes)."
+)
+_STOP_AFTER = flags.DEFINE_integer(
+  "stop_after",
+  0,
+  "Stop after this step with its checkpoint written, as a kill there would "
+  "leave the run (a time-boxed share of a busy machine); 0 = run to the end.",
 )
 _STATE = "state.pkl"
 
@@ -181,7 +189,7 @@ def main(argv) -> None:
     return
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.perf_counter()
-  model = models.load_pretrained(_MODEL.value)
+  model = models.load_named(_MODEL.value)
   tokenizer, config = model.tokenizer, model.config
   tool = tool_task.make_tool(_TOOL.value)
   example_text = (
@@ -257,9 +265,17 @@ def main(argv) -> None:
       print(
         f"step {k}: loss {loss:.4f} ({record['seconds']:.1f} s)", flush=True
       )
+      if k == _STOP_AFTER.value and k < _STEPS.value:
+        _save_state(out_dir, (params, opt_state, k, order, rng))
+        print(f"stopped after step {k}; run again to go on", flush=True)
+        return
+      if k % _SAVE_EVERY.value == 0 and k < _STEPS.value:
+        _save_state(out_dir, (params, opt_state, k, order, rng))
   models.save_hf(
     config, params, model_dir, tokenizer=tokenizer, dtype="float32"
   )
+  if os.path.isfile(os.path.join(out_dir, _STATE)):  # the model is whole
+    os.remove(os.path.join(out_dir, _STATE))
   meta = {
     "model": _MODEL.value,
     "task": _TASK.value,

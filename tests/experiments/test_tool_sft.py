@@ -78,3 +78,38 @@ def test_demonstrations_and_their_loss():
   assert body == {"name": "python", "arguments": {"code": out["code"]}}
   first, *_, last = out["losses"]
   assert last < first, out["losses"]
+
+
+def _sft(out_dir, *extra):
+  return [
+    sys.executable,
+    os.path.join(ROOT, "experiments", "tool_sft.py"),
+    "--model=tiny",
+    "--demos=8",
+    "--batch=4",
+    "--steps=4",
+    "--save_every=2",
+    "--max_len=256",
+    f"--out_dir={out_dir}",
+    *extra,
+  ]
+
+
+def test_a_stopped_run_resumes_to_the_same_weights(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  whole = tmp_path / "whole"
+  subprocess.run(_sft(whole), env=env, check=True, timeout=900)
+  cut = tmp_path / "cut"
+  # Stopped after step 2 as a kill would leave it: its checkpoint only.
+  subprocess.run(_sft(cut, "--stop_after=2"), env=env, check=True, timeout=900)
+  assert (cut / "state.pkl").is_file()
+  assert not (cut / "model").exists()
+  done = subprocess.run(
+    _sft(cut), env=env, capture_output=True, text=True, timeout=900
+  )
+  assert "resumed after step 2" in done.stdout, done.stderr[-2000:]
+  assert not (cut / "state.pkl").exists()
+  weights = "model/model.safetensors"
+  assert (cut / weights).read_bytes() == (whole / weights).read_bytes()
+  steps = [json.loads(x)["step"] for x in open(cut / "metrics.jsonl")]
+  assert steps[-2:] == [3, 4]
