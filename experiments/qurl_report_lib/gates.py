@@ -30,6 +30,7 @@ run files themselves, never of the config's name:
 from __future__ import annotations
 
 import functools
+import gzip
 import os
 
 import numpy as np
@@ -119,11 +120,17 @@ def differing_fields(a: dict, b: dict) -> dict[str, tuple]:
 
 
 def _step0_records(run_dir: str) -> str | None:
-  path = os.path.join(run_dir, "eval_step0.jsonl")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return f.read()
+  """The text of the run's held-out records at step 0, from the live
+  `eval_step0.jsonl` or the archived `eval_step0.jsonl.gz`."""
+  for name, opener in (
+    ("eval_step0.jsonl", open),
+    ("eval_step0.jsonl.gz", gzip.open),
+  ):
+    path = os.path.join(run_dir, name)
+    if os.path.exists(path):
+      with opener(path, "rt") as f:
+        return f.read()
+  return None
 
 
 def same_start(run_a: str, run_b: str) -> bool:
