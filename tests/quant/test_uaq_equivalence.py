@@ -30,6 +30,7 @@ from rljax import instrument
 from rljax import models
 from rljax import quant
 from rljax.quant.qtensor import QTensor
+from rljax.train import init_state
 from rljax.train import loop as loop_lib
 from rljax.train import optim as optim_lib
 from rljax.train.config import apply_preset
@@ -157,10 +158,12 @@ def _run(monkeypatch, cfg, make_optimizer=None):
   metric rows. make_optimizer(optim_cfg, params) replaces the trainer's
   optimizer (the update step and its cache are the trainer's own)."""
   model = _model()
-  monkeypatch.setattr(loop_lib, "_UPDATE_STEPS", {})
+  # The trainer's update steps are cached by config (`init_state`); a fresh
+  # cache makes this run build its own with the optimizer given here.
+  monkeypatch.setattr(init_state, "UPDATE_STEPS", {})
   if make_optimizer is not None:
     monkeypatch.setattr(
-      loop_lib.optim_lib,
+      init_state.optim_lib,
       "make_optimizer",
       lambda optim_cfg: make_optimizer(optim_cfg, model.params),
     )
