@@ -1,4 +1,4 @@
-"""A prompt stream for one continuous-batching slot run (issue 47 item 1).
+"""A prompt stream for one continuous-batching slot run.
 
 A plain request hands `slot_scheduler.run` all its prompts at once and gets
 every row back at the end. A streamed run also polls a `PromptFeed` between

@@ -40,7 +40,7 @@ def rollout_mode(cfg: TrainConfig) -> str:
   runs θ cast to bf16 (`update.compute_params`), so the sampler must run
   the same bf16 weights for behaviour = proximal to hold up to the
   kernels' float32 accumulation order. Sampling from the float32 θ instead
-  was not a reference (issue 43): a step of Adam at lr 1e-5 moves most
+  was not a reference: a step of Adam at lr 1e-5 moves most
   weights by less than half a bf16 ulp, so the float32 sampler saw each
   update and the bf16 proximal pass did not, and `behav_prox_kl` grew from
   1e-4 to 1e-2 in three SmolLM2 steps. Under the CPU's mixed precision both

@@ -345,6 +345,6 @@ def exposure_line(exposure: dict[str, float | None]) -> str:
   )
   line = f"[rljax] ACR exposure (mean over steps): {shown}"
   if exposure["acr_grad_share"] < 1e-3:
-    # The gate of experiments/qurl_report_lib/gates.py (issue 44).
+    # The same threshold as experiments/qurl_report_lib/gates.py.
     line += " -- below 1e-3: ACR acted as TIS in this run"
   return line

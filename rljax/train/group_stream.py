@@ -1,5 +1,5 @@
-"""Streaming mode's rollout side (issue 47 items 1 and 4): one engine worker
-over a paced prompt stream, groups handed to the trainer as they complete.
+"""Streaming mode's rollout side: one engine worker over a paced prompt
+stream, groups handed to the trainer as they complete.
 
   trainer thread                        worker thread (the engine)
   ──────────────                        ──────────────────────────────

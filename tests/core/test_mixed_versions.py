@@ -1,5 +1,4 @@
-"""A response whose tokens were sampled by two policy versions (issue 47,
-item 3): the loss kernel needs nothing but each token's own behaviour
+"""A response whose tokens were sampled by two policy versions: the loss kernel needs nothing but each token's own behaviour
 log-prob. Tokens 0-2 come from version v (policy A), tokens 3-5 from v + 1
 (policy B, pushed mid-generation); π_prox = θ_old at batch time for all of
 them. The token-level corrections (decoupled, tis, acr, mis) give every

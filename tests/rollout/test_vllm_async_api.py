@@ -1,4 +1,4 @@
-"""In-flight weight updates through the vLLM sidecar (issue 47, item 5).
+"""In-flight weight updates through the vLLM sidecar.
 
 The translation of vLLM 0.32's generate route (request body, per-token
 weight-version spans) is tested without a server; `TestInflightUpdates`

@@ -814,7 +814,7 @@ class TestProbe:
 
 
 class TestEngineUrls:
-  """Issue 43 item 17: --rollout.vllm_urls get the run's API key, so only
+  """--rollout.vllm_urls get the run's API key, so only
   loopback servers unless --rollout.vllm_allow_remote."""
 
   def test_loopback_urls_pass(self):
@@ -847,7 +847,8 @@ class TestEngineUrls:
     self, tmp_path, monkeypatch
   ):
     """A --rollout.vllm_urls server gets ATTACH_HEALTH_TIMEOUT_S, not the
-    600 s of a launch (the issue saw 300 s of silent retries). The attach
+    600 s of a launch (an attached server that never answers would
+    otherwise be retried silently for minutes). The attach
     itself is recorded, not run: no server is needed to see its config."""
     import jax  # pylint: disable=g-import-not-at-top
 

@@ -187,9 +187,9 @@ def assert_same_run(run_dir, ref: Reference, steps: int) -> None:
 def test_kill9_after_checkpoint_resumes_to_the_uninterrupted_run(
   env, references, tmp_path
 ):
-  """Issue 12: a real kill -9 (at a random moment after checkpoint 2, maybe
-  inside checkpoint 3), then a resume, gives the uninterrupted run's steps
-  (loss and params). Issue 16.2: while the first process lives, a second
+  """A real kill -9 (at a random moment after checkpoint 2, maybe inside
+  checkpoint 3), then a resume, gives the uninterrupted run's steps (loss
+  and params). While the first process lives, a second
   start on its directory is refused naming its pid; once it is killed, its
   stale lock is taken over."""
   run, go = tmp_path / "run", tmp_path / "go"
@@ -307,7 +307,7 @@ def _disk_state(run_dir) -> tuple[int | None, list[dict]]:
 def test_streaming_run_killed_at_a_random_point_resumes_the_queued_rollouts(
   env, tmp_path
 ):
-  """Issue 47 item 6: a streaming run (max_staleness=1) is frozen at a
+  """A streaming run (max_staleness=1) is frozen at a
   seeded random moment after checkpoint 2, once it has logged a row past its
   newest verified checkpoint c, and killed with kill -9. Checkpoint c holds
   the rollouts it had queued (generated from θ_c and older); the resume
@@ -578,7 +578,7 @@ MetricsWriter(run_dir, tensorboard=False, resume_step=int(sys.argv[2]))
 
 
 def test_a_kill_inside_the_resumes_metrics_rewrite_loses_no_row(tmp_path):
-  """Issue 43 item 15: a resume from an older checkpoint cuts metrics.jsonl
+  """A resume from an older checkpoint cuts metrics.jsonl
   back to its step; a kill -9 inside that rewrite leaves the whole old file
   (it is replaced atomically), so the next resume still has rows 1..4."""
   run_dir = str(tmp_path)
@@ -604,8 +604,8 @@ def test_a_kill_inside_the_resumes_metrics_rewrite_loses_no_row(tmp_path):
 
 
 def test_a_full_disk_is_named_and_leaves_the_old_file(tmp_path, monkeypatch):
-  """Issue 43 item 16 (ENOSPC injected at the fsync of the new file; a real
-  full tmpfs was checked by hand, see the issue's note)."""
+  """ENOSPC injected at the fsync of the new file (a real full tmpfs
+  behaves the same when checked by hand)."""
   from rljax.train import atomic
 
   path = os.path.join(str(tmp_path), "config.json")
@@ -629,7 +629,7 @@ def test_a_full_disk_is_named_and_leaves_the_old_file(tmp_path, monkeypatch):
 def test_a_checkpoint_that_runs_out_of_space_is_named_and_removed(
   tmp_path, monkeypatch
 ):
-  """Issue 43 item 16: a save that fails for lack of space raises
+  """A save that fails for lack of space raises
   DiskFullError naming the directory, and the unfinished step is removed
   (the older, verified one stays)."""
   from rljax.train import atomic
@@ -687,7 +687,7 @@ def test_guarded_update_keeps_the_old_state_unless_all_results_are_finite(jit):
 
 
 def test_nan_weights_reach_neither_a_checkpoint_nor_the_engine(tmp_path):
-  """Issue 16.1: `--optim.b2=1.0` makes finite gradients give NaN params.
+  """`--optim.b2=1.0` makes finite gradients give NaN params.
 
   validate() now refuses optim.b2 = 1 up front (16.7); the value is forced
   past it here to exercise the second line of defence, the guard on the

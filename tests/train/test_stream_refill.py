@@ -1,5 +1,4 @@
-"""Dynamic sampling in streaming mode (issue 47 item 1: "dynamic sampling's
-filter applies on arrival"): each group is scored as it arrives, a group
+"""Dynamic sampling in streaming mode (the filter applies on arrival): each group is scored as it arrives, a group
 with no reward variance is retired there, and a step short of kept groups
 admits its refill requests into the running stream. At max_staleness=0 this
 is the synchronous refill loop, bit for bit; at max_staleness=1 every

@@ -1,4 +1,4 @@
-"""--run.async_mode=streaming (issue 47 items 1 and 4): a worker generates
+"""--run.async_mode=streaming: a worker generates
 ahead and takes each new θ between decode chunks; run.max_staleness paces
 it. Equivalence with the synchronous run at max_staleness=0, the lag bound
 and mid-response versions at max_staleness=2, the resume of queued

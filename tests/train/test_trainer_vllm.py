@@ -72,7 +72,7 @@ def test_vllm_int8_rollouts_train_and_survive_a_killed_sidecar(tmp_path):
 
 
 def test_vllm_streaming_takes_new_weights_in_flight(tmp_path):
-  """Issue 47 item 5: --run.async_mode=streaming on one vLLM server (the
+  """--run.async_mode=streaming on one vLLM server (the
   tiny model): the worker streams each admitted prompt as a request of its
   own through `VLLMSidecar.generate_stream` (new θ: pause, update,
   resume), every token

@@ -1,4 +1,4 @@
-"""In-flight weight updates through a vLLM sidecar (issue 47, item 5).
+"""In-flight weight updates through a vLLM sidecar.
 
 The JAX engine's in-flight updates (`rljax.rollout.inflight`) on vLLM 0.32,
 with what that version serves (docs/async_vllm.md has the source facts):
