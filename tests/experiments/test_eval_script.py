@@ -1,6 +1,8 @@
-"""experiments/eval.py keys every result by a unique label: two files read by one loader give two rows and two records files, and
-a duplicate label is refused before any model loads. Runs the script as a
-user would (subprocess) on a tiny-model run directory."""
+"""experiments/eval.py keys every result by a unique label: two files read
+by one loader give two rows and two records files, and a duplicate label is
+refused before any model loads, as are an unknown dataset name and a LIMIT
+below 1. Runs the script as a user would (subprocess) on a tiny-model run
+directory."""
 
 import dataclasses
 import json
@@ -157,3 +159,27 @@ def test_usage_error_prints_the_message_only(tmp_path):
     "error: --k=4 exceeds --samples=1"
   )
   assert "--max_new_tokens" not in proc.stderr  # no help text
+
+
+@pytest.mark.parametrize("limit", ["-1", "0"])
+def test_a_limit_below_one_is_refused_naming_the_field(tmp_path, limit):
+  # -1 sliced every row but the last; 0 read every row.
+  a = _math_file(tmp_path / "a.jsonl", [1, 2, 3])
+  proc = _run(
+    "--model=/no/such/model",
+    f"--datasets=math500:{a}:{limit}",
+    f"--out_dir={tmp_path / 'out'}",
+  )
+  _no_traceback(proc)
+  assert f"LIMIT={limit}; expected an integer >= 1" in proc.stderr
+  assert "/no/such/model" not in proc.stderr  # refused before the model
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_an_unknown_dataset_is_named_with_the_known_ones(tmp_path):
+  # It said "no such file ''" (the missing PATH), not the unknown name.
+  proc = _run("--datasets=foo", f"--out_dir={tmp_path / 'out'}")
+  _no_traceback(proc)
+  assert "unknown dataset 'foo' (known: " in proc.stderr
+  assert "gsm8k" in proc.stderr and "arithmetic" in proc.stderr
+  assert "no such file" not in proc.stderr
