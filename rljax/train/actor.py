@@ -85,7 +85,7 @@ class Actor:
     self.rollout_mode = rollout_mode(cfg)
     # The engine starts from `params`, the initial θ: version 0 (a resumed
     # trainer syncs its restored θ before its first rollout).
-    self.version: int | None = 0
+    self.version = 0
     self._engine_lock = threading.RLock()
     self.engine = rollout_factory.make_engine(
       cfg.rollout.engine,
@@ -157,16 +157,27 @@ class Actor:
 
   def push(self, rparams: Any, diag: dict) -> dict[str, float]:
     """Loads prepared weights into the engine and remembers their version
-    (`prepare`'s, None if the diagnostics lack it: unknown); returns
-    `prepare`'s diagnostics plus the sync's time and bytes."""
+    (`prepare`'s); returns `prepare`'s diagnostics plus the sync's time and
+    bytes.
+
+    Raises:
+      ValueError: `diag` carries no version (weights that are not
+        `prepare`'s: the tokens they sample could not be stamped).
+    """
     t0 = time.perf_counter()
     out = dict(diag)
     version = out.pop(VERSION_KEY, None)
+    if version is None:
+      raise ValueError(
+        f"Actor.push: the diagnostics carry no {VERSION_KEY!r}; expected "
+        "weights from Actor.prepare(params, version), so that every token "
+        "they sample is stamped with its version"
+      )
     with self._engine_lock:
       stats = self.recovering(
         "weight sync", lambda: self.engine.update_weights(rparams)
       )
-      self.version = None if version is None else int(version)
+      self.version = int(version)
     out["time_sync"] = time.perf_counter() - t0 + diag.pop("time_quantize", 0.0)
     out["sync_bytes"] = float(stats.bytes)
     return out
@@ -177,11 +188,11 @@ class Actor:
 
   def generate(self, prompts: list, sampling: SamplingConfig) -> RolloutBatch:
     """The engine's rollout, every response token stamped with the version
-    of the weights it holds (left None when that is unknown)."""
+    of the weights it holds."""
     rb, version = self.with_engine(
       "rollout", lambda engine: engine.generate(prompts, sampling)
     )
-    return rb if version is None else rb.with_policy_version(version)
+    return rb.with_policy_version(version)
 
   def generate_stream(
     self,
@@ -195,11 +206,6 @@ class Actor:
     as it ends, new weights are taken in flight; the actor's version
     becomes the last one taken. Returns the run's stats."""
     with self._engine_lock:
-      if self.version is None:
-        raise RuntimeError(
-          "Actor.generate_stream: the engine's weights have no version; "
-          "push prepared weights first (Actor.push)"
-        )
       version = self.version
       stats = self.engine.generate_stream(
         feed,

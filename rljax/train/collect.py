@@ -229,8 +229,7 @@ class Collector:
     out, version = self.actor.with_engine(
       "rollout", lambda engine: self.task.episodes(engine, examples, sampling)
     )
-    if version is not None:
-      out.batch = out.batch.with_policy_version(version)
+    out.batch = out.batch.with_policy_version(version)
     return out, time.perf_counter() - t0
 
   def _decode(self, rb: RolloutBatch) -> list[str]:
