@@ -21,8 +21,6 @@ a run that recomputed its KV at that point.
 from __future__ import annotations
 
 import functools
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,20 +77,19 @@ def admit_rows(
 
 
 def handback_prompts(
-  live_prompts: list[int],
-  prompts: list[list[int]],
-  prompt_index: list[int],
-  seeds: list[int],
-  tags: list[Any],
+  rows_left: list[int],
+  meta: tuple[list, list, list, list],
   n: int,
   rows: tuple[list, list, list, list],
 ) -> list[prompt_feed.StreamPrompt]:
-  """The prompts `live_prompts` (unfinished, in admission order) as a cut
-  hands them back: each with its rows so far (`partial`; None when no row
-  had started)."""
+  """Every prompt of the run with rows left (`rows_left`), in admission
+  order, as a cut hands them back: its ids, index, seed and tag (`meta`:
+  the run's lists of each) with its rows so far (`partial`; None when no
+  row had started)."""
+  prompts, prompt_index, seeds, tags = meta
   tokens, logps, versions, ended = rows
   out = []
-  for p in live_prompts:
+  for p in [p for p, left in enumerate(rows_left) if left]:
     rs = range(p * n, (p + 1) * n)
     cat = lambda parts, dtype: (
       np.concatenate(parts).astype(dtype) if parts else np.zeros((0,), dtype)
@@ -160,9 +157,9 @@ def continuation_arrays(
   slots: int,
   tokens: list,
   ended: list,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple:
   """(rows, last_token, length, done) of `continue_rows` for the
-  (slot row, output row) pairs `continued`."""
+  (slot row, output row) pairs `continued`, as device arrays."""
   rows = np.zeros((slots,), bool)
   last = np.zeros((slots,), np.int32)
   length = np.zeros((slots,), np.int32)
@@ -171,4 +168,4 @@ def continuation_arrays(
     ids = np.concatenate(tokens[out])
     rows[row], last[row], length[row] = True, ids[-1], ids.size
     done[row] = ended[out]
-  return rows, last, length, done
+  return tuple(jnp.asarray(x) for x in (rows, last, length, done))

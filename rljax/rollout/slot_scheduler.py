@@ -12,6 +12,8 @@ group, when the own cache grows or shrinks, and what each row sampled.
   hook() ──► None: go on ──► (params, version): new weights for every later
   prefill and chunk; inflight_kv="recompute" first rewrites the live rows'
   KV with them (`slot_recompute.recompute_kv`), "keep" leaves it (`inflight`)
+  A streamed run's feed may ask for a cut there first: the run ends and
+  hands its unfinished prompts back with their rows (`slot_resume`).
 
 It loops until the queue is empty and every row is done, then returns each
 row's tokens and behaviour log-probs in the engine's order (sample j of
@@ -113,7 +115,8 @@ def run(
       each prompt's rows go to `feed.done` as soon as they all end, and the
       run returns once the feed has nothing more and every row is done
       (its `tokens`/`logp` are then empty). `row_limits` applies to the
-      first prompts; later ones get max_new_tokens.
+      first prompts; later ones get max_new_tokens. A prompt with
+      `partial` rows continues them (`slot_resume`).
     page_size: P > 0: the rows' own KV in P-slot pages of one pool
       (`kv_pages`), which holds about the live rows' tokens; 0: an own
       cache of S rows × C slots, C following the longest live row.
@@ -128,16 +131,9 @@ def run(
   if max_steps is not None:
     max_new = min(max_new, max_steps)
   plan = slot_plan.make_plan(
-    sampling,
-    groups,
-    prompt_len,
-    chunk_steps,
-    pad_id,
-    cache_dtype,
-    activation_dtype,
-    width,
-    page_size,
-  )
+    sampling, groups, prompt_len, chunk_steps, pad_id, cache_dtype,
+    activation_dtype, width, page_size,
+  )  # fmt: skip
   slots = plan.slots
   traced = slot_plan.traced_args(sampling, max_new)
   stop_set = set(stop_ids) if sampling.stop_token_ids else set()
@@ -296,21 +292,16 @@ def run(
     state = fit_cache(state)
     stats["continued_rows"] += len(continued)
     note_program(("continue", plan, own_slots()))
+    live = ~row_done
     return slot_resume.continue_rows(
-      config,
-      plan,
-      params,
-      state,
-      *map(
-        jnp.asarray,
-        slot_resume.continuation_arrays(continued, slots, tokens, ended),
-      ),
+      config, plan, params, state,
+      *slot_resume.continuation_arrays(continued, slots, tokens, ended),
       *map(jnp.asarray, group_prompts),
       jnp.asarray(
-        inflight.response_matrix(tokens, owner, ~row_done, own_slots(), pad_id)
+        inflight.response_matrix(tokens, owner, live, own_slots(), pad_id)
       ),
       block_table(),
-    )
+    )  # fmt: skip
 
   # Each group's prompt as its prefill wrote it (a recompute re-reads it).
   group_prompts = (
@@ -373,17 +364,10 @@ def run(
       for i, (p, k) in enumerate(chosen):
         limits[i] = row_limits[p * n + k * width : p * n + (k + 1) * width]
       state, tok, logp = slot_program.prefill_groups(
-        config,
-        plan,
-        prefill_params,
-        state,
-        jnp.asarray(toks),
-        jnp.asarray(mask),
-        jnp.asarray(target),
-        jax.random.key_data(keys),
-        jnp.asarray(limits.reshape(-1)),
-        *traced,
-      )
+        config, plan, prefill_params, state, jnp.asarray(toks),
+        jnp.asarray(mask), jnp.asarray(target), jax.random.key_data(keys),
+        jnp.asarray(limits.reshape(-1)), *traced,
+      )  # fmt: skip
       tok, logp = jax.device_get((tok, logp))
       stats["prefills"] += 1
       if feed is not None:
@@ -480,14 +464,8 @@ def run(
     stats["cuts"] += 1
     feed.handback(
       slot_resume.handback_prompts(
-        [p for p in range(len(prompts)) if rows_left[p]],
-        prompts,
-        prompt_index,
-        seeds,
-        tags,
-        n,
-        rows,
-      )  # fmt: skip
+        rows_left, (prompts, prompt_index, seeds, tags), n, rows
+      )
     )
   if feed is not None:  # every group went to feed.done already
     tokens, logps, versions = [], [], []

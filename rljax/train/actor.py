@@ -200,22 +200,36 @@ class Actor:
     shape_prompts: list,
     sampling: SamplingConfig,
     weight_updates: Callable,
+    before_retry: Callable[[], None] | None = None,
   ) -> dict:
     """A streamed run of the engine (`JaxSampler.generate_stream`): the
     prompts `feed` admits share the slots, each group goes to `feed.done`
     as it ends, new weights are taken in flight; the actor's version
-    becomes the last one taken. Returns the run's stats."""
-    with self._engine_lock:
-      version = self.version
-      stats = self.engine.generate_stream(
-        feed,
-        shape_prompts,
-        sampling,
-        weight_updates=weight_updates,
-        version=version,
-      )
-      self.version = int(stats.get("final_version", version))
-    return stats
+    becomes the last one taken. Returns the run's stats.
+
+    An engine that dies or hangs mid-stream (a vLLM sidecar) is restarted
+    once, as in every other mode (`recovering`); `before_retry()` then
+    puts the prompts it held back into the feed and pushes weights to the
+    restarted engine before the stream runs again."""
+    attempts = []
+
+    def attempt():
+      if attempts and before_retry is not None:
+        before_retry()
+      attempts.append(1)
+      with self._engine_lock:
+        version = self.version
+        stats = self.engine.generate_stream(
+          feed,
+          shape_prompts,
+          sampling,
+          weight_updates=weight_updates,
+          version=version,
+        )
+        self.version = int(stats.get("final_version", version))
+      return stats
+
+    return self.recovering("streaming rollout", attempt)
 
   def with_engine(
     self, what: str, call: Callable[[Any], Any]

@@ -450,6 +450,9 @@ def save_step(
     NonFiniteError: the state holds NaN or inf.
   """
   guard.require_finite(state, f"the train state of step {step}")
+  # The rollouts saved, counted as saved (a stream may have admitted a
+  # request after the state its save describes).
+  meta = {**meta, "pending_rollouts": len(pending_rollouts)}
   aux = {}
   for i, (rb, extra) in enumerate(pending_rollouts):
     aux.update(rollout_to_arrays(rb, extra, prefix=f"pending{i}_"))

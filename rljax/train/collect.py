@@ -431,10 +431,25 @@ class Collector:
     worker takes at its next request or decode chunk; returns the
     preparation's metrics (quantization diagnostics, time_quantize)."""
     rparams, diag = self.actor.prepare(params, version)
+    if self._stream is not None and self._checkpoints(self._streamed_step):
+      # The checkpoint after this step saves the stream as it is right
+      # before the worker takes these weights (asked first, so that the
+      # worker cannot take them before it knows).
+      self._stream.request_cut(version)
     self.mailbox.publish(version, rparams, diag)
     metrics = dict(diag)
     metrics.pop(actor_lib.VERSION_KEY, None)
     return metrics
+
+  def _checkpoints(self, step: int) -> bool:
+    """Whether the trainer checkpoints after `step` (as
+    `RunCheckpointer.should_save`: every checkpoint_every steps, and the
+    last)."""
+    run = self.cfg.run
+    return step > 0 and (
+      step % run.checkpoint_every == 0
+      or step == critic_pretrain.total_steps(self.cfg)
+    )
 
   def stream_through(self, last: int) -> None:
     """Streaming: admits the prompts of every step up to `last` not yet
@@ -447,6 +462,7 @@ class Collector:
     stream = self._group_stream()
     for step in range(stream.admitted_through + 1, last + 1):
       self._admit(step, 0)
+    stream.start()  # a resume's restored requests, with nothing admitted
 
   def _admit(self, step: int, round_: int) -> None:
     """Draws the prompts of request (step, round_) here, on the trainer's

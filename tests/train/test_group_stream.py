@@ -73,7 +73,10 @@ class EngineActor:
     self.version = int(diag["version"])
     return {}
 
-  def generate_stream(self, feed, shape, sampling, weight_updates):
+  def generate_stream(
+    self, feed, shape, sampling, weight_updates, before_retry=None
+  ):
+    del before_retry  # the JAX engine is not restarted
     stats = self.engine.generate_stream(
       feed, shape, sampling, weight_updates=weight_updates, version=self.version
     )

@@ -130,7 +130,9 @@ def test_a_checkpoint_keeps_each_refill_request_with_its_round():
   ]  # fmt: skip
   draws = iter([(["a"], [[1, 2]], {"at": 0}), (["b"], [[5, 6]], {"at": 1})])
   stream.restore(saved, lambda: next(draws))
-  assert stream.saved() == [saved[1]]  # the trained request is not open
+  ((rb, extra),) = stream.saved()  # the trained request is not open
+  assert rb.response_ids == saved[1][0].response_ids
+  assert {k: extra[k] for k in saved[1][1]} == saved[1][1]
   assert stream.data_state() == {"at": 1}
   with pytest.raises(ValueError, match="refill round 1 of step 3"):
     stream.admit(3, ["c"], [[7]], seed=0, data_state={}, round_=1)
