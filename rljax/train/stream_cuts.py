@@ -111,17 +111,18 @@ class StreamCuts:
     queued = []
     for rb, extra in saved:
       examples, prompts, data_state = draw()
-      key, started, groups, partial, trained, places = stream_saved.decode(
-        rb, extra, prompts
+      key, seed, started, groups, partial, trained, places = (
+        stream_saved.decode(rb, extra, prompts)
       )
+      if seed is None and places:  # saved before seeds were: as at admit
+        seed = self.sampling_for(key).seed
       block = Block(
-        key, examples, [list(x) for x in prompts], 0, data_state,
-        started, groups, trained, partial=partial,
+        key, examples, [list(x) for x in prompts], int(seed or 0),
+        data_state, started, groups, trained, partial=partial,
       )  # fmt: skip
       for i, place in places.items():
-        seed = self.sampling_for(key).seed  # the request's, as at admit
         item = prompt_feed.StreamPrompt(
-          block.prompts[i], i, int(seed), (key, i), partial[i]
+          block.prompts[i], i, block.seed, (key, i), partial[i]
         )
         queued.append((place, item))
       with self._cv:

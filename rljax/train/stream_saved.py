@@ -31,6 +31,7 @@ from rljax.rollout.base import RolloutBatch
 
 STEP = "stream_step"
 ROUND = "stream_round"
+SEED = "stream_seed"  # the request's sampling seed (its rows' PRNG keys)
 TRAINED = "stream_trained_"  # + group: 1.0 if retired (trained or expired)
 STARTED = "stream_version_"  # + group: its first prefill's version, or -1
 STATE = "stream_state_"  # + group: COMPLETE, PARTIAL or QUEUED
@@ -46,7 +47,11 @@ def encode(
   """A `stream_pick.Block` as (its P groups' rows, their state): group i
   complete (`block.groups`), partial (`block.partial`) or queued;
   `queue_place`: index -> place in the worker's queue."""
-  extra = {STEP: float(block.key[0]), ROUND: float(block.key[1])}
+  extra = {
+    STEP: float(block.key[0]),
+    ROUND: float(block.key[1]),
+    SEED: float(block.seed),
+  }
   tokens, logp, versions, finish = [], [], [], []
   for i in range(len(block.prompts)):
     group, part = block.groups[i], block.partial[i]
@@ -92,8 +97,8 @@ def encode(
 
 
 def decode(rb: RolloutBatch, extra: dict, prompts: list[list[int]]):
-  """`encode` inverted against the re-drawn `prompts`: (key, started,
-  groups, partial, trained, queue places {index: place}).
+  """`encode` inverted against the re-drawn `prompts`: (key, seed or None,
+  started, groups, partial, trained, queue places {index: place}).
 
   Raises:
     ValueError: the prompts are not the ones the saved rows answer.
@@ -135,4 +140,5 @@ def decode(rb: RolloutBatch, extra: dict, prompts: list[list[int]]):
     else:
       partial.append(None)
   trained = np.array([extra[f"{TRAINED}{i}"] > 0 for i in range(p)])
-  return key, started, groups, partial, trained, places
+  seed = int(extra[SEED]) if SEED in extra else None
+  return key, seed, started, groups, partial, trained, places
