@@ -244,133 +244,99 @@ def test_pipelined_run_killed_inside_checkpoints_resumes_exactly(
   assert_same_run(run, references["pipe"], PIPE_STEPS)
 
 
-# -- streaming: a kill -9 with rollouts queued ---------------------------------
+# -- streaming: kill -9 at random points ---------------------------------------
 
 # test_streaming.py's shape for the tiny model (40 new tokens: two decode
-# chunks of the continuous engine, a weight swap point between them), one
-# request generated ahead of the trainer (max_staleness=1).
-STREAM_STEPS = 8
-STALENESS = 1
+# chunks of the continuous engine, a swap point between them), a checkpoint
+# every two steps (so that some swaps are a checkpoint's cut and some are
+# in-flight updates), the worker on `stream_gate`'s deterministic schedule.
+STREAM_STEPS = 7
 STREAMING = {
   "rollout.batching": "continuous",
   "max_new_tokens": 40,
   "optim.steps": STREAM_STEPS,
   "run.async_mode": "streaming",
-  "run.max_staleness": STALENESS,
-  "rollout.inflight_kv": "keep",
+  "checkpoint_every": 2,
 }
 
 
-def _freeze(proc) -> None:
-  """SIGSTOP, then wait until every thread is stopped: `kill` returns before
-  a thread running on another core has stopped, and nothing may be written
-  after the test reads the disk."""
-  os.kill(proc.pid, signal.SIGSTOP)
-  tasks = f"/proc/{proc.pid}/task"
-  for _ in range(5000):
-    states = []
-    for tid in os.listdir(tasks):
-      try:
-        with open(os.path.join(tasks, tid, "stat")) as f:
-          states.append(f.read().rsplit(")", 1)[1].split()[0])
-      except OSError:  # a thread that just ended
-        pass
-    if all(state in "tTZX" for state in states):
-      return
-    time.sleep(0.001)
-  raise AssertionError(f"pid {proc.pid} did not stop: {states}")
-
-
-def _disk_state(run_dir) -> tuple[int | None, list[dict]]:
-  """(the newest verified checkpoint, the metrics rows) on disk: the step a
-  resume starts from (decided by the checkpointer the resume uses; not the
-  owner, so it cleans nothing up) and the whole rows (a line cut by the
-  freeze ends the log, as it does for the resume)."""
-  ckpt = ckpt_lib.RunCheckpointer(
-    os.path.join(str(run_dir), "checkpoints"), 1, 1
-  )
-  try:
-    step, _ = ckpt.latest_verified_step()
-  finally:
-    ckpt.close()
-  rows = []
+def _rows_logged(run_dir) -> int:
   path = os.path.join(str(run_dir), "metrics.jsonl")
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        if not line.endswith("\n"):
-          break
-        rows.append(json.loads(line))
-  return step, rows
+  if not os.path.exists(path):
+    return 0
+  with open(path, encoding="utf-8") as f:
+    return sum(line.endswith("\n") for line in f)
 
 
-def test_streaming_run_killed_at_a_random_point_resumes_the_queued_rollouts(
-  env, tmp_path
+@pytest.mark.parametrize(
+  "staleness, inflight_kv, seed", [(1, "keep", 11), (2, "recompute", 12)]
+)
+def test_streaming_run_killed_at_a_random_point_resumes_to_the_uninterrupted_run(
+  env, tmp_path, staleness, inflight_kv, seed
 ):
-  """A streaming run (max_staleness=1) is frozen at a
-  seeded random moment after checkpoint 2, once it has logged a row past its
-  newest verified checkpoint c, and killed with kill -9. Checkpoint c holds
-  the rollouts it had queued (generated from θ_c and older); the resume
-  trains on them, so its rows for the steps the killed run logged after c
-  equal the killed run's on every key the batch determines. A resume that
-  dropped or regenerated them would sample step c+1 from θ_c instead (other
-  behaviour log-probs, version lag and, mostly, tokens).
+  """A streaming run (max_staleness 1 and 2) killed with kill -9 at a
+  seeded random point after checkpoint 4, then resumed, ends with the
+  uninterrupted run's metrics on every step (every key a batch fixes) and
+  its final params, bit for bit. The checkpoint it resumed from held rows
+  in flight, part-way: the resume continued them from where the cut left
+  them, as the uninterrupted run did.
 
-  Two streaming runs with max_staleness >= 1 are not compared (in-flight
-  swaps depend on timing): the killed run is the reference."""
+  Both runs follow `stream_gate`'s schedule (the worker takes prompts and
+  weights at polls counted by its own progress, not when its thread
+  happens to meet the trainer's): with free-running threads two streaming
+  runs differ wherever an in-flight swap landed at another decode chunk,
+  interrupted or not."""
   from .test_streaming import _untimed  # also drops the schedule's keys
 
+  gated = dict(env, RLJAX_TEST_STREAM_GATE="1")
+  ovr = lambda run_dir: overrides(
+    run_dir,
+    steps=STREAM_STEPS,
+    **STREAMING,
+    **{"run.max_staleness": staleness, "rollout.inflight_kv": inflight_kv},
+  )
+  reference = start(gated, ovr(tmp_path / "reference"))
   run = tmp_path / "run"
-  ovr = overrides(run, steps=STREAM_STEPS, **STREAMING)
-  rng = random.Random(47)
-  first = start(env, ovr)
-  wait_until(manifest_written(run, 2), first, "checkpoint 2")
-  time.sleep(rng.uniform(0.0, 2.0))
-  for _ in range(2000):
-    _freeze(first)
-    c, rows = _disk_state(run)
-    if c is not None and rows and rows[-1]["step"] > c:
-      break  # rows logged after the checkpoint a resume starts from
-    os.kill(first.pid, signal.SIGCONT)
-    if first.poll() is not None:
-      raise AssertionError(f"worker ended unfrozen:\n{first.stdout.read()}")
-    time.sleep(rng.uniform(0.01, 0.2))
-  else:
-    raise AssertionError("never froze with a row logged after a checkpoint")
-  os.kill(first.pid, signal.SIGKILL)  # frozen: the state read is what it left
-  first.communicate()
-  assert first.returncode == -signal.SIGKILL
-  assert _disk_state(run) == (c, rows)
-  last = rows[-1]["step"]
-  print(f"[test] killed at checkpoint c={c}, rows 1..{last}")
-  assert 2 <= c < last <= STREAM_STEPS
-  assert [r["step"] for r in rows] == list(range(1, last + 1))
+  rng = random.Random(seed)
+  first = start(gated, ovr(run))
+  # At a random moment of step 6, after checkpoint 4 (under the schedule,
+  # the cut of a checkpoint after step 4 leaves rows in flight at both
+  # staleness bounds).
+  wait_until(lambda: _rows_logged(run) >= 5, first, "row 5")
+  time.sleep(rng.uniform(0.0, 0.3))
+  os.kill(first.pid, signal.SIGKILL)
+  out, _ = first.communicate()
+  assert first.returncode == -signal.SIGKILL, out
   ckpt = ckpt_lib.RunCheckpointer(os.path.join(str(run), "checkpoints"), 1, 1)
   try:
-    # The queued rollouts are in the checkpoint (how many depends on how
-    # the groups of the admitted steps were split between steps).
-    assert ckpt_lib.pending_rollouts(ckpt, c, ckpt.read_meta(c))
+    c, _ = ckpt.latest_verified_step()
+    held = ckpt_lib.pending_rollouts(ckpt, c, ckpt.read_meta(c))
   finally:
     ckpt.close()
+  print(f"[test] killed after row {_rows_logged(run)}, checkpoint {c}")
+  assert c == 4
+  states = [v for _, e in held for k, v in e.items() if "stream_state_" in k]
+  assert 1.0 in states, f"no row was in flight at checkpoint {c}: {states}"
 
-  rc, out = finish(start(env, dict(ovr, resume=True)))
+  rc, out = finish(start(gated, dict(ovr(run), resume=True)))
   assert rc == 0, out
   assert f"starts at step {c}\n" in out, out
-  got = read_metrics(str(run))
+  rc, out = finish(reference)
+  assert rc == 0, out
+  got, want = read_metrics(str(run)), read_metrics(str(tmp_path / "reference"))
   assert [r["step"] for r in got] == list(range(1, STREAM_STEPS + 1))
-  assert got[:c] == rows[:c]  # the killed run's rows up to c, kept
-  compared = range(c + 1, min(c + STALENESS + 1, last) + 1)
-  for step in compared:
-    want, have = _untimed(rows[step - 1]), _untimed(got[step - 1])
-    for key in ("loss", "reward_mean", "grad_norm", "version_lag_max"):
-      assert key in want and key in have, (step, key)
-    assert "version_lag_mean" in want, want
-    assert have == want, f"step {step}"
-  ckpt = ckpt_lib.RunCheckpointer(os.path.join(str(run), "checkpoints"), 1, 1)
-  try:
-    assert ckpt.latest_verified_step() == (STREAM_STEPS, [])
-  finally:
-    ckpt.close()
+  assert [r["step"] for r in want] == [r["step"] for r in got]
+  for have, ref in zip(got, want):
+    have, ref = _untimed(have), _untimed(ref)
+    for key in ("loss", "reward_mean", "grad_norm", "version_lag_mean"):
+      assert key in have, key
+    assert have == ref, f"step {have['step']}"
+  assert max(r["version_lag_max"] for r in got) >= 1.0  # tokens behind θ_old
+  for a, b in zip(
+    jax.tree.leaves(saved_params(run, STREAM_STEPS)),
+    jax.tree.leaves(saved_params(tmp_path / "reference", STREAM_STEPS)),
+  ):
+    np.testing.assert_array_equal(a, b)
 
 
 # -- damaged checkpoints, config changes (no training: the reference's files) --

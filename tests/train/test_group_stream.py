@@ -227,7 +227,7 @@ def test_a_checkpoint_cuts_the_rows_in_flight_and_a_resume_continues_them(w0):
   stream = new_stream(CutAtFirstStart)
   try:
     stream.admit(1, ["1.0", "1.1"], requests[1], seed=5, data_state={"at": 1})
-    assert stream.asked.wait(timeout=300)
+    assert stream.asked.wait(timeout=120)
     saved = stream.saved()
     want = stream.take(1, 0)
   finally:
