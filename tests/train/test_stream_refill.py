@@ -96,18 +96,29 @@ def test_streaming_with_staleness_trains_only_groups_with_a_signal(tmp_path):
   trainer.collector.collect = spy
   try:
     rows = trainer.run()
+    expired = trainer.collector._stream._expired  # pylint: disable=protected-access
   finally:
     trainer.close()
   n = cfg.rollout.group_size
-  for out in seen:
+  for step, (out, row) in enumerate(zip(seen, rows), start=1):
     rewards = out.rewards.reshape(-1, n)
     valid = out.valid.reshape(-1, n)[:, 0]
     assert (rewards[valid].std(axis=1) > 0).all()
     assert (rewards[~valid].std(axis=1) == 0).all()  # filler only
-  assert all(r["version_lag_max"] <= 1.0 for r in rows)
+    # The lag of the trained tokens, recounted from their versions (θ_old
+    # of step s is version s - 1): what the step logged, within the bound.
+    lags = [
+      step - 1 - v
+      for r, v in enumerate(out.batch.policy_version)
+      if out.valid[r]
+      for v in v.tolist()
+    ]
+    assert row["version_lag_max"] == max(lags) <= 1
+    assert row["version_lag_mean"] == pytest.approx(np.mean(lags))
   assert sum(r["dynamic_sampling_filtered_groups"] for r in rows) > 0
   assert max(r["dynamic_sampling_rounds"] for r in rows) > 1
-  assert all(r["stream_groups_expired"] >= 0.0 for r in rows)
+  # Every group retired past its deadline is in some step's count.
+  assert sum(r["stream_groups_expired"] for r in rows) == expired
 
 
 def _group(prompt):

@@ -4,6 +4,7 @@ it. Equivalence with the synchronous run at max_staleness=0, the lag bound
 and mid-response versions at max_staleness=2, the resume of queued
 rollouts, and the settings streaming refuses."""
 
+import dataclasses
 import time
 
 import jax
@@ -191,9 +192,15 @@ def test_new_weights_reach_requests_in_flight(tmp_path, inflight_kv):
     def stopped(self):
       return self.feed.stopped()
 
+  collected = []
+
   def setup(trainer):
     engine, mailbox = trainer.actor.engine, trainer.collector.mailbox
     stream = engine.generate_stream
+    collect = trainer.collector.collect
+    trainer.collector.collect = lambda step: (
+      collected.append(collect(step)) or collected[-1]
+    )
 
     def gated_stream(feed, shape, sampling, *, weight_updates=None, version=0):
       inner = weight_updates
@@ -214,10 +221,15 @@ def test_new_weights_reach_requests_in_flight(tmp_path, inflight_kv):
 
   _, rows, _ = _run(cfg, setup)
   assert [r["step"] for r in rows] == [1, 2, 3, 4]
-  for row in rows:
-    assert row["version_lag_max"] <= 2
-    for key in ("version_lag_mean", "version_lag_ge1", "version_lag_ge4"):
-      assert key in row
+  for step, (row, out) in enumerate(zip(rows, collected), start=1):
+    # Recounted from the trained tokens' versions (θ_old of step s is
+    # version s - 1), not read back from the metric.
+    lags = np.concatenate([step - 1 - v for v in out.batch.policy_version])
+    assert lags.max() <= 2 and lags.min() >= 0
+    assert row["version_lag_max"] == lags.max()
+    assert row["version_lag_mean"] == pytest.approx(lags.mean())
+    assert row["version_lag_ge1"] == pytest.approx((lags >= 1).mean())
+  assert max(r["version_lag_max"] for r in rows) >= 1  # some lag was met
   assert gated and started[((2, 0), 0)] == started[((2, 0), 1)] == 0
   for i in (0, 1):
     versions = groups[((2, 0), i)].versions
@@ -226,6 +238,42 @@ def test_new_weights_reach_requests_in_flight(tmp_path, inflight_kv):
     for v in mixed:  # versions only move forward within a response
       assert v[0] == 0 and (np.diff(v) >= 0).all() and v[-1] >= 1
   assert sum(r["rollout_weight_swaps"] for r in rows) >= 1.0
+
+
+@pytest.mark.parametrize("fault", ["stale", "unversioned"])
+def test_a_token_past_the_bound_or_without_a_version_stops_the_step(
+  tmp_path, fault
+):
+  """The per-step lag check is live: at step 2 of max_staleness=0, a
+  rollout whose tokens are a version older than allowed, or that carries
+  no versions at all (it used to pass unchecked), stops the step before
+  it trains."""
+  trainer = make_trainer(small_config("grpo", tmp_path, steps=2, **STREAM0))
+  collect = trainer.collector.collect
+
+  def broken(step):
+    out = collect(step)
+    if step == 2:
+      versions = out.batch.policy_version
+      out.batch = dataclasses.replace(
+        out.batch,
+        policy_version=None
+        if fault == "unversioned"
+        else [v - 1 for v in versions],
+      )
+    return out
+
+  trainer.collector.collect = broken
+  error, match = {
+    "stale": (RuntimeError, "1 versions behind θ_old; expected <= "),
+    "unversioned": (ValueError, "the rollout has no policy_version"),
+  }[fault]
+  try:
+    with pytest.raises(error, match=match):
+      trainer.run()
+    assert trainer.step_num == 1  # step 2 did not train
+  finally:
+    trainer.close()
 
 
 class TestStreamingConfig:
