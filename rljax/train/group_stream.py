@@ -9,7 +9,7 @@ stream, groups handed to the trainer as they complete.
                                         a streamed slot run
                                         (`JaxSampler.generate_stream`):
                                         prompts join free slots, the newest
-                                        θ (`collect.Mailbox`) is taken
+                                        θ (`collect_stream.Mailbox`) is taken
                                         before a prefill and between chunks
                                               │
   take(step t) ◄── complete groups ◄──────────┘ a group's n rows all ended
@@ -98,7 +98,7 @@ SCHEDULE_METRICS = (
 class GroupStream(StreamCuts, StreamWorker):
   """The worker, the admitted requests and the trainer's `take` (see the
   module docstring). `sampling_for(key)` is a request's SamplingConfig;
-  `mailbox` holds the newest published θ (`collect.Mailbox`); `score(groups,
+  `mailbox` holds the newest published θ (`collect_stream.Mailbox`); `score(groups,
   examples)` scores arriving groups on the trainer's thread (a `Scored`
   each; None: every group is kept, unscored); `refill_rounds` bounds a
   step's refill requests (dynamic sampling's max_resample_rounds)."""
