@@ -57,6 +57,15 @@ place and generation resumes.
 
 The engine's idle share is the time the worker had nothing admitted; the
 trainer's is its wait in `take`.
+
+Reproducibility: a resume continues exactly the state its checkpoint's
+cut saved, so a run killed and resumed is the uninterrupted run whenever
+the worker's schedule is a function of its own progress (the tests impose
+one: tests/train/stream_gate.py). With free-running threads, which decode
+chunk a new θ lands at depends on how the threads meet, so two streaming
+runs at max_staleness >= 1 may differ, interrupted or not; at
+max_staleness 0 nothing newer exists while a request decodes, and the run
+is the synchronous one, bit for bit.
 """
 
 from __future__ import annotations

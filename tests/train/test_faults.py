@@ -2,8 +2,9 @@
 kill -9 (at a random point, inside orbax's save, before the checksum manifest),
 damaged checkpoint files, a second process on the same directory, a changed
 config on resume and NaN weights, and the resumed run takes exactly the steps
-the uninterrupted one took, logging each step once (a streaming run: the
-steps it had queued rollouts for, on those rollouts).
+the uninterrupted one took, logging each step once (a streaming run too, its
+rows in flight continued from its checkpoint, on a deterministic worker
+schedule: `stream_gate.py`).
 
 Training runs in real subprocesses (`fault_worker.py`) so a kill is a real
 SIGKILL; they share a persistent JAX compilation cache and one saved
