@@ -131,14 +131,14 @@ def test_a_server_killed_mid_stream_is_restarted_and_its_prompts_resent(
   (`Actor.generate_stream`, the recovery every other mode has), the
   prompts it held are queued again and re-sent, and the run trains every
   step on full batches within the lag bound."""
-  from rljax.train import stream_worker  # pylint: disable=g-import-not-at-top
+  from rljax.train import group_stream  # pylint: disable=g-import-not-at-top
   from tests.train.test_trainer import make_trainer  # pylint: disable=g-import-not-at-top
 
   cfg = _streaming_config(tmp_path)
   trainer = make_trainer(cfg, model=_tiny_vllm_model())
   killed, done = [], []
-  started = stream_worker.StreamWorker.started
-  finished = stream_worker.StreamWorker.done
+  started = group_stream.GroupStream.started
+  finished = group_stream.GroupStream.done
 
   def kill_at_step_2(self, tag, version):
     started(self, tag, version)
@@ -150,8 +150,8 @@ def test_a_server_killed_mid_stream_is_restarted_and_its_prompts_resent(
     done.append(group.tag)
     finished(self, group)
 
-  monkeypatch.setattr(stream_worker.StreamWorker, "started", kill_at_step_2)
-  monkeypatch.setattr(stream_worker.StreamWorker, "done", record)
+  monkeypatch.setattr(group_stream.GroupStream, "started", kill_at_step_2)
+  monkeypatch.setattr(group_stream.GroupStream, "done", record)
   collected = []
   collect = trainer.collector.collect
   trainer.collector.collect = lambda step: (
