@@ -10,10 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rljax.rollout import base
-from rljax.rollout import prompt_feed
-from tests.rollout.test_inflight_updates import MORE_PROMPTS
-from tests.rollout.test_inflight_updates import _engine, _sharp
+from rljax.rollout import base, prompt_feed
+from tests.rollout.test_inflight_updates import MORE_PROMPTS, _engine, _sharp
 
 SAMPLING = base.SamplingConfig(n=2, temperature=1.0, max_new_tokens=24, seed=7)
 

@@ -17,10 +17,8 @@ import os
 import numpy as np
 import pytest
 
-from rljax.rollout import base
-from rljax.rollout import prompt_feed
-from rljax.rollout.vllm import api
-from rljax.rollout.vllm import inflight
+from rljax.rollout import base, prompt_feed
+from rljax.rollout.vllm import api, inflight
 from rljax.rollout.vllm.config import VLLMSidecarConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
