@@ -152,15 +152,41 @@ def check_model(path: str) -> None:
   )
 
 
+GENERATED = ("arithmetic", "countdown")  # made by a level, not read
+
+
+def check_specs(text: str, specs) -> None:
+  """Refuses, before any file is read, a dataset name no loader knows
+  and an explicit LIMIT below 1 (a slice `rows[:-1]` would silently drop
+  the last row; `rows[:0]` would be read as every row)."""
+  from rljax import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  known = sorted(data_lib.DATASET_SPECS) + list(GENERATED)
+  problems = []
+  for spec in specs:
+    if spec.name not in known:
+      problems.append(
+        f"unknown dataset {spec.name!r} (known: {', '.join(known)})"
+      )
+  for item in [t.strip() for t in text.split(",") if t.strip()]:
+    body = item.split("=", 1)[1] if "=" in item.split(":", 1)[0] else item
+    parts = body.split(":")
+    if len(parts) == 3 and int(parts[2]) < 1:  # parse_datasets read an int
+      problems.append(
+        f"{item!r}: LIMIT={parts[2]}; expected an integer >= 1 (the rows to "
+        "evaluate; leave LIMIT out for every row)"
+      )
+  if problems:
+    raise cli.UsageError("--datasets: " + "; ".join(problems))
+
+
 def load_all_examples(specs) -> dict:
   """{label: examples} of every dataset, read before the model loads: a
   missing file, a bad row or fields the loader does not find are reported
   now, not after the datasets before it were generated."""
   out, problems = {}, []
   for spec in specs:
-    if spec.name not in ("arithmetic", "countdown") and not os.path.exists(
-      spec.path
-    ):
+    if spec.name not in GENERATED and not os.path.exists(spec.path):
       problems.append(f"{spec.label}: no such file {spec.path!r}")
       continue
     try:
@@ -225,6 +251,7 @@ def main(argv):
     specs = evaluation.parse_datasets(_DATASETS.value)
   except ValueError as e:
     raise cli.UsageError(f"--datasets: {e}") from None
+  check_specs(_DATASETS.value, specs)
   check_model(_MODEL.value)
   if _ENGINE.value == "vllm":
     import importlib.util  # pylint: disable=g-import-not-at-top

@@ -133,6 +133,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # else depends on the order.
 _HEAVIEST_FILES = (
   "rollout/test_vllm_sidecar.py",
+  "rollout/test_vllm_sidecar_int8.py",
   "train/test_trainer.py",
   "rewards/test_reward_experiments.py",
   "train/test_trainer_vllm.py",

@@ -17,9 +17,19 @@ renderer's business, not written here).
 
 A turn stops at a call's closing tag (``stop_sequences``). An engine may
 drop the stop string from the text it returns, so ``parse`` also takes an
-opening tag left open at the very end of the turn as a complete call.
-Calls that cannot be read give an error message each (in ``ParsedTurn.items``)
-that the environment answers with an error observation and counts.
+opening tag left open at the very end of the turn as a complete call (the
+environment refuses that reading for a turn that ended the answer,
+``ToolEnv.step(final=True)``). Calls that cannot be read give an error
+message each (in ``ParsedTurn.items``) that the environment answers with an
+error observation and counts.
+
+A closing tag inside a string literal of the call's body does not close
+the call: ``<python>print("</python>")</python>`` is one call whose code
+prints the tag. The body of a tool whose argument is ``code`` is read as
+Python (its one-quote and triple-quote strings, backslash escapes, ``#``
+comments), a Qwen call's body as JSON (its "..." strings);
+``turn_complete`` tells the rollout driver whether a turn that stopped on a
+``>`` holds a closed call by the same reading.
 """
 
 from __future__ import annotations
@@ -78,6 +88,8 @@ class ToolCallFormat(Protocol):
 
   def parse(self, text: str, tools: Sequence[Tool]) -> ParsedTurn: ...
 
+  def turn_complete(self, text: str, tools: Sequence[Tool]) -> bool: ...
+
   def observation(self, results: Sequence[ToolResult]) -> str: ...
 
 
@@ -101,10 +113,50 @@ class _Unreadable(str):
   """An error message, told apart from a block body."""
 
 
-def _blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[int, str]]:
+def find_outside_strings(
+  text: str, tag: str, start: int = 0, lexer: str | None = None
+) -> int:
+  """The first position >= `start` of `tag` in `text` that is not inside a
+  string literal of `lexer`: None (plain text: every occurrence), "python"
+  (one-quote and triple-quote strings; a backslash escapes the next
+  character; a one-quote string ends at a newline, where Python would
+  refuse it; a ``#`` comment opens no string), or "json" ("..." with
+  backslash escapes). -1 when there is none."""
+  if lexer is None:
+    return text.find(tag, start)
+  i, quote = start, None
+  while i < len(text):
+    if quote is None or quote == "#":
+      if text.startswith(tag, i):
+        return i
+      c = text[i]
+      if quote == "#":
+        quote = None if c == "\n" else quote
+      elif lexer == "python" and text.startswith(('"""', "'''"), i):
+        quote, i = text[i : i + 3], i + 3
+        continue
+      elif c == '"' or (lexer == "python" and c in "'#"):
+        quote = c
+      i += 1
+      continue
+    if text[i] == "\\":
+      i += 2
+    elif text.startswith(quote, i):
+      i, quote = i + len(quote), None
+    else:
+      if len(quote) == 1 and text[i] == "\n" and lexer == "python":
+        quote = None  # an unterminated one-quote string ends its line
+      i += 1
+  return -1
+
+
+def _blocks(
+  text: str, open_tag: str, close_tag: str, lexer: str | None = None
+) -> list[tuple[int, str]]:
   """(position, body) of ``open_tag ... close_tag`` blocks, left to right,
   with ``_Unreadable`` messages for stray or re-opened tags; an opening tag
-  left open at the end of the text runs to the end."""
+  left open at the end of the text runs to the end. Inside a body, tags
+  within `lexer`'s string literals are text (`find_outside_strings`)."""
   out: list[tuple[int, str]] = []
   position = 0
   while True:
@@ -119,8 +171,8 @@ def _blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[int, str]]:
     if start < 0:
       return out
     body_start = start + len(open_tag)
-    end = text.find(close_tag, body_start)
-    reopened = text.find(open_tag, body_start)
+    end = find_outside_strings(text, close_tag, body_start, lexer)
+    reopened = find_outside_strings(text, open_tag, body_start, lexer)
     if reopened >= 0 and (end < 0 or reopened < end):
       out.append(
         (start, _Unreadable(f"{open_tag} opened again before {close_tag}"))
@@ -132,6 +184,20 @@ def _blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[int, str]]:
       return out
     out.append((start, text[body_start:end]))
     position = end + len(close_tag)
+
+
+def _closes(text: str, open_tag: str, close_tag: str, lexer) -> bool:
+  """`text` holds a closing tag: of a block opened before it (not inside a
+  string of its body), or a stray one (a call that cannot be read, which
+  the environment answers)."""
+  start = text.find(open_tag)
+  if start < 0:
+    return close_tag in text
+  if text.find(close_tag, 0, start) >= 0:
+    return True
+  return (
+    find_outside_strings(text, close_tag, start + len(open_tag), lexer) >= 0
+  )
 
 
 def _json_call(body: str, names: set[str]) -> ToolCall | str:
@@ -179,9 +245,13 @@ class QwenFormat:
     return ParsedTurn(
       tuple(
         body if isinstance(body, _Unreadable) else _json_call(body, names)
-        for _, body in _blocks(text, "<tool_call>", "</tool_call>")
+        for _, body in _blocks(text, "<tool_call>", "</tool_call>", "json")
       )
     )
+
+  def turn_complete(self, text: str, tools: Sequence[Tool]) -> bool:
+    """A closed call (the closing tag outside the JSON's strings)."""
+    return _closes(text, "<tool_call>", "</tool_call>", "json")
 
   def observation(self, results: Sequence[ToolResult]) -> str:
     responses = "\n".join(
@@ -212,7 +282,8 @@ class TagFormat:
   def parse(self, text: str, tools: Sequence[Tool]) -> ParsedTurn:
     found: list[tuple[int, ToolCall | str]] = []
     for tool in tools:
-      for position, body in _blocks(text, f"<{tool.name}>", f"</{tool.name}>"):
+      tags = (f"<{tool.name}>", f"</{tool.name}>", _lexer(tool))
+      for position, body in _blocks(text, *tags):
         if isinstance(body, _Unreadable):
           found.append((position, str(body)))
         elif not body.strip():
@@ -224,11 +295,22 @@ class TagFormat:
     found.sort(key=lambda item: item[0])
     return ParsedTurn(tuple(item for _, item in found))
 
+  def turn_complete(self, text: str, tools: Sequence[Tool]) -> bool:
+    """Some tool's call closed (outside its code's strings)."""
+    return any(
+      _closes(text, f"<{t.name}>", f"</{t.name}>", _lexer(t)) for t in tools
+    )
+
   def observation(self, results: Sequence[ToolResult]) -> str:
     return "".join(
       f"\n<{self.output_tag}>\n{r.output}\n</{self.output_tag}>\n"
       for r in results
     )
+
+
+def _lexer(tool: Tool) -> str | None:
+  """How a tag body is read: a tool whose argument is code, as Python."""
+  return "python" if getattr(tool, "argument", "") == "code" else None
 
 
 FORMATS = {"qwen": QwenFormat, "tags": TagFormat}

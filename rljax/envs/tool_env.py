@@ -2,7 +2,9 @@
 
 Each model turn is parsed with the episode's ``ToolCallFormat``. A turn
 without a call is the final answer: it is scored (``reward_fn``) and the
-episode ends. A turn with calls gets one observation holding every call's
+episode ends. So is a turn the model ended itself (EOS, ``step(turn,
+final=True)``): a call it left open there is not run (it is counted as
+malformed), and the episode does not go on past the model's end. A turn with calls gets one observation holding every call's
 result in order: the tool's output cut to the limits, or an error message
 for a call that could not be read (counted in ``malformed_calls``) or that
 failed (counted by kind in ``tool_errors``). The episode also ends, with
@@ -173,7 +175,15 @@ class ToolEnv:
     instructions = self.format.instructions(list(self.tools.values()))
     return self.prompt_fn(example, instructions)
 
-  def step(self, turn: str) -> StepResult:
+  def turn_complete(self, turn: str) -> bool:
+    """Whether a turn the engine stopped holds a closed call (a stop
+    sequence that is not inside a string of the call's body)."""
+    return self.format.turn_complete(turn, list(self.tools.values()))
+
+  def step(self, turn: str, final: bool = False) -> StepResult:
+    """Answers a model turn. `final`: the model ended it (EOS), so it is
+    the answer whatever it holds: its calls are not run (counted as
+    malformed) and the episode ends."""
     ep = self._episode
     if ep is None or ep.done:
       raise RuntimeError(
@@ -182,6 +192,10 @@ class ToolEnv:
     ep.turns += 1
     ep.total_tokens += self.count_tokens(turn)
     parsed = self.format.parse(turn, list(self.tools.values()))
+    if final and parsed.has_calls:
+      ep.malformed_calls += len(parsed.items)
+      reward = float(self.reward_fn(turn, ep.example))
+      return self._end(ep, "call_left_open", reward)
     if not parsed.has_calls:
       return self._end(ep, "answer", float(self.reward_fn(turn, ep.example)))
     if ep.total_tokens >= self.config.max_total_tokens:

@@ -1,4 +1,4 @@
-"""In-flight weight updates of the continuous engine (issue 47, item 2).
+"""In-flight weight updates of the continuous engine.
 
 The lectures' Fix 2 (AReaL) and Fix 3 (PipelineRL): new weights reach the
 engine between two decode chunks, without waiting for the rows in flight.

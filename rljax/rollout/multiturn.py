@@ -40,19 +40,30 @@ on (vLLM's default), reuses the KV blocks of the prefix it computed in the
 previous turn; run the sidecar with ``VLLMSidecarConfig(fresh_prefix_cache=
 False)``, since the default resets the cache before every call.
 
+A stop is a closed call only if the environment says so
+(``env.turn_complete(turn)`` where it has one: ``ToolEnv`` does not count a
+closing tag inside a string of the call's code; else any stop sequence in
+the turn). A turn that ends in EOS is the model's end of the episode: the
+environment gets it as final (``env.step(turn, final=True)`` where its
+step takes that: a call left open is not run) and the episode ends there
+whatever the environment answers.
+
 Limits: ``sampling.max_new_tokens`` caps one model turn (its segments
 together), ``MultiTurnConfig.max_response_tokens`` the ids after the prompt
 (model and observations together, counted in ids, not in re-encoded text as
-``ToolEnvConfig.max_total_tokens`` is). A row that reaches either ends with
-finish reason "length" (reward 0; its ids are cut at the limit), as does one
-whose observation does not fit (the observation is left out). The
-environment ends the others (an answer, ``max_turns``, ...) with finish
-reason "stop".
+``ToolEnvConfig.max_total_tokens`` is). Each row is generated with its own
+limit, what is left of both (``max_new_tokens_per_sample`` of engines that
+take it; otherwise one call per distinct limit), so no row decodes past
+its limit. A row that reaches either ends with finish reason "length"
+(reward 0), as does one whose observation does not fit (the observation is
+left out). The environment ends the others (an answer, ``max_turns``, ...)
+with finish reason "stop".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from typing import Any, Callable, Protocol, Sequence
 
@@ -326,42 +337,48 @@ def rollout_multiturn(
 
   start = time.perf_counter()
   calls = continuations = 0
+  per_row = _takes_row_limits(engine)
   while True:
     active = [r for r in rows if not r.done]
     if not active:
       break
-    cap = max(r.room(turn_cap, budget) for r in active)
+    rooms = [r.room(turn_cap, budget) for r in active]
     call_sampling = dataclasses.replace(
       sampling,
       stop_token_ids=stop_ids,
-      max_new_tokens=cap,
       seed=(sampling.seed + _SEED_STRIDE * calls) % _SEED_RANGE,
     )
     if calls == 0:  # every row at its prompt: the n samples share its KV
-      out = engine.generate(prompts, call_sampling)
-    else:
       out = engine.generate(
-        [r.prompt + r.ids for r in active],
-        dataclasses.replace(call_sampling, n=1),
+        prompts, dataclasses.replace(call_sampling, max_new_tokens=rooms[0])
       )
+      outputs = list(zip(out.response_ids, out.behav_logp))
+    else:
+      outputs = _generate_rows(
+        engine, [r.prompt + r.ids for r in active], rooms,
+        dataclasses.replace(call_sampling, n=1), per_row,
+      )  # fmt: skip
     calls += 1
-    for row, ids, logp in zip(active, out.response_ids, out.behav_logp):
-      room = row.room(turn_cap, budget)
+    for row, room, (ids, logp) in zip(active, rooms, outputs):
       ids, logp = [int(t) for t in ids], np.asarray(logp, np.float32)
-      row.ids += ids[:room]
-      row.logp += logp[:room].tolist()
-      row.mask += [1] * len(ids[:room])
-      stopped = len(ids) <= room and bool(ids) and ids[-1] in stop_set
-      if not stopped:  # the turn's or the episode's ids ran out
+      if len(ids) > room:
+        raise RuntimeError(
+          f"rollout_multiturn: the engine returned {len(ids)} ids for a "
+          f"row limited to {room}; expected at most its limit"
+        )
+      row.ids += ids
+      row.logp += logp.tolist()
+      row.mask += [1] * len(ids)
+      if not (ids and ids[-1] in stop_set):  # its ids ran out
         row.cut(_cut_reason(row, budget))
         continue
       turn = tokenizer.decode(row.ids[row.turn_start :], **decode_kw)
-      if ids[-1] not in eos and not any(s in turn for s in stop_sequences):
+      if ids[-1] not in eos and not _turn_complete(row.env, turn):
         continuations += 1  # a '>' that closed nothing: generate on
         if row.room(turn_cap, budget) <= 0:
           row.cut(_cut_reason(row, budget))
         continue
-      _step(row, turn, tokenizer, budget)
+      _step(row, turn, tokenizer, budget, final=ids[-1] in eos)
   seconds = time.perf_counter() - start
 
   infos = [r.info for r in rows]
@@ -390,18 +407,80 @@ def rollout_multiturn(
   )
 
 
+def _takes_row_limits(engine: Any) -> bool:
+  """The engine's generate takes `max_new_tokens_per_sample`."""
+  try:
+    params = inspect.signature(engine.generate).parameters
+  except (TypeError, ValueError):
+    return False
+  return "max_new_tokens_per_sample" in params
+
+
+def _generate_rows(engine, prompts, limits, sampling, per_row) -> list:
+  """(ids, log-probs) of one sample of each prompt, prompt i limited to
+  `limits[i]` ids: in one call where the engine takes per-sample limits,
+  else one call per distinct limit (each with its own seed)."""
+  if per_row:
+    out = engine.generate(
+      prompts,
+      dataclasses.replace(sampling, max_new_tokens=max(limits)),
+      max_new_tokens_per_sample=list(limits),
+    )
+    return list(zip(out.response_ids, out.behav_logp))
+  outputs: list[Any] = [None] * len(prompts)
+  for k, limit in enumerate(sorted(set(limits))):
+    which = [i for i, x in enumerate(limits) if x == limit]
+    out = engine.generate(
+      [prompts[i] for i in which],
+      dataclasses.replace(
+        sampling,
+        max_new_tokens=limit,
+        seed=(sampling.seed + k) % _SEED_RANGE,
+      ),
+    )
+    for i, ids, logp in zip(which, out.response_ids, out.behav_logp):
+      outputs[i] = (ids, logp)
+  return outputs
+
+
+def _turn_complete(env: Any, turn: str) -> bool:
+  """A turn that stopped on a stop token holds a closed call: the
+  environment's reading where it has one, else any stop sequence."""
+  check = getattr(env, "turn_complete", None)
+  if callable(check):
+    return bool(check(turn))
+  return any(s in turn for s in env.stop_sequences)
+
+
+def _env_step(env: Any, turn: str, final: bool):
+  """`env.step(turn)`, told the turn is final (EOS) where it takes that."""
+  if final:
+    try:
+      takes_final = "final" in inspect.signature(env.step).parameters
+    except (TypeError, ValueError):
+      takes_final = False
+    if takes_final:
+      return env.step(turn, final=True)
+  return env.step(turn)
+
+
 def _cut_reason(row: _Row, budget: int) -> str:
   return "max_response_tokens" if len(row.ids) >= budget else "max_new_tokens"
 
 
-def _step(row: _Row, turn: str, tokenizer: Tokenizer, budget: int) -> None:
+def _step(
+  row: _Row, turn: str, tokenizer: Tokenizer, budget: int, final: bool
+) -> None:
   """The environment answers a complete turn; its observation's own ids
-  (mask 0, log-prob 0) are appended, or the episode ends."""
-  result = row.env.step(turn)
+  (mask 0, log-prob 0) are appended, or the episode ends. A `final` turn
+  (the model's EOS) ends the episode whatever the environment answers."""
+  result = _env_step(row.env, turn, final)
   row.info = {**_EMPTY_INFO, **dict(result.info)}
-  if result.done:  # the outcome reward: the row's own
+  if result.done or final:  # the outcome reward: the row's own
     row.done, row.finish = True, "stop"
     row.reward += float(result.reward)
+    if not result.done:
+      row.info["stop_reason"] = "eos"  # the environment wanted more
     return
   if result.reward:  # a reward of this turn: at its last model id
     row.turn_rewards.append((len(row.ids) - 1, float(result.reward)))

@@ -42,6 +42,10 @@ class SamplerRuns:
   figures in `last_timeline`, `last_stats` and `_last_kv_bytes`.
   """
 
+  # `generate_stream` honours a feed's cut and continues handed-back rows
+  # (`prompt_feed`, `slot_resume`).
+  stream_cuts = True
+
   # -- continuous batching ----------------------------------------------------
 
   def generate_stream(
@@ -61,7 +65,9 @@ class SamplerRuns:
     what `generate` would. Returns when the feed has nothing more and every
     row ended (or `feed.stopped()`), with the run's stats (with a hook: the
     swaps and `final_version`). `sampling.seed` is unused: each prompt
-    brings its request's seed."""
+    brings its request's seed. A feed with `cut`/`handback` may end the
+    run at a swap point, its unfinished prompts handed back with their rows
+    so far; a prompt with `partial` continues them (`prompt_feed`)."""
     prompts, _ = self._check_generate_args(
       shape_prompts, sampling, "generate_stream"
     )

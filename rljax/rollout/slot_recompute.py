@@ -29,6 +29,22 @@ def recompute_kv(
   response,
   table=None,
 ):
+  """`recompute_state`, jitted (the in-flight swap of "recompute")."""
+  return recompute_state(
+    config, plan, params, state, prompt_tokens, prompt_mask, response, table
+  )
+
+
+def recompute_state(
+  config,
+  plan: SlotPlan,
+  params,
+  state,
+  prompt_tokens,
+  prompt_mask,
+  response,
+  table=None,
+):
   """Every live row's KV recomputed with `params` (AReaL's re-prefill).
 
   One teacher-forced pass of `forward_with_cache` over each row's whole

@@ -12,6 +12,8 @@ group, when the own cache grows or shrinks, and what each row sampled.
   hook() ──► None: go on ──► (params, version): new weights for every later
   prefill and chunk; inflight_kv="recompute" first rewrites the live rows'
   KV with them (`slot_recompute.recompute_kv`), "keep" leaves it (`inflight`)
+  A streamed run's feed may ask for a cut there first: the run ends and
+  hands its unfinished prompts back with their rows (`slot_resume`).
 
 It loops until the queue is empty and every row is done, then returns each
 row's tokens and behaviour log-probs in the engine's order (sample j of
@@ -39,6 +41,7 @@ from rljax.rollout import kv_pages
 from rljax.rollout import prompt_feed
 from rljax.rollout import slot_plan
 from rljax.rollout import slot_program
+from rljax.rollout import slot_resume
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.static_program import new_token_capacity
 from rljax.rollout.token_sampling import sample_keys
@@ -112,7 +115,8 @@ def run(
       each prompt's rows go to `feed.done` as soon as they all end, and the
       run returns once the feed has nothing more and every row is done
       (its `tokens`/`logp` are then empty). `row_limits` applies to the
-      first prompts; later ones get max_new_tokens.
+      first prompts; later ones get max_new_tokens. A prompt with
+      `partial` rows continues them (`slot_resume`).
     page_size: P > 0: the rows' own KV in P-slot pages of one pool
       (`kv_pages`), which holds about the live rows' tokens; 0: an own
       cache of S rows × C slots, C following the longest live row.
@@ -127,16 +131,9 @@ def run(
   if max_steps is not None:
     max_new = min(max_new, max_steps)
   plan = slot_plan.make_plan(
-    sampling,
-    groups,
-    prompt_len,
-    chunk_steps,
-    pad_id,
-    cache_dtype,
-    activation_dtype,
-    width,
-    page_size,
-  )
+    sampling, groups, prompt_len, chunk_steps, pad_id, cache_dtype,
+    activation_dtype, width, page_size,
+  )  # fmt: skip
   slots = plan.slots
   traced = slot_plan.traced_args(sampling, max_new)
   stop_set = set(stop_ids) if sampling.stop_token_ids else set()
@@ -180,6 +177,10 @@ def run(
   tokens: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
   logps: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
   versions: list[list[np.ndarray]] = [[] for _ in range(len(prompts) * n)]
+  ended = [False] * (len(prompts) * n)  # each output row's end was seen
+  rows = (tokens, logps, versions, ended)
+  continuing: set[int] = set()  # prompts admitted with rows to continue
+  cut = [False]  # a streamed run's cut (`prompt_feed`)
 
   def admit(new: list[prompt_feed.StreamPrompt]) -> None:
     for item in new:
@@ -188,17 +189,21 @@ def run(
       prompt_index.append(int(item.index))
       seeds.append(int(item.seed))
       tags.append(item.tag)
-      rows_left.append(n)
       row_limits.extend([max_new] * n)
-      for _ in range(n):
-        tokens.append([])
-        logps.append([])
-        versions.append([])
-      queue.extend((p, k) for k in range(blocks))
+      left, units = slot_resume.admit_rows(item, n, width, rows)
+      rows_left.append(left)
+      if item.partial is not None:
+        continuing.add(p)
+      queue.extend((p, k) for k in units)
 
   def take_new_weights(state, prefill_params, decode_params):
     """The swap: new weights for every later prefill and chunk, if the hook
-    has any; "recompute" first rewrites the live rows' KV with them."""
+    has any; "recompute" first rewrites the live rows' KV with them. A cut
+    the feed asks for comes first: the run ends here, before any newer
+    weights are taken."""
+    if prompt_feed.cut_requested(feed):
+      cut[0] = True
+      return state, prefill_params, decode_params
     new_params = swaps.poll()
     if new_params is None:
       return state, prefill_params, decode_params
@@ -222,27 +227,81 @@ def run(
     """Streamed: a prompt whose rows all ended goes to the feed (and its
     rows are let go: a long run must not keep every response)."""
     p = out // n
+    ended[out] = True
     rows_left[p] -= 1
     if feed is None or rows_left[p]:
       return
-    rows = range(p * n, p * n + n)
+    rs = range(p * n, p * n + n)
     feed.done(
       prompt_feed.DoneGroup(
         tag=tags[p],
         prompt_ids=prompts[p],
         tokens=[
-          np.concatenate(tokens[r]).astype(np.int32).tolist() for r in rows
+          np.concatenate(tokens[r]).astype(np.int32).tolist() for r in rs
         ],
-        logp=[np.concatenate(logps[r]).astype(np.float32) for r in rows],
+        logp=[np.concatenate(logps[r]).astype(np.float32) for r in rs],
         versions=(
           None
           if swaps is None
-          else [np.concatenate(versions[r]).astype(np.int32) for r in rows]
+          else [np.concatenate(versions[r]).astype(np.int32) for r in rs]
         ),
       )
     )
-    for r in rows:
+    for r in rs:
       tokens[r], logps[r], versions[r] = [], [], []
+
+  def fit_cache(state):
+    """The own cache sized for the live rows' next chunk: C follows the
+    longest; with pages, each live row holds the pages of the slots its
+    next chunk may write (t < length - 1 + chunk_steps, and below its
+    limit), the pool growing by whole steps when the free list is short."""
+    nonlocal capacity, kv_peak, capacity_peak
+    need = int(row_len[~row_done].max()) + chunk_steps - 1
+    new_capacity = slot_program.cache_capacity(min(need, max_new), most)
+    if page_size:
+      capacity = new_capacity
+      wanted = {
+        int(row): min(
+          int(row_len[row]) - 1 + chunk_steps,
+          int(row_limits[owner[row]]),
+          own_slots(),
+        )
+        for row in np.flatnonzero(~row_done)
+      }
+      short = book.shortfall(wanted)
+      if short:
+        pages = kv_pages.pool_pages(book.pages + short, unit)
+        note_program(("grow", plan, book.pages, pages))
+        state = slot_program.resize_pool(pages, state)
+        book.grow(pages)
+        kv_peak = max(kv_peak, slot_program.kv_bytes(config, plan, pages))
+      book.reserve(wanted)
+      capacity_peak = max(capacity_peak, capacity)
+    elif new_capacity != capacity:
+      note_program(("resize", plan, capacity, new_capacity))
+      state = slot_program.resize_cache(new_capacity, state)
+      capacity = new_capacity
+      kv_peak = max(kv_peak, slot_program.kv_bytes(config, plan, capacity))
+      capacity_peak = max(capacity_peak, capacity)
+    return state
+
+  def continue_rows(state, params, continued):
+    """Rows just prefilled take up the tokens a cut left them
+    (`slot_resume`): their saved state, and every live row's KV
+    recomputed from its tokens with `params`."""
+    state = fit_cache(state)
+    stats["continued_rows"] += len(continued)
+    note_program(("continue", plan, own_slots()))
+    live = ~row_done
+    return slot_resume.continue_rows(
+      config, plan, params, state,
+      *slot_resume.continuation_arrays(continued, slots, tokens, ended),
+      *map(jnp.asarray, group_prompts),
+      jnp.asarray(
+        inflight.response_matrix(tokens, owner, live, own_slots(), pad_id)
+      ),
+      block_table(),
+    )  # fmt: skip
 
   # Each group's prompt as its prefill wrote it (a recompute re-reads it).
   group_prompts = (
@@ -272,6 +331,8 @@ def run(
         state, prefill_params, decode_params = take_new_weights(
           state, prefill_params, decode_params
         )
+        if cut[0]:
+          break
       take = min(free.size, len(queue))
       f = next(s for s in sizes if s >= take)
       chosen = [queue.popleft() for _ in range(take)]
@@ -303,17 +364,10 @@ def run(
       for i, (p, k) in enumerate(chosen):
         limits[i] = row_limits[p * n + k * width : p * n + (k + 1) * width]
       state, tok, logp = slot_program.prefill_groups(
-        config,
-        plan,
-        prefill_params,
-        state,
-        jnp.asarray(toks),
-        jnp.asarray(mask),
-        jnp.asarray(target),
-        jax.random.key_data(keys),
-        jnp.asarray(limits.reshape(-1)),
-        *traced,
-      )
+        config, plan, prefill_params, state, jnp.asarray(toks),
+        jnp.asarray(mask), jnp.asarray(target), jax.random.key_data(keys),
+        jnp.asarray(limits.reshape(-1)), *traced,
+      )  # fmt: skip
       tok, logp = jax.device_get((tok, logp))
       stats["prefills"] += 1
       if feed is not None:
@@ -321,6 +375,7 @@ def run(
           feed.started(tags[p], swaps.version if swaps is not None else 0)
       group_prompts[0][free[:take]] = toks[:take]
       group_prompts[1][free[:take]] = mask[:take]
+      continued = []  # (slot row, output row) taking up a handed-back row
       for i, (p, k) in enumerate(chosen):
         for j in range(width):
           row, out, at = (
@@ -329,6 +384,11 @@ def run(
             i * width + j,
           )
           owner[row] = out
+          if p in continuing and tokens[out]:
+            continued.append((row, out))
+            row_len[row] = sum(t.size for t in tokens[out])
+            row_done[row] = ended[out]
+            continue
           tokens[out] = [tok[at : at + 1]]
           logps[out] = [logp[at : at + 1]]
           if swaps is not None:
@@ -337,39 +397,12 @@ def run(
           row_done[row] = int(tok[at]) in stop_set or row_limits[out] <= 1
           if row_done[row]:
             row_ended(out)
+      if continued:
+        state = continue_rows(state, prefill_params, continued)
       continue
     if row_done.all():
       break
-    need = int(row_len[~row_done].max()) + chunk_steps - 1
-    new_capacity = slot_program.cache_capacity(min(need, max_new), most)
-    if page_size:
-      # Each live row holds the pages of the slots its next chunk may
-      # write (t < length - 1 + chunk_steps, and below its limit); the pool
-      # grows by whole steps when the free list is short.
-      capacity = new_capacity
-      wanted = {
-        int(row): min(
-          int(row_len[row]) - 1 + chunk_steps,
-          int(row_limits[owner[row]]),
-          own_slots(),
-        )
-        for row in np.flatnonzero(~row_done)
-      }
-      short = book.shortfall(wanted)
-      if short:
-        pages = kv_pages.pool_pages(book.pages + short, unit)
-        note_program(("grow", plan, book.pages, pages))
-        state = slot_program.resize_pool(pages, state)
-        book.grow(pages)
-        kv_peak = max(kv_peak, slot_program.kv_bytes(config, plan, pages))
-      book.reserve(wanted)
-      capacity_peak = max(capacity_peak, capacity)
-    elif new_capacity != capacity:
-      note_program(("resize", plan, capacity, new_capacity))
-      state = slot_program.resize_cache(new_capacity, state)
-      capacity = new_capacity
-      kv_peak = max(kv_peak, slot_program.kv_bytes(config, plan, capacity))
-      capacity_peak = max(capacity_peak, capacity)
+    state = fit_cache(state)
     # With prompts waiting, leave the chunk once a quarter of the groups
     # (or all that the queue can fill) are free: one prefill refills them.
     refill_at = min(len(queue), max(1, groups // 4)) if queue else groups + 1
@@ -424,7 +457,16 @@ def run(
       state, prefill_params, decode_params = take_new_weights(
         state, prefill_params, decode_params
       )
+      if cut[0]:
+        break
 
+  if cut[0]:  # the feed takes back every prompt not finished
+    stats["cuts"] += 1
+    feed.handback(
+      slot_resume.handback_prompts(
+        rows_left, (prompts, prompt_index, seeds, tags), n, rows
+      )
+    )
   if feed is not None:  # every group went to feed.done already
     tokens, logps, versions = [], [], []
   out_tokens = [np.concatenate(t).astype(np.int32).tolist() for t in tokens]

@@ -1,5 +1,5 @@
 """Validation of `RolloutBatch.policy_version`: the version of the weights
-that sampled each response token (issue 47, per-token policy versions)."""
+that sampled each response token."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def rollout_mode(cfg: TrainConfig) -> str:
   runs θ cast to bf16 (`update.compute_params`), so the sampler must run
   the same bf16 weights for behaviour = proximal to hold up to the
   kernels' float32 accumulation order. Sampling from the float32 θ instead
-  was not a reference (issue 43): a step of Adam at lr 1e-5 moves most
+  was not a reference: a step of Adam at lr 1e-5 moves most
   weights by less than half a bf16 ulp, so the float32 sampler saw each
   update and the bf16 proximal pass did not, and `behav_prox_kl` grew from
   1e-4 to 1e-2 in three SmolLM2 steps. Under the CPU's mixed precision both
@@ -85,7 +85,7 @@ class Actor:
     self.rollout_mode = rollout_mode(cfg)
     # The engine starts from `params`, the initial θ: version 0 (a resumed
     # trainer syncs its restored θ before its first rollout).
-    self.version: int | None = 0
+    self.version = 0
     self._engine_lock = threading.RLock()
     self.engine = rollout_factory.make_engine(
       cfg.rollout.engine,
@@ -157,16 +157,27 @@ class Actor:
 
   def push(self, rparams: Any, diag: dict) -> dict[str, float]:
     """Loads prepared weights into the engine and remembers their version
-    (`prepare`'s, None if the diagnostics lack it: unknown); returns
-    `prepare`'s diagnostics plus the sync's time and bytes."""
+    (`prepare`'s); returns `prepare`'s diagnostics plus the sync's time and
+    bytes.
+
+    Raises:
+      ValueError: `diag` carries no version (weights that are not
+        `prepare`'s: the tokens they sample could not be stamped).
+    """
     t0 = time.perf_counter()
     out = dict(diag)
     version = out.pop(VERSION_KEY, None)
+    if version is None:
+      raise ValueError(
+        f"Actor.push: the diagnostics carry no {VERSION_KEY!r}; expected "
+        "weights from Actor.prepare(params, version), so that every token "
+        "they sample is stamped with its version"
+      )
     with self._engine_lock:
       stats = self.recovering(
         "weight sync", lambda: self.engine.update_weights(rparams)
       )
-      self.version = None if version is None else int(version)
+      self.version = int(version)
     out["time_sync"] = time.perf_counter() - t0 + diag.pop("time_quantize", 0.0)
     out["sync_bytes"] = float(stats.bytes)
     return out
@@ -177,11 +188,11 @@ class Actor:
 
   def generate(self, prompts: list, sampling: SamplingConfig) -> RolloutBatch:
     """The engine's rollout, every response token stamped with the version
-    of the weights it holds (left None when that is unknown)."""
+    of the weights it holds."""
     rb, version = self.with_engine(
       "rollout", lambda engine: engine.generate(prompts, sampling)
     )
-    return rb if version is None else rb.with_policy_version(version)
+    return rb.with_policy_version(version)
 
   def generate_stream(
     self,
@@ -189,27 +200,36 @@ class Actor:
     shape_prompts: list,
     sampling: SamplingConfig,
     weight_updates: Callable,
+    before_retry: Callable[[], None] | None = None,
   ) -> dict:
     """A streamed run of the engine (`JaxSampler.generate_stream`): the
     prompts `feed` admits share the slots, each group goes to `feed.done`
     as it ends, new weights are taken in flight; the actor's version
-    becomes the last one taken. Returns the run's stats."""
-    with self._engine_lock:
-      if self.version is None:
-        raise RuntimeError(
-          "Actor.generate_stream: the engine's weights have no version; "
-          "push prepared weights first (Actor.push)"
+    becomes the last one taken. Returns the run's stats.
+
+    An engine that dies or hangs mid-stream (a vLLM sidecar) is restarted
+    once, as in every other mode (`recovering`); `before_retry()` then
+    puts the prompts it held back into the feed and pushes weights to the
+    restarted engine before the stream runs again."""
+    attempts = []
+
+    def attempt():
+      if attempts and before_retry is not None:
+        before_retry()
+      attempts.append(1)
+      with self._engine_lock:
+        version = self.version
+        stats = self.engine.generate_stream(
+          feed,
+          shape_prompts,
+          sampling,
+          weight_updates=weight_updates,
+          version=version,
         )
-      version = self.version
-      stats = self.engine.generate_stream(
-        feed,
-        shape_prompts,
-        sampling,
-        weight_updates=weight_updates,
-        version=version,
-      )
-      self.version = int(stats.get("final_version", version))
-    return stats
+        self.version = int(stats.get("final_version", version))
+      return stats
+
+    return self.recovering("streaming rollout", attempt)
 
   def with_engine(
     self, what: str, call: Callable[[Any], Any]

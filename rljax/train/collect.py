@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import threading
 import time
 from typing import Any
 
@@ -41,11 +40,10 @@ import numpy as np
 from rljax.envs import summarize
 from rljax.rewards import finite as finite_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
-from rljax.train import actor as actor_lib
 from rljax.train import batch as batch_lib
 from rljax.train import critic_pretrain
 from rljax.train import group_stream
-from rljax.train import stream_pick
+from rljax.train.collect_stream import Mailbox, StreamCollecting
 from rljax.train.config import TrainConfig
 
 
@@ -143,45 +141,7 @@ def episode_metrics(episodes: list) -> dict[str, float]:
   return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Published:
-  """Prepared rollout weights (`Actor.prepare`'s) and their version."""
-
-  version: int
-  rparams: Any
-  diag: dict
-
-
-class Mailbox:
-  """One slot holding the newest weights the trainer published; the
-  streaming worker reads it (at a request's start and between decode
-  chunks). The weights are `Actor.prepare`'s fresh buffers, never θ's,
-  which the next update donates."""
-
-  def __init__(self):
-    self._lock = threading.Lock()
-    self._item: Published | None = None
-
-  def publish(self, version: int, rparams: Any, diag: dict) -> None:
-    with self._lock:
-      if self._item is not None and version < self._item.version:
-        raise ValueError(
-          f"Mailbox.publish: version {version} after {self._item.version}; "
-          "expected versions that never go back"
-        )
-      self._item = Published(int(version), rparams, diag)
-
-  def latest(self) -> Published | None:
-    with self._lock:
-      return self._item
-
-  def newer(self, than: int) -> Published | None:
-    """The newest weights if their version is above `than`, else None."""
-    item = self.latest()
-    return item if item is not None and item.version > than else None
-
-
-class Collector:
+class Collector(StreamCollecting):
   """The step's rollout and rewards from a task and an `actor.Actor`."""
 
   def __init__(self, cfg: TrainConfig, task: Any, actor: Any, tokenizer: Any):
@@ -229,8 +189,7 @@ class Collector:
     out, version = self.actor.with_engine(
       "rollout", lambda engine: self.task.episodes(engine, examples, sampling)
     )
-    if version is not None:
-      out.batch = out.batch.with_policy_version(version)
+    out.batch = out.batch.with_policy_version(version)
     return out, time.perf_counter() - t0
 
   def _decode(self, rb: RolloutBatch) -> list[str]:
@@ -327,56 +286,6 @@ class Collector:
     keep = batch_lib.group_keep(cfg, scores) & finite_groups
     return Round(rb, scores, comps, keep), bad
 
-  def _collect_streamed(self, step: int) -> Collected:
-    """Streaming: the step's P groups from the stream (scored as they
-    arrived, through `_score`; refills admitted as the stream asks)."""
-    cfg = self.cfg
-    self._streamed_step = step
-    taken = self._stream.take(
-      step,
-      critic_pretrain.policy_version(cfg, step - 1),
-      refill=lambda round_: self._admit(step, round_),
-    )
-    timing = dict(taken.metrics)
-    sampled = timing.pop("reward_sampled")
-    _refuse_all_nonfinite(step, cfg, sampled, timing["reward_nonfinite"])
-    timing["time_rollout"] = timing["time_rollout_wait"]
-    timing["rollout_tokens_per_s"] = timing["rollout_tokens"] / max(
-      timing["time_rollout"], 1e-9
-    )
-    return Collected(
-      batch=taken.batch,
-      valid=taken.valid,
-      rewards=taken.rewards,
-      components=taken.components,
-      kept_groups=taken.kept_groups,
-      dropped_groups=int(timing["dynamic_sampling_filtered_groups"]),
-      metrics={
-        **timing,
-        **{
-          f"reward_{k}": float(np.mean(v)) for k, v in taken.components.items()
-        },
-      },
-    )
-
-  def _score_arrivals(self, groups: list[RolloutBatch], examples: list):
-    """The stream's scorer: one `_score` call over the groups that arrived
-    (its messages name the step being collected)."""
-    rb = RolloutBatch.concat(groups)
-    scored, bad = self._score(self._streamed_step, rb, examples)
-    n, rows = rb.n, lambda g: slice(g * n, (g + 1) * n)
-    return [
-      stream_pick.Scored(
-        rewards=scored.rewards[rows(g)],
-        components={
-          k: np.asarray(v)[rows(g)] for k, v in scored.components.items()
-        },
-        keep=bool(scored.keep[g]),
-        nonfinite=int(np.sum(bad // n == g)),
-      )
-      for g in range(len(groups))
-    ]
-
   def schedule(self, step: int, params: Any, version: int) -> None:
     """Queues (sync, generate the rollout of `step`) on the worker thread.
 
@@ -426,55 +335,6 @@ class Collector:
       "engine_idle_fraction": min(1.0, max(0.0, 1.0 - busy / span)),
     }
 
-  def publish(self, params: Any, version: int) -> dict[str, float]:
-    """Streaming: prepares θ = `params` (of `version`) for the engine on
-    this (the trainer's) thread and makes it the newest weights, which the
-    worker takes at its next request or decode chunk; returns the
-    preparation's metrics (quantization diagnostics, time_quantize)."""
-    rparams, diag = self.actor.prepare(params, version)
-    self.mailbox.publish(version, rparams, diag)
-    metrics = dict(diag)
-    metrics.pop(actor_lib.VERSION_KEY, None)
-    return metrics
-
-  def stream_through(self, last: int) -> None:
-    """Streaming: admits the prompts of every step up to `last` not yet
-    admitted (the caller keeps last = the trained step + 1 + max_staleness:
-    the pace), drawn here in step order (`group_stream`)."""
-    if getattr(self.task, "multi_turn", False):  # the config refuses it
-      raise ValueError(
-        "run.async_mode='streaming' with a multi-turn task; expected 'off'"
-      )
-    stream = self._group_stream()
-    for step in range(stream.admitted_through + 1, last + 1):
-      self._admit(step, 0)
-
-  def _admit(self, step: int, round_: int) -> None:
-    """Draws the prompts of request (step, round_) here, on the trainer's
-    thread, in the order the synchronous loop draws them, and queues them
-    with the seed that loop's round would use."""
-    data_state = self.task.state_dict()
-    examples = self.task.next_train_batch(self.cfg.rollout.prompts_per_step)
-    prompts = [self.task.prompt_ids(e) for e in examples]
-    seed = self._sampling(step, round_).seed
-    self._group_stream().admit(
-      step, examples, prompts, seed, data_state, round_=round_
-    )
-
-  def _group_stream(self) -> group_stream.GroupStream:
-    if self._stream is None:
-      a = self.cfg.advantage
-      self._stream = group_stream.GroupStream(
-        self.actor,
-        self.mailbox,
-        lambda key: self._sampling(*key),
-        self.cfg.rollout.prompts_per_step,
-        self.cfg.run.max_staleness,
-        score=self._score_arrivals,
-        refill_rounds=a.max_resample_rounds if a.dynamic_sampling else 0,
-      )
-    return self._stream
-
   @property
   def pending(self) -> int:
     """How many rollouts are queued or in flight (streaming: admitted
@@ -497,7 +357,8 @@ class Collector:
 
   def pending_rollouts(self) -> list[tuple[RolloutBatch, dict]]:
     """(rollout, its metrics) of every queued rollout, waiting for each
-    (streaming: every open block's groups, once what is in flight ended)."""
+    (streaming: every open request as the checkpoint's cut left it, rows
+    in flight part-way; `group_stream`)."""
     if self._stream is not None:
       return self._stream.saved()
     out = []

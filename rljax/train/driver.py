@@ -25,6 +25,7 @@ from rljax import distributed  # defines the multi-host flags
 from rljax.train import atomic
 from rljax.train import config as config_lib
 from rljax.train import metrics as metrics_lib
+from rljax.train import run_summary
 from rljax.train.config import TrainConfig
 
 
@@ -183,11 +184,28 @@ def run_experiment(
   distributed.initialize_from_flags()
   say = print if distributed.is_main_process() else _quiet
   bench_specs = check_benchmarks(cfg, benchmarks) if benchmarks else ()
+  done = run_summary.finished(cfg)
+  if done is not None:  # before anything is built: no file is touched
+    say(
+      f"[rljax] run_dir={cfg.run.run_dir} holds a finished run ({done['steps']}"
+      f" steps, {done['processes']} process(es), summary.json); nothing to "
+      "train. Raise --run.steps to train it further, or choose another "
+      "--run.run_dir for a new run",
+      flush=True,
+    )
+    return done
   from rljax.train.loop import Trainer  # heavy imports only when running
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   t0 = time.perf_counter()
   trainer = Trainer(cfg, show_progress=show_progress)
+  # Every logged step also records this process's wall time so far
+  # (processes.json): the summary sums it over every process of the run.
+  clock = run_summary.ProcessClock(
+    cfg.run.run_dir, t0, writer=distributed.is_main_process()
+  )
+  clock.tick()
+  trainer.writer = run_summary.ClockedWriter(trainer.writer, clock)
   say(
     f"[rljax] run_dir={cfg.run.run_dir} algorithm={cfg.algorithm} "
     f"rollout.engine={cfg.rollout.engine} rollout.quant={cfg.rollout.quant} "
@@ -214,7 +232,11 @@ def run_experiment(
     if rows and "eval_accuracy" in rows[-1]:
       # --run.eval_every already evaluated the last step: do not pay for it twice.
       after = {k: v for k, v in rows[-1].items() if k.startswith("eval_")}
-    elif cfg.task.eval_size:
+    elif cfg.task.eval_size and not rows:
+      # Resumed at the last step (killed before its summary): measured by
+      # the process that trained it, if it got that far.
+      after = metrics_lib.recorded_eval(cfg.run.run_dir, trainer.step_num)
+    if not after and cfg.task.eval_size:
       after = trainer.heldout.evaluate(trainer.local_policy_params())
       trainer.writer.write(trainer.step_num, after)
     if after:
@@ -223,14 +245,12 @@ def run_experiment(
         f"{after['eval_accuracy']:.3f}",
         flush=True,
       )
+    # The whole run's rows (every process's), not only this process's
+    # (which are all there is where no log is kept here: multi-host).
+    if distributed.is_main_process():
+      rows = run_summary.training_rows(cfg.run.run_dir) or rows
     summary = {
-      "run_dir": cfg.run.run_dir,
-      "wall_s": time.perf_counter() - t0,
-      "steps": trainer.step_num,
-      "first_reward": rows[0]["reward_mean"] if rows else None,
-      "last_reward": rows[-1]["reward_mean"] if rows else None,
-      "mean_reward_first_quarter": _quarter_mean(rows, first=True),
-      "mean_reward_last_quarter": _quarter_mean(rows, first=False),
+      **run_summary.whole_run(cfg.run.run_dir, trainer.step_num, clock, rows),
       "eval_accuracy_before": before.get("eval_accuracy"),
       "eval_accuracy_after": after.get("eval_accuracy"),
       "acr_exposure": acr_exposure_summary(rows),
@@ -248,6 +268,9 @@ def run_experiment(
       )
     if cfg.run.export_hf:
       summary.update(_export(trainer))
+    # Counted to here (benchmarks and exports too), while the run directory
+    # is still this process's.
+    summary["wall_s"] = run_summary.total_wall(clock)
   finally:
     trainer.close()
   if distributed.is_main_process():
@@ -314,14 +337,6 @@ def write_outputs(cfg: TrainConfig, summary: dict, plot: bool) -> None:
   atomic.write_json(os.path.join(cfg.run.run_dir, "summary.json"), summary)
 
 
-def _quarter_mean(rows: list[dict], first: bool) -> float | None:
-  if not rows:
-    return None
-  q = max(1, len(rows) // 4)
-  part = rows[:q] if first else rows[-q:]
-  return sum(r["reward_mean"] for r in part) / len(part)
-
-
 def acr_exposure_summary(rows: list[dict]) -> dict[str, float | None]:
   """Means over the run's steps of ACR's exposure (rljax.core.exposure,
   logged for every correction): whether ACR could have acted in this run."""
@@ -345,6 +360,6 @@ def exposure_line(exposure: dict[str, float | None]) -> str:
   )
   line = f"[rljax] ACR exposure (mean over steps): {shown}"
   if exposure["acr_grad_share"] < 1e-3:
-    # The gate of experiments/qurl_report_lib/gates.py (issue 44).
+    # The same threshold as experiments/qurl_report_lib/gates.py.
     line += " -- below 1e-3: ACR acted as TIS in this run"
   return line

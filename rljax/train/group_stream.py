@@ -1,5 +1,5 @@
-"""Streaming mode's rollout side (issue 47 items 1 and 4): one engine worker
-over a paced prompt stream, groups handed to the trainer as they complete.
+"""Streaming mode's rollout side: one engine worker over a paced prompt
+stream, groups handed to the trainer as they complete.
 
   trainer thread                        worker thread (the engine)
   ──────────────                        ──────────────────────────────
@@ -9,7 +9,7 @@ over a paced prompt stream, groups handed to the trainer as they complete.
                                         a streamed slot run
                                         (`JaxSampler.generate_stream`):
                                         prompts join free slots, the newest
-                                        θ (`collect.Mailbox`) is taken
+                                        θ (`collect_stream.Mailbox`) is taken
                                         before a prefill and between chunks
                                               │
   take(step t) ◄── complete groups ◄──────────┘ a group's n rows all ended
@@ -23,10 +23,23 @@ over a paced prompt stream, groups handed to the trainer as they complete.
      trained while θ_old's version V ≤ v + k; the step takes the P complete
      kept groups whose deadlines come first, and waits while a group still
      in flight would otherwise miss its own
-  checkpoint: drain (nothing is admitted while the trainer saves; what is in
-     flight finishes), then every admitted block with an untrained group is
-     saved; a resume re-draws their prompts from the oldest one's data
-     position and queues their untrained groups again
+  checkpoint: a cut, not a drain. The θ of a step that checkpoints is
+     published with a cut request: before taking it, the worker ends its
+     slot run at the next swap point, the engine hands every unfinished
+     prompt back with its rows so far, and the stream's state there
+     (complete, partial and queued groups, the queue's order) is what the
+     checkpoint saves (`stream_saved`); the worker goes on at once with
+     that θ, continuing the partial rows (their KV recomputed by it). A
+     resume queues the same partial rows in the same order, so it
+     continues them from the state the uninterrupted run continued them
+     from. The trainer waits at most one decode chunk, not for the longest
+     response in flight. An engine without cuts (vLLM: its requests return
+     whole) saves the prompts in flight as queued: a resume samples them
+     again.
+  engine failure: a vLLM server that dies mid-stream is restarted once
+     (`Actor.generate_stream`, the recovery of every other mode); the
+     prompts it had in flight go back to the front of the queue, the
+     newest θ is pushed again, and the stream goes on.
 
 So a step does not wait for its own request's longest response: a group of
 a later request that ended sooner fills its place, and the straggler goes
@@ -44,6 +57,15 @@ place and generation resumes.
 
 The engine's idle share is the time the worker had nothing admitted; the
 trainer's is its wait in `take`.
+
+Reproducibility: a resume continues exactly the state its checkpoint's
+cut saved, so a run killed and resumed is the uninterrupted run whenever
+the worker's schedule is a function of its own progress (the tests impose
+one: tests/train/stream_gate.py). With free-running threads, which decode
+chunk a new θ lands at depends on how the threads meet, so two streaming
+runs at max_staleness >= 1 may differ, interrupted or not; at
+max_staleness 0 nothing newer exists while a request decodes, and the run
+is the synchronous one, bit for bit.
 """
 
 from __future__ import annotations
@@ -57,6 +79,8 @@ import numpy as np
 
 from rljax.rollout import prompt_feed
 from rljax.rollout.base import RolloutBatch, SamplingConfig
+from rljax.train.stream_cuts import StreamCuts
+from rljax.train.stream_worker import StreamWorker
 from rljax.train.stream_pick import (
   Block,
   Key,
@@ -64,7 +88,6 @@ from rljax.train.stream_pick import (
   Taken,
   decide,
   expire,
-  group_batch,
 )
 
 # The metrics of a step that measure how the two threads met (time, the
@@ -80,16 +103,11 @@ SCHEDULE_METRICS = (
   "stream_groups_expired",
 )
 
-_STEP = "stream_step"
-_ROUND = "stream_round"
-_TRAINED = "stream_trained_"  # + group index: 1.0 if a step trained it
-_STARTED = "stream_version_"  # + group index: the version of its prefill
 
-
-class GroupStream:
+class GroupStream(StreamCuts, StreamWorker):
   """The worker, the admitted requests and the trainer's `take` (see the
   module docstring). `sampling_for(key)` is a request's SamplingConfig;
-  `mailbox` holds the newest published θ (`collect.Mailbox`); `score(groups,
+  `mailbox` holds the newest published θ (`collect_stream.Mailbox`); `score(groups,
   examples)` scores arriving groups on the trainer's thread (a `Scored`
   each; None: every group is kept, unscored); `refill_rounds` bounds a
   step's refill requests (dynamic sampling's max_resample_rounds)."""
@@ -136,6 +154,21 @@ class GroupStream:
     self._swaps_at_take = 0
     self._expired_at_take = 0
     self._pushed = False  # the worker pushed weights once
+    self._running: int | None = None  # the version the engine samples with
+    # Prompts the engine took from the queue and has not ended or handed
+    # back, in the order taken (a failed engine's are queued again).
+    self._polled: collections.OrderedDict[Any, prompt_feed.StreamPrompt] = (
+      collections.OrderedDict()
+    )
+    self._in_run = False  # the worker is inside an engine run
+    # Cuts (see the module docstring): requests counted, the version a cut
+    # comes before (None: the next swap point), and the last one made: its
+    # number and the state then.
+    self._cut_wanted = 0
+    self._cut_version: int | None = None
+    self._cut_made = 0
+    self._cut_returned = 0  # the last cut a `saved` call returned
+    self._snapshot: list[tuple[RolloutBatch, dict]] = []
 
   # -- the trainer's side -----------------------------------------------------
 
@@ -180,6 +213,11 @@ class GroupStream:
         self._queue.extendleft(reversed(items))
       self._rounds[step] = round_
       self._cv.notify_all()
+    self.start()
+
+  def start(self) -> None:
+    """Starts the worker (idempotent): at the first admission, or after a
+    restore once weights are published."""
     if self._thread is None:
       self._thread = threading.Thread(
         target=self._work, name="rljax-stream", daemon=True
@@ -332,67 +370,14 @@ class GroupStream:
     """The admitted requests from the oldest with a group not retired on,
     in admission order."""
     with self._cv:
-      blocks = list(self._blocks.values())
+      return self.open_blocks_locked()
+
+  def open_blocks_locked(self) -> list[Block]:
+    blocks = list(self._blocks.values())
     for j, block in enumerate(blocks):
       if block.open:
         return blocks[j:]
     return []
-
-  def drain(self) -> None:
-    """Waits until every admitted prompt's rows ended (the trainer admits
-    nothing meanwhile: it is saving)."""
-    with self._cv:
-      while not self._error and (
-        self._queue
-        or any(g is None for b in self._blocks.values() for g in b.groups)
-      ):
-        self._cv.wait(timeout=1.0)
-      self._raise_if_failed()
-
-  def saved(self) -> list[tuple[RolloutBatch, dict]]:
-    """What a checkpoint keeps (after `drain`): each open request's groups
-    and, in its metrics dict, its step and round, which groups trained and
-    each group's first version (scores are not kept: the resumed trainer
-    scores the groups again as they arrive)."""
-    self.drain()
-    out = []
-    for block in self.open_blocks():
-      extra = {_STEP: float(block.key[0]), _ROUND: float(block.key[1])}
-      for i in range(len(block.groups)):
-        # An expired group stays retired after a resume.
-        extra[f"{_TRAINED}{i}"] = float(block.trained[i] or block.expired[i])
-        extra[f"{_STARTED}{i}"] = float(block.started[i])
-      out.append((RolloutBatch.concat(block.groups), extra))
-    return out
-
-  def restore(
-    self,
-    saved: list[tuple[RolloutBatch, dict]],
-    draw: Callable[[], tuple[list, list, dict]],
-  ) -> None:
-    """Queues a checkpoint's requests again: `draw()` re-draws each one's
-    (examples, prompts, data state) from the restored data position."""
-    for rb, extra in saved:
-      examples, prompts, data_state = draw()
-      step = int(extra[_STEP])
-      key = (step, int(extra.get(_ROUND, 0.0)))
-      p = len(prompts)
-      block = Block(
-        key, examples, prompts, 0, data_state,
-        [int(extra[f"{_STARTED}{i}"]) for i in range(p)],
-        [rb.select_groups(np.array([i])) for i in range(p)],
-        np.array([extra[f"{_TRAINED}{i}"] > 0 for i in range(p)]),
-      )  # fmt: skip
-      if [g.prompt_ids[0] for g in block.groups] != [list(x) for x in prompts]:
-        raise ValueError(
-          f"resume: the prompts re-drawn for streamed step {step} are not "
-          "the ones its saved rollouts answer (the task's data order changed)"
-        )
-      with self._cv:
-        self._blocks[key] = block
-        if key[1] == 0:
-          self.admitted_through = max(self.admitted_through, step)
-        self._rounds[step] = max(self._rounds.get(step, 0), key[1])
 
   @property
   def pending(self) -> int:
@@ -411,81 +396,3 @@ class GroupStream:
     if self._thread is not None:
       self._thread.join()
       self._thread = None
-
-  # -- the worker's side (prompt_feed.PromptFeed) -----------------------------
-
-  def poll(self, prompt_len: int) -> list[prompt_feed.StreamPrompt]:
-    out = []
-    with self._cv:
-      while self._queue and len(self._queue[0].ids) <= prompt_len:
-        out.append(self._queue.popleft())
-    return out
-
-  def started(self, tag: Any, version: int) -> None:
-    key, i = tag
-    with self._cv:
-      block = self._blocks[key]
-      if block.started[i] is None:
-        block.started[i] = int(version)
-        self._cv.notify_all()
-
-  def done(self, group: prompt_feed.DoneGroup) -> None:
-    key, i = group.tag
-    with self._cv:
-      block = self._blocks[key]
-      block.groups[i] = group_batch(group, self.sampling_for(key))
-      self._cv.notify_all()
-
-  def stopped(self) -> bool:
-    return self._closed
-
-  def _work(self) -> None:
-    try:
-      while True:
-        with self._cv:
-          self._idle_since = time.perf_counter()
-          while not self._queue and not self._closed:
-            self._cv.wait()
-          self._idle += time.perf_counter() - self._idle_since
-          self._idle_since = None
-          if self._closed:
-            return
-          key = self._queue[0].tag[0]
-          shape = self._blocks[key].prompts
-        self._run(key, shape)
-    except BaseException as e:  # pylint: disable=broad-except
-      with self._cv:
-        self._error = e
-        self._cv.notify_all()
-
-  def _run(self, key: Key, shape: list) -> None:
-    """One streamed slot run, from the newest published θ."""
-    start = self.mailbox.latest()
-    if start is None:
-      raise RuntimeError(
-        f"streaming rollout of step {key[0]}: no weights published yet"
-      )
-    if start.version != self.actor.version or not self._pushed:
-      # The JAX engine starts without weights: the first run pushes.
-      self.actor.push(start.rparams, dict(start.diag))
-      self._pushed = True
-    taken = [self.actor.version]
-
-    def weight_updates():
-      item = self.mailbox.newer(taken[0])
-      if item is None:
-        return None
-      taken[0] = item.version
-      with self._cv:
-        self._swaps += 1
-      return item.rparams, item.version
-
-    if not hasattr(self.actor.engine, "generate_stream"):
-      raise TypeError(
-        f"streaming rollout: engine {type(self.actor.engine).__name__} has no "
-        "generate_stream (a streamed run with in-flight updates: JaxSampler, "
-        "VLLMSidecar); expected one of those, or --run.async_mode=one_step"
-      )
-    self.actor.generate_stream(
-      self, shape, self.sampling_for(key), weight_updates
-    )

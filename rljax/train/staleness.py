@@ -101,9 +101,20 @@ def rollout_lag_metrics(
   """`version_lag_metrics` of a `RolloutBatch` as the trainer trains on it:
   the rows `valid` keeps (dynamic sampling's filler groups are masked out)
   and, in trajectories, the model tokens only (an observation token was
-  not sampled by any policy). {} when the versions are unknown."""
+  not sampled by any policy).
+
+  Raises:
+    ValueError: the batch carries no versions. Every rollout the trainer
+      trains is stamped (`Actor`, the engines' in-flight runs); one without
+      would pass the streaming lag bound unchecked.
+  """
   if batch.policy_version is None:
-    return {}
+    raise ValueError(
+      "rollout_lag_metrics: the rollout has no policy_version; expected "
+      "the version of every response token (stamped by the actor or the "
+      "engine: a rollout restored from a checkpoint made before per-token "
+      "versions has none, and cannot be trained asynchronously)"
+    )
   mask = []
   for row, versions in enumerate(batch.policy_version):
     keep = np.full(len(versions), valid is None or bool(valid[row]))

@@ -44,10 +44,15 @@ class Block:
   trained: np.ndarray  # bool [P]: in a step's batch (filler included)
   scores: list[Scored | None] = dataclasses.field(default_factory=list)
   expired: np.ndarray | None = None  # bool [P]: kept, missed its deadline
+  # Each group's rows as the last cut (or a restore) left them in flight.
+  partial: list[prompt_feed.PartialRows | None] = dataclasses.field(
+    default_factory=list
+  )
 
   def __post_init__(self):
     p = len(self.prompts)
     self.scores = self.scores or [None] * p
+    self.partial = self.partial or [None] * p
     if self.expired is None:
       self.expired = np.zeros((p,), bool)
 

@@ -1,16 +1,21 @@
-"""A response whose tokens were sampled by two policy versions (issue 47,
-item 3): the loss kernel needs nothing but each token's own behaviour
-log-prob. Tokens 0-2 come from version v (policy A), tokens 3-5 from v + 1
-(policy B, pushed mid-generation); π_prox = θ_old at batch time for all of
-them. The token-level corrections (decoupled, tis, acr, mis) give every
-token exactly the weight its own ρ_t = π_prox/π_behav,t defines, whichever
-version sampled it."""
+"""A response whose tokens were sampled by two policy versions: the loss
+needs nothing but each token's own behaviour log-prob.
+
+The kernel tests: tokens 0-2 come from version v (policy A), tokens 3-5
+from v + 1 (policy B, pushed mid-generation); π_prox = θ_old at batch time
+for all of them. The token-level corrections (decoupled, tis, acr, mis)
+give every token exactly the weight its own ρ_t = π_prox/π_behav,t defines,
+whichever version sampled it. `TestThroughTheTrainer` sends such a
+response from the engine, with its per-token versions, through
+`build_batch` into two PPO epochs of the trainer's update.
+"""
 
 import functools
 
 import chex
 import hypothesis
 import hypothesis.strategies as st
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -186,3 +191,82 @@ class PermutedVersionsTest(chex.TestCase):
       np.testing.assert_allclose(
         np.asarray(iw[0].weight)[0], want, rtol=1e-5, err_msg=correction
       )
+
+
+class TestThroughTheTrainer:
+  """A response sampled by two versions, from the engine through
+  `build_batch` to the loss, over two PPO epochs: the streaming trainer
+  (max_staleness 1, `stream_gate`'s deterministic schedule, which swaps θ_1
+  into step 2's responses part-way) on the tiny model."""
+
+  def test_each_token_is_weighted_by_its_own_behaviour_log_prob(
+    self, tmp_path, monkeypatch
+  ):
+    from rljax.train import group_stream  # pylint: disable=g-import-not-at-top
+    from rljax.train import update as update_lib  # pylint: disable=g-import-not-at-top
+    from tests.train import stream_gate  # pylint: disable=g-import-not-at-top
+    from tests.train.test_trainer import make_trainer, small_config  # pylint: disable=g-import-not-at-top
+
+    monkeypatch.setattr(group_stream, "GroupStream", stream_gate.GatedStream)
+    cfg = small_config(
+      "grpo",
+      tmp_path,
+      steps=2,
+      max_new_tokens=40,
+      **{
+        "rollout.batching": "continuous",
+        "optim.steps": 4,
+        "run.async_mode": "streaming",
+        "run.max_staleness": 1,
+        "rollout.inflight_kv": "keep",
+        "update.ppo_epochs": 2,
+        "loss.correction": "tis",
+      },
+    )
+    trainer = make_trainer(cfg)
+    collected, batches, updates = [], [], []
+    collect = trainer.collector.collect
+    trainer.collector.collect = lambda step: (
+      collected.append(collect(step)) or collected[-1]
+    )
+    run_epochs = update_lib.run_epochs
+
+    def spy(update_step, state, batch, *rest):
+      batches.append(jax.device_get(batch))
+      state, out = run_epochs(update_step, state, batch, *rest)
+      updates.append(update_lib.fetch_metrics(out))
+      return state, out
+
+    monkeypatch.setattr(update_lib, "run_epochs", spy)
+    try:
+      rows = trainer.run()
+    finally:
+      trainer.close()
+    assert [r["step"] for r in rows] == [1, 2]
+    rollout, batch, epochs = collected[1], batches[1], updates[1]
+    versions = rollout.batch.policy_version
+    assert any(set(v.tolist()) == {0, 1} for v in versions), versions
+    mask = np.asarray(batch["loss_mask"]) > 0
+    behav = np.asarray(batch["behav_logp"])
+    prox = np.asarray(batch["prox_logp"])
+    gap = {0: [], 1: []}
+    for b, (logp, v) in enumerate(zip(rollout.batch.behav_logp, versions)):
+      # The engine's own log-prob of every token, across the swap.
+      np.testing.assert_array_equal(behav[b][mask[b]], logp)
+      for version in (0, 1):
+        gap[version] += list(np.abs(prox[b][mask[b]] - logp)[v == version])
+    # θ_old is θ_1: its tokens match their behaviour policy up to float
+    # noise; θ_0's tokens are a step of Adam away.
+    assert np.mean(gap[0]) > 3 * np.mean(gap[1]), (
+      np.mean(gap[0]),
+      np.mean(gap[1]),
+    )
+    # Both epochs weighted every token by its own ρ_t = π_prox/π_behav,t
+    # (TIS: min(ρ, C)), and the second ran from the first's θ.
+    rho = np.exp(prox[mask].astype(np.float64) - behav[mask])
+    want = np.minimum(rho, cfg.loss.tis_cap).mean()
+    assert len(epochs) == 2
+    for metrics in epochs:
+      np.testing.assert_allclose(metrics["weight_mean"], want, rtol=1e-4)
+    assert epochs[0]["loss"] != epochs[1]["loss"]
+    assert all(np.isfinite(m["loss"]) for m in epochs)

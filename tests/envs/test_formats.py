@@ -93,6 +93,20 @@ class TestQwenFormat:
       assert json.dumps(schema) in text
 
 
+class TestQwenStrings:
+  fmt = QwenFormat()
+
+  def test_a_closing_tag_inside_a_json_string_is_text(self):
+    code = 'print("</tool_call>")'
+    text = _qwen_call("python", {"code": code})
+    assert self.fmt.parse(text, TOOLS).calls == (
+      ToolCall("python", {"code": code}),
+    )
+    assert self.fmt.turn_complete(text, TOOLS)
+    first = text.index("</tool_call>") + len("</tool_call>")
+    assert not self.fmt.turn_complete(text[:first], TOOLS)
+
+
 class TestTagFormat:
   fmt = TagFormat()
 
@@ -127,6 +141,35 @@ class TestTagFormat:
     assert (
       self.fmt.observation([ToolResult("4")]) == "\n<output>\n4\n</output>\n"
     )
+
+  @pytest.mark.parametrize(
+    "code",
+    [
+      'print("</python>")',
+      "print('</python>')",
+      's = """a\n</python>\nb"""\nprint(s)',
+      "print('it\\'s </python>')",
+      'x = 1  # a quote \' in a comment opens no string\nprint("</python>")',
+    ],
+  )
+  def test_a_closing_tag_inside_a_string_of_code_is_code(self, code):
+    text = f"<python>{code}</python> done"
+    assert self.fmt.parse(text, TOOLS).calls == (
+      ToolCall("python", {"code": code}),
+    )
+    assert self.fmt.turn_complete(text, TOOLS)
+    # Stopped on the string's '>': the call is still open.
+    cut = text[: text.index("</python>") + len("</python>")]
+    assert not self.fmt.turn_complete(cut, TOOLS)
+
+  def test_complete_turns(self):
+    complete = self.fmt.turn_complete
+    assert complete("<calculator>2+2</calculator>", TOOLS)
+    assert complete("1+1</calculator>", TOOLS)  # stray: answered as an error
+    assert not complete("<calculator>2+2", TOOLS)
+    assert not complete("a > b", TOOLS)
+    # A calculator's body is not code: a quote there is just a character.
+    assert complete('<calculator>"2</calculator>', TOOLS)
 
 
 def test_make_format_names_the_choices():

@@ -94,7 +94,10 @@ def _forced_decoder(tokenizer, script, hidden=64):
   for k, (a, b) in enumerate(sorted(script.items())):
     embed[a] = 0.0
     embed[a, k] = 1.0  # RMS-normed to sqrt(hidden) at k
-    head[k, b] = (16.0 + 0.25 * k) / np.sqrt(hidden)
+    # A tuple of successors: equally likely (a fork sampling takes).
+    head[k, list(b) if isinstance(b, tuple) else b] = (
+      16.0 + 0.25 * k
+    ) / np.sqrt(hidden)
   params["lm_head"]["kernel"] = head
   return config, jax.tree_util.tree_map(jnp.asarray, params)
 
@@ -105,12 +108,21 @@ class Recorder:
   def __init__(self, engine):
     self.engine = engine
     self.calls = []  # (prompt ids, response ids, behav_logp) per row
+    self.limits = []  # each row's limit: its own, or the call's
 
-  def generate(self, prompt_ids, sampling):
-    out = self.engine.generate(prompt_ids, sampling)
+  def generate(self, prompt_ids, sampling, max_new_tokens_per_sample=None):
+    kw = {}
+    if max_new_tokens_per_sample is not None:
+      kw["max_new_tokens_per_sample"] = max_new_tokens_per_sample
+    out = self.engine.generate(prompt_ids, sampling, **kw)
     for row, (ids, logp) in enumerate(zip(out.response_ids, out.behav_logp)):
       prompt = list(prompt_ids[row // sampling.n])
       self.calls.append((prompt, list(ids), np.asarray(logp)))
+      self.limits.append(
+        sampling.max_new_tokens
+        if max_new_tokens_per_sample is None
+        else max_new_tokens_per_sample[row]
+      )
     return out
 
   def __getattr__(self, name):  # max_prompt_len and the rest
@@ -133,8 +145,11 @@ class Logged:
   def reset(self, example):
     return self.env.reset(example)
 
-  def step(self, turn):
-    result = self.env.step(turn)
+  def turn_complete(self, turn):
+    return self.env.turn_complete(turn)
+
+  def step(self, turn, final=False):
+    result = self.env.step(turn, final=True) if final else self.env.step(turn)
     if result.observation:
       self.observations.append(result.observation)
     return result
@@ -147,16 +162,25 @@ def _examples():
   ]
 
 
-def _run(engine, tokenizer, sampling, config, max_turns=4):
+class PlainRecorder(Recorder):
+  """A `Recorder` of an engine without per-row limits."""
+
+  def generate(self, prompt_ids, sampling):  # pylint: disable=arguments-differ
+    return super().generate(prompt_ids, sampling)
+
+
+def _run(
+  engine, tokenizer, sampling, config, max_turns=4, tool=None,
+  recorder_cls=None,
+):  # fmt: skip
   envs = []
 
   def make_env():
-    envs.append(
-      Logged(ToolEnv([CalculatorTool()], ToolEnvConfig(max_turns=max_turns)))
-    )
+    tools = [tool or CalculatorTool()]
+    envs.append(Logged(ToolEnv(tools, ToolEnvConfig(max_turns=max_turns))))
     return envs[-1]
 
-  recorder = Recorder(engine)
+  recorder = (recorder_cls or Recorder)(engine)
   out = rollout_multiturn(
     recorder, _examples(), make_env, tokenizer, sampling, config
   )

@@ -55,6 +55,21 @@ class TestEpisode:
     assert (final.observation, final.reward, final.done) == ("", 1.0, True)
     assert final.info["stop_reason"] == "answer"
 
+  def test_a_final_turn_runs_no_call_and_ends(self):
+    """EOS inside an open call: the answer, not a call (the engine may
+    drop a stop string, but not an EOS)."""
+    env = _env()
+    env.reset(EXAMPLE)
+    step = env.step("<calculator>2+3", final=True)
+    assert (step.observation, step.reward, step.done) == ("", 0.0, True)
+    assert step.info["tool_calls"] == 0 and step.info["malformed_calls"] == 1
+    assert step.info["stop_reason"] == "call_left_open"
+    env.reset(EXAMPLE)
+    right = f"\\boxed{{{12345 * 6789}}} <echo>hi"
+    assert env.step(right, final=True).reward == 1.0  # scored as the answer
+    env.reset(EXAMPLE)
+    assert not env.step("<calculator>2+3").done  # not final: a call, as before
+
   def test_wrong_answer_scores_zero(self):
     env = _env()
     env.reset(EXAMPLE)

@@ -1,7 +1,8 @@
-"""experiments/eval.py keys every result by a unique label (issue 16, item
-12): two files read by one loader give two rows and two records files, and
-a duplicate label is refused before any model loads. Runs the script as a
-user would (subprocess) on a tiny-model run directory."""
+"""experiments/eval.py keys every result by a unique label: two files read
+by one loader give two rows and two records files, and a duplicate label is
+refused before any model loads, as are an unknown dataset name and a LIMIT
+below 1. Runs the script as a user would (subprocess) on a tiny-model run
+directory."""
 
 import dataclasses
 import json
@@ -91,7 +92,7 @@ def test_two_files_of_one_loader_keep_both_results(tiny_run_dir, tmp_path):
   results = json.load(open(out / "summary.json"))["results"]
   assert {k: v["examples"] for k, v in results.items()} == {"a": 2, "b": 3}
   assert results["a"]["path"] == a and results["b"]["dataset"] == "math500"
-  # Issue 43 item 11: what produced the numbers.
+  # What produced the numbers.
   meta = json.load(open(out / "summary.json"))["meta"]
   assert meta["cpu"] and meta["jax_version"] and meta["jax_backend"] == "cpu"
   assert meta["compute_dtype"] == "float32"
@@ -114,15 +115,15 @@ def test_duplicate_labels_are_refused_before_the_model_loads(tmp_path):
 
 
 def _no_traceback(proc):
-  """A user error: exit status 2, the message, no traceback (issue 43)."""
+  """A user error: exit status 2, the message, no traceback."""
   assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert "error: " in proc.stderr
 
 
 def test_every_dataset_is_read_before_the_model_loads(tiny_run_dir, tmp_path):
-  # Issue 43 item 5: b's rows lack the math500 fields; the old script
-  # generated a's answers first and then lost them in b's traceback.
+  # b's rows lack the math500 fields: refused before a's answers are
+  # generated (they would be lost in b's traceback).
   a = _math_file(tmp_path / "a.jsonl", [1])
   b = tmp_path / "b.jsonl"
   b.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
@@ -139,7 +140,7 @@ def test_every_dataset_is_read_before_the_model_loads(tiny_run_dir, tmp_path):
 
 
 def test_a_directory_of_runs_names_its_runs(tmp_path):
-  # Issue 43 item 6: an ablation's --out_dir is not a model.
+  # An ablation's --out_dir is not a model.
   for name in ("a_s0", "b_s0"):
     run = tmp_path / "abl" / name
     (run / "checkpoints").mkdir(parents=True)
@@ -151,10 +152,34 @@ def test_a_directory_of_runs_names_its_runs(tmp_path):
 
 
 def test_usage_error_prints_the_message_only(tmp_path):
-  # Issue 43 item 7: absl's UsageError printed 50 lines of help first.
+  # Not absl's UsageError, which prints 50 lines of help first.
   proc = _run("--samples=1", "--k=4", f"--out_dir={tmp_path / 'out'}")
   _no_traceback(proc)
   assert proc.stderr.strip().splitlines()[-1] == (
     "error: --k=4 exceeds --samples=1"
   )
   assert "--max_new_tokens" not in proc.stderr  # no help text
+
+
+@pytest.mark.parametrize("limit", ["-1", "0"])
+def test_a_limit_below_one_is_refused_naming_the_field(tmp_path, limit):
+  # -1 sliced every row but the last; 0 read every row.
+  a = _math_file(tmp_path / "a.jsonl", [1, 2, 3])
+  proc = _run(
+    "--model=/no/such/model",
+    f"--datasets=math500:{a}:{limit}",
+    f"--out_dir={tmp_path / 'out'}",
+  )
+  _no_traceback(proc)
+  assert f"LIMIT={limit}; expected an integer >= 1" in proc.stderr
+  assert "/no/such/model" not in proc.stderr  # refused before the model
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_an_unknown_dataset_is_named_with_the_known_ones(tmp_path):
+  # It said "no such file ''" (the missing PATH), not the unknown name.
+  proc = _run("--datasets=foo", f"--out_dir={tmp_path / 'out'}")
+  _no_traceback(proc)
+  assert "unknown dataset 'foo' (known: " in proc.stderr
+  assert "gsm8k" in proc.stderr and "arithmetic" in proc.stderr
+  assert "no such file" not in proc.stderr

@@ -99,6 +99,7 @@ class FakeTrainer:
   def __init__(self, cfg, show_progress=True):
     FakeTrainer.built.append(driver_initialized[0])
     self.cfg, self.uaq_scale, self.step_num, self.lora = cfg, 1.0, 0, None
+    self.writer = None  # the Trainer's MetricsWriter (run() writes no row)
 
   def run(self):
     self.step_num = 1

@@ -12,9 +12,7 @@ import pytest
 from rljax import models
 from rljax.models import decoder as decoder_lib
 from rljax.models import layers as layers_lib
-from rljax.rollout import base
-from rljax.rollout import slot_plan
-from rljax.rollout import slot_program
+from rljax.rollout import base, slot_plan, slot_program
 from rljax.rollout.jax_sampler import JaxSampler
 
 _CONFIG = models.tiny_config(vocab_size=128)

@@ -5,8 +5,7 @@ that records its config: no server starts."""
 
 import pytest
 
-from rljax.rollout import factory
-from rljax.rollout import vllm_sidecar
+from rljax.rollout import factory, vllm_sidecar
 
 
 @pytest.mark.parametrize("reuse", [False, True])

@@ -143,6 +143,35 @@ class TestKeep:
       PROMPTS, GREEDY, weight_updates=Pushes({0: (w1, 1)})
     )
     assert fresh.response_ids != batch.response_ids
+    # The behaviour log-probs after the swap are W1's over the KV that W0
+    # wrote (what sampled those tokens): not W0's, not a fresh W1's.
+    for row, prompt in enumerate(PROMPTS):
+      ids, logp = batch.response_ids[row], batch.behav_logp[row]
+      keep = _keep_logp(w0, w1, prompt, ids, BEFORE)
+      np.testing.assert_allclose(logp[BEFORE:], keep, atol=2e-4)
+      for weights in (w0, w1):  # one set of weights for the whole sequence
+        alone = _keep_logp(weights, weights, prompt, ids, BEFORE)
+        assert np.abs(logp[BEFORE:] - alone).max() > 1e-2
+
+
+def _keep_logp(w_old, w_new, prompt, ids, before):
+  """Log-probs of ids[before:] where the KV of the prompt and of the tokens
+  fed before the swap (ids[: before - 1]) is `w_old`'s and the rest is
+  computed by `w_new` (PipelineRL's keep), by teacher forcing."""
+  seq = list(prompt) + list(ids)
+  cut = len(prompt) + before - 1  # tokens whose KV the old weights wrote
+  cache = models.init_cache(_CONFIG, 1, len(seq), jnp.float32)
+  mask = jnp.ones((1, len(seq)), bool)
+  _, cache = models.forward_with_cache(
+    _CONFIG, w_old, jnp.asarray([seq[:cut]]), jnp.arange(cut)[None], cache,
+    0, mask,
+  )  # fmt: skip
+  logits, _ = models.forward_with_cache(
+    _CONFIG, w_new, jnp.asarray([seq[cut:-1]]),
+    jnp.arange(cut, len(seq) - 1)[None], cache, cut, mask,
+  )  # fmt: skip
+  logp = jax.nn.log_softmax(logits[0].astype(jnp.float32))
+  return np.asarray(logp)[np.arange(len(seq) - 1 - cut), seq[cut + 1 :]]
 
 
 def _w1_continuation(w1, prompt, prefix, steps):

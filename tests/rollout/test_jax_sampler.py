@@ -16,8 +16,7 @@ import pytest
 
 from rljax import models
 from rljax import quant as quant_lib
-from rljax.rollout import base
-from rljax.rollout import jax_sampler
+from rljax.rollout import base, jax_sampler
 from rljax.rollout.jax_sampler import JaxSampler, sample_next_token
 
 # ---------------------------------------------------------------------------

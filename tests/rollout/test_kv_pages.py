@@ -8,12 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rljax.rollout import base
-from rljax.rollout import kv_pages
+from rljax.rollout import base, kv_pages
 from rljax.rollout.jax_sampler import JaxSampler
 from rljax.train import config as config_lib
-from tests.rollout.test_inflight_updates import _CONFIG
-from tests.rollout.test_inflight_updates import _sharp
+from tests.rollout.test_inflight_updates import _CONFIG, _sharp
 
 PROMPTS = [[5, 17, 3], [9], [4, 8, 15, 16, 23, 42, 7], [11, 12], [1, 2, 3], [6]]
 

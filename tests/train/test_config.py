@@ -323,7 +323,9 @@ class TestSettingsNothingReads:
     assert [p.field for p in e.value.problems] == [field]
     default = config_lib.field_default(field)
     assert f"--{field}={value!r}; expected {default!r}" in str(e.value)
-    assert "only tool tasks (tool_arithmetic, tool_word_problems)" in str(e.value)
+    assert "only tool tasks (tool_arithmetic, tool_word_problems)" in str(
+      e.value
+    )
     # The tool task reads it.
     tool = {
       "task.name": "tool_arithmetic",

@@ -2,8 +2,9 @@
 kill -9 (at a random point, inside orbax's save, before the checksum manifest),
 damaged checkpoint files, a second process on the same directory, a changed
 config on resume and NaN weights, and the resumed run takes exactly the steps
-the uninterrupted one took, logging each step once (a streaming run: the
-steps it had queued rollouts for, on those rollouts).
+the uninterrupted one took, logging each step once (a streaming run too, its
+rows in flight continued from its checkpoint, on a deterministic worker
+schedule: `stream_gate.py`).
 
 Training runs in real subprocesses (`fault_worker.py`) so a kill is a real
 SIGKILL; they share a persistent JAX compilation cache and one saved
@@ -11,7 +12,6 @@ tokenizer, and two uninterrupted reference runs (synchronous and pipelined)
 are made once for the module.
 """
 
-import errno
 import json
 import os
 import random
@@ -21,24 +21,18 @@ import subprocess
 import sys
 import time
 
+import compile_cache_util
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 import pytest
 
-import compile_cache_util
 from rljax.train import checkpoint as ckpt_lib
 from rljax.train import config as config_lib
-from rljax.train import guard
-from rljax.train import testing
 from rljax.train import rundir as rundir_lib
-from rljax.train import update as update_lib
+from rljax.train import testing
 from rljax.train.config import apply_preset
-from rljax.train.metrics import MetricsWriter, read_metrics
-
-from .test_trainer import make_trainer, small_config
+from rljax.train.metrics import read_metrics
 
 REPO = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -187,9 +181,9 @@ def assert_same_run(run_dir, ref: Reference, steps: int) -> None:
 def test_kill9_after_checkpoint_resumes_to_the_uninterrupted_run(
   env, references, tmp_path
 ):
-  """Issue 12: a real kill -9 (at a random moment after checkpoint 2, maybe
-  inside checkpoint 3), then a resume, gives the uninterrupted run's steps
-  (loss and params). Issue 16.2: while the first process lives, a second
+  """A real kill -9 (at a random moment after checkpoint 2, maybe inside
+  checkpoint 3), then a resume, gives the uninterrupted run's steps (loss
+  and params). While the first process lives, a second
   start on its directory is refused naming its pid; once it is killed, its
   stale lock is taken over."""
   run, go = tmp_path / "run", tmp_path / "go"
@@ -244,133 +238,99 @@ def test_pipelined_run_killed_inside_checkpoints_resumes_exactly(
   assert_same_run(run, references["pipe"], PIPE_STEPS)
 
 
-# -- streaming: a kill -9 with rollouts queued ---------------------------------
+# -- streaming: kill -9 at random points ---------------------------------------
 
 # test_streaming.py's shape for the tiny model (40 new tokens: two decode
-# chunks of the continuous engine, a weight swap point between them), one
-# request generated ahead of the trainer (max_staleness=1).
-STREAM_STEPS = 8
-STALENESS = 1
+# chunks of the continuous engine, a swap point between them), a checkpoint
+# every two steps (so that some swaps are a checkpoint's cut and some are
+# in-flight updates), the worker on `stream_gate`'s deterministic schedule.
+STREAM_STEPS = 7
 STREAMING = {
   "rollout.batching": "continuous",
   "max_new_tokens": 40,
   "optim.steps": STREAM_STEPS,
   "run.async_mode": "streaming",
-  "run.max_staleness": STALENESS,
-  "rollout.inflight_kv": "keep",
+  "checkpoint_every": 2,
 }
 
 
-def _freeze(proc) -> None:
-  """SIGSTOP, then wait until every thread is stopped: `kill` returns before
-  a thread running on another core has stopped, and nothing may be written
-  after the test reads the disk."""
-  os.kill(proc.pid, signal.SIGSTOP)
-  tasks = f"/proc/{proc.pid}/task"
-  for _ in range(5000):
-    states = []
-    for tid in os.listdir(tasks):
-      try:
-        with open(os.path.join(tasks, tid, "stat")) as f:
-          states.append(f.read().rsplit(")", 1)[1].split()[0])
-      except OSError:  # a thread that just ended
-        pass
-    if all(state in "tTZX" for state in states):
-      return
-    time.sleep(0.001)
-  raise AssertionError(f"pid {proc.pid} did not stop: {states}")
-
-
-def _disk_state(run_dir) -> tuple[int | None, list[dict]]:
-  """(the newest verified checkpoint, the metrics rows) on disk: the step a
-  resume starts from (decided by the checkpointer the resume uses; not the
-  owner, so it cleans nothing up) and the whole rows (a line cut by the
-  freeze ends the log, as it does for the resume)."""
-  ckpt = ckpt_lib.RunCheckpointer(
-    os.path.join(str(run_dir), "checkpoints"), 1, 1
-  )
-  try:
-    step, _ = ckpt.latest_verified_step()
-  finally:
-    ckpt.close()
-  rows = []
+def _rows_logged(run_dir) -> int:
   path = os.path.join(str(run_dir), "metrics.jsonl")
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        if not line.endswith("\n"):
-          break
-        rows.append(json.loads(line))
-  return step, rows
+  if not os.path.exists(path):
+    return 0
+  with open(path, encoding="utf-8") as f:
+    return sum(line.endswith("\n") for line in f)
 
 
-def test_streaming_run_killed_at_a_random_point_resumes_the_queued_rollouts(
-  env, tmp_path
+@pytest.mark.parametrize(
+  "staleness, inflight_kv, seed", [(1, "keep", 11), (2, "recompute", 12)]
+)
+def test_streaming_run_killed_at_a_random_point_resumes_to_the_uninterrupted_run(
+  env, tmp_path, staleness, inflight_kv, seed
 ):
-  """Issue 47 item 6: a streaming run (max_staleness=1) is frozen at a
-  seeded random moment after checkpoint 2, once it has logged a row past its
-  newest verified checkpoint c, and killed with kill -9. Checkpoint c holds
-  the rollouts it had queued (generated from θ_c and older); the resume
-  trains on them, so its rows for the steps the killed run logged after c
-  equal the killed run's on every key the batch determines. A resume that
-  dropped or regenerated them would sample step c+1 from θ_c instead (other
-  behaviour log-probs, version lag and, mostly, tokens).
+  """A streaming run (max_staleness 1 and 2) killed with kill -9 at a
+  seeded random point after checkpoint 4, then resumed, ends with the
+  uninterrupted run's metrics on every step (every key a batch fixes) and
+  its final params, bit for bit. The checkpoint it resumed from held rows
+  in flight, part-way: the resume continued them from where the cut left
+  them, as the uninterrupted run did.
 
-  Two streaming runs with max_staleness >= 1 are not compared (in-flight
-  swaps depend on timing): the killed run is the reference."""
+  Both runs follow `stream_gate`'s schedule (the worker takes prompts and
+  weights at polls counted by its own progress, not when its thread
+  happens to meet the trainer's): with free-running threads two streaming
+  runs differ wherever an in-flight swap landed at another decode chunk,
+  interrupted or not."""
   from .test_streaming import _untimed  # also drops the schedule's keys
 
+  gated = dict(env, RLJAX_TEST_STREAM_GATE="1")
+  ovr = lambda run_dir: overrides(
+    run_dir,
+    steps=STREAM_STEPS,
+    **STREAMING,
+    **{"run.max_staleness": staleness, "rollout.inflight_kv": inflight_kv},
+  )
+  reference = start(gated, ovr(tmp_path / "reference"))
   run = tmp_path / "run"
-  ovr = overrides(run, steps=STREAM_STEPS, **STREAMING)
-  rng = random.Random(47)
-  first = start(env, ovr)
-  wait_until(manifest_written(run, 2), first, "checkpoint 2")
-  time.sleep(rng.uniform(0.0, 2.0))
-  for _ in range(2000):
-    _freeze(first)
-    c, rows = _disk_state(run)
-    if c is not None and rows and rows[-1]["step"] > c:
-      break  # rows logged after the checkpoint a resume starts from
-    os.kill(first.pid, signal.SIGCONT)
-    if first.poll() is not None:
-      raise AssertionError(f"worker ended unfrozen:\n{first.stdout.read()}")
-    time.sleep(rng.uniform(0.01, 0.2))
-  else:
-    raise AssertionError("never froze with a row logged after a checkpoint")
-  os.kill(first.pid, signal.SIGKILL)  # frozen: the state read is what it left
-  first.communicate()
-  assert first.returncode == -signal.SIGKILL
-  assert _disk_state(run) == (c, rows)
-  last = rows[-1]["step"]
-  print(f"[test] killed at checkpoint c={c}, rows 1..{last}")
-  assert 2 <= c < last <= STREAM_STEPS
-  assert [r["step"] for r in rows] == list(range(1, last + 1))
+  rng = random.Random(seed)
+  first = start(gated, ovr(run))
+  # At a random moment of step 6, after checkpoint 4 (under the schedule,
+  # the cut of a checkpoint after step 4 leaves rows in flight at both
+  # staleness bounds).
+  wait_until(lambda: _rows_logged(run) >= 5, first, "row 5")
+  time.sleep(rng.uniform(0.0, 0.3))
+  os.kill(first.pid, signal.SIGKILL)
+  out, _ = first.communicate()
+  assert first.returncode == -signal.SIGKILL, out
   ckpt = ckpt_lib.RunCheckpointer(os.path.join(str(run), "checkpoints"), 1, 1)
   try:
-    # The queued rollouts are in the checkpoint (how many depends on how
-    # the groups of the admitted steps were split between steps).
-    assert ckpt_lib.pending_rollouts(ckpt, c, ckpt.read_meta(c))
+    c, _ = ckpt.latest_verified_step()
+    held = ckpt_lib.pending_rollouts(ckpt, c, ckpt.read_meta(c))
   finally:
     ckpt.close()
+  print(f"[test] killed after row {_rows_logged(run)}, checkpoint {c}")
+  assert c == 4
+  states = [v for _, e in held for k, v in e.items() if "stream_state_" in k]
+  assert 1.0 in states, f"no row was in flight at checkpoint {c}: {states}"
 
-  rc, out = finish(start(env, dict(ovr, resume=True)))
+  rc, out = finish(start(gated, dict(ovr(run), resume=True)))
   assert rc == 0, out
   assert f"starts at step {c}\n" in out, out
-  got = read_metrics(str(run))
+  rc, out = finish(reference)
+  assert rc == 0, out
+  got, want = read_metrics(str(run)), read_metrics(str(tmp_path / "reference"))
   assert [r["step"] for r in got] == list(range(1, STREAM_STEPS + 1))
-  assert got[:c] == rows[:c]  # the killed run's rows up to c, kept
-  compared = range(c + 1, min(c + STALENESS + 1, last) + 1)
-  for step in compared:
-    want, have = _untimed(rows[step - 1]), _untimed(got[step - 1])
-    for key in ("loss", "reward_mean", "grad_norm", "version_lag_max"):
-      assert key in want and key in have, (step, key)
-    assert "version_lag_mean" in want, want
-    assert have == want, f"step {step}"
-  ckpt = ckpt_lib.RunCheckpointer(os.path.join(str(run), "checkpoints"), 1, 1)
-  try:
-    assert ckpt.latest_verified_step() == (STREAM_STEPS, [])
-  finally:
-    ckpt.close()
+  assert [r["step"] for r in want] == [r["step"] for r in got]
+  for have, ref in zip(got, want):
+    have, ref = _untimed(have), _untimed(ref)
+    for key in ("loss", "reward_mean", "grad_norm", "version_lag_mean"):
+      assert key in have, key
+    assert have == ref, f"step {have['step']}"
+  assert max(r["version_lag_max"] for r in got) >= 1.0  # tokens behind θ_old
+  for a, b in zip(
+    jax.tree.leaves(saved_params(run, STREAM_STEPS)),
+    jax.tree.leaves(saved_params(tmp_path / "reference", STREAM_STEPS)),
+  ):
+    np.testing.assert_array_equal(a, b)
 
 
 # -- damaged checkpoints, config changes (no training: the reference's files) --
@@ -496,220 +456,3 @@ def test_resume_refuses_a_changed_config_without_touching_config_json(run_copy):
 
 
 # -- small units ---------------------------------------------------------------
-
-
-def test_second_lock_is_refused_and_a_stale_one_taken_over(tmp_path):
-  first = rundir_lib.RunDirLock(str(tmp_path))
-  with pytest.raises(
-    rundir_lib.RunDirLockedError, match=f"pid {os.getpid()} on host"
-  ):
-    rundir_lib.RunDirLock(str(tmp_path))
-  first.release()
-  # A killed holder leaves its pid in the file but no flock.
-  with open(os.path.join(str(tmp_path), rundir_lib.LOCK_FILE), "w") as f:
-    json.dump({"pid": 999999, "host": "h", "since": "t"}, f)
-  lines = []
-  rundir_lib.RunDirLock(str(tmp_path), log=lines.append).release()
-  assert "taking over the lock left by pid 999999" in lines[0]
-
-
-def test_rotation_never_keeps_fewer_than_one_verified_checkpoint(tmp_path):
-  with pytest.raises(ValueError, match="keep_checkpoints=0"):
-    ckpt_lib.RunCheckpointer(str(tmp_path / "none"), 1, 0)
-  ckpt = ckpt_lib.RunCheckpointer(str(tmp_path / "one"), 1, 1)
-  try:
-    for step in (1, 2, 3):
-      ckpt.save(step, {"w": np.full((3,), step, np.float32)}, {"step": step})
-      assert ckpt.all_steps() == [step]
-      assert ckpt.latest_verified_step() == (step, [])
-  finally:
-    ckpt.close()
-
-
-def test_a_fresh_start_never_deletes_an_earlier_metrics_log(tmp_path):
-  path = os.path.join(str(tmp_path), "metrics.jsonl")
-  with open(path, "w") as f:
-    f.write('{"step": 1, "loss": 0.5}\n')
-  MetricsWriter(str(tmp_path), tensorboard=False).close()
-  kept = [
-    n
-    for n in os.listdir(str(tmp_path))
-    if n.startswith("metrics.") and n != "metrics.jsonl"
-  ]
-  assert len(kept) == 1
-  with open(os.path.join(str(tmp_path), kept[0])) as f:
-    assert json.loads(f.readline())["loss"] == 0.5
-  assert read_metrics(str(tmp_path)) == []
-
-
-# Opens every file of the run directory opened for writing so that its first
-# write stores half of its bytes and then SIGKILLs the process: a kill inside
-# the rewrite, whatever writes the file (`open` is looked up at call time).
-_KILL_INSIDE_REWRITE = """
-import builtins, os, signal, sys
-run_dir = sys.argv[1]
-real_open = builtins.open
-
-class Dying:
-  def __init__(self, f):
-    self.f = f
-  def __enter__(self):
-    return self
-  def __exit__(self, *a):
-    return self.f.__exit__(*a)
-  def write(self, data):
-    self.f.write(data[: len(data) // 2])
-    self.f.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-  def writelines(self, lines):
-    self.write("".join(lines))
-  def __getattr__(self, name):
-    return getattr(self.f, name)
-
-def dying_open(path, mode="r", *args, **kwargs):
-  f = real_open(path, mode, *args, **kwargs)
-  in_run = os.path.abspath(str(path)).startswith(run_dir)
-  return Dying(f) if in_run and ("w" in mode or "a" in mode) else f
-
-builtins.open = dying_open
-from rljax.train.metrics import MetricsWriter
-MetricsWriter(run_dir, tensorboard=False, resume_step=int(sys.argv[2]))
-"""
-
-
-def test_a_kill_inside_the_resumes_metrics_rewrite_loses_no_row(tmp_path):
-  """Issue 43 item 15: a resume from an older checkpoint cuts metrics.jsonl
-  back to its step; a kill -9 inside that rewrite leaves the whole old file
-  (it is replaced atomically), so the next resume still has rows 1..4."""
-  run_dir = str(tmp_path)
-  rows = [{"step": s, "loss": 0.1 * s} for s in range(1, 7)]
-  with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in rows)
-  env = dict(
-    os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")
-  )
-  proc = subprocess.run(
-    [sys.executable, "-c", _KILL_INSIDE_REWRITE, run_dir, "4"],
-    cwd=REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
-  assert proc.returncode == -signal.SIGKILL, proc.stderr
-  assert read_metrics(run_dir) == rows  # untouched by the killed rewrite
-  MetricsWriter(run_dir, tensorboard=False, resume_step=4).close()
-  assert read_metrics(run_dir) == rows[:4]
-  assert sorted(os.listdir(run_dir)) == ["metrics.jsonl"]  # no temporary
-
-
-def test_a_full_disk_is_named_and_leaves_the_old_file(tmp_path, monkeypatch):
-  """Issue 43 item 16 (ENOSPC injected at the fsync of the new file; a real
-  full tmpfs was checked by hand, see the issue's note)."""
-  from rljax.train import atomic
-
-  path = os.path.join(str(tmp_path), "config.json")
-  atomic.write_json(path, {"a": 1})
-
-  def full(fd):
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-  monkeypatch.setattr(atomic.os, "fsync", full)
-  with pytest.raises(atomic.DiskFullError) as e:
-    atomic.write_json(path, {"a": 2})
-  assert str(e.value).startswith(
-    f"[Errno 28] no space left on {tmp_path}: "
-    f"{len(json.dumps({'a': 2}, indent=1))} bytes needed (config.json)"
-  )
-  assert os.listdir(str(tmp_path)) == ["config.json"]  # no temporary left
-  with open(path) as f:
-    assert json.load(f) == {"a": 1}
-
-
-def test_a_checkpoint_that_runs_out_of_space_is_named_and_removed(
-  tmp_path, monkeypatch
-):
-  """Issue 43 item 16: a save that fails for lack of space raises
-  DiskFullError naming the directory, and the unfinished step is removed
-  (the older, verified one stays)."""
-  from rljax.train import atomic
-
-  ckpt = ckpt_lib.RunCheckpointer(str(tmp_path / "checkpoints"), 1, 2, True)
-  state = {"w": np.arange(4, dtype=np.float32)}
-  try:
-    ckpt.save(1, state, {"step": 1})
-    write_manifest = ckpt_lib.write_manifest
-
-    def full(step_dir):
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), step_dir)
-
-    monkeypatch.setattr(ckpt_lib, "write_manifest", full)
-    with pytest.raises(
-      atomic.DiskFullError,
-      match="no space left on .*checkpoints: 16 bytes needed",
-    ):
-      ckpt.save(2, state, {"step": 2})
-    monkeypatch.setattr(ckpt_lib, "write_manifest", write_manifest)
-    assert sorted(os.listdir(str(tmp_path / "checkpoints"))) == ["1"]
-    assert ckpt.latest_verified_step() == (1, [])
-  finally:
-    ckpt.close()
-
-
-@pytest.mark.parametrize("jit", [False, True])
-def test_guarded_update_keeps_the_old_state_unless_all_results_are_finite(jit):
-  params = {"w": jnp.array([1.0, -2.0, 3.0])}
-  grads = {"w": jnp.zeros(3)}  # finite gradients...
-  for b2, want in ((0.999, True), (1.0, False)):  # ...b2 = 1 divides 0 by 0
-    opt = optax.adam(0.1, b2=b2)
-    state = opt.init(params)
-    fn = lambda g, s, p, l, opt=opt: update_lib.guarded_update(opt, g, s, p, l)
-    fn = jax.jit(fn) if jit else fn
-    new_p, new_s, applied = fn(grads, state, params, jnp.float32(0.0))
-    assert bool(applied) == want
-    assert bool(update_lib.all_finite((new_p, new_s)))
-    if not want:
-      np.testing.assert_array_equal(new_p["w"], params["w"])
-      np.testing.assert_array_equal(new_s[0].count, state[0].count)
-  opt = optax.adam(0.1)
-  _, _, applied = update_lib.guarded_update(
-    opt,
-    {"w": jnp.array([0.0, jnp.nan, 0.0])},
-    opt.init(params),
-    params,
-    jnp.float32(0.0),
-  )
-  assert not bool(applied)
-  _, _, applied = update_lib.guarded_update(
-    opt, grads, opt.init(params), params, jnp.float32(jnp.inf)
-  )
-  assert not bool(applied)
-
-
-def test_nan_weights_reach_neither_a_checkpoint_nor_the_engine(tmp_path):
-  """Issue 16.1: `--optim.b2=1.0` makes finite gradients give NaN params.
-
-  validate() now refuses optim.b2 = 1 up front (16.7); the value is forced
-  past it here to exercise the second line of defence, the guard on the
-  updated parameters and optimizer state."""
-  cfg = small_config("grpo", tmp_path, steps=2, group_size=2, max_new_tokens=4)
-  object.__setattr__(cfg.optim, "b2", 1.0)  # frozen dataclass: bypass checks
-  trainer = make_trainer(cfg)
-  try:
-    trainer.actor.sync(trainer.policy_params(), trainer.step_num)
-    with pytest.raises(guard.NonFiniteError, match="not applied"):
-      trainer.train_step()
-    assert bool(update_lib.all_finite(trainer.state))
-    assert trainer.checkpointer.all_steps() == []
-    # Whatever the cause, non-finite weights are never written or pushed.
-    nan_state = trainer.state.replace(
-      params=jax.tree.map(lambda x: x * jnp.nan, trainer.state.params)
-    )
-    trainer.state = nan_state
-    with pytest.raises(guard.NonFiniteError):
-      trainer.actor.prepare(trainer.policy_params(), trainer.step_num)
-    with pytest.raises(guard.NonFiniteError):
-      ckpt_lib.save_step(trainer.checkpointer, 1, trainer.state, {})
-    assert trainer.checkpointer.all_steps() == []
-  finally:
-    trainer.close()

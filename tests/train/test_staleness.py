@@ -80,7 +80,8 @@ class TestVersionLagMetrics:
     assert got["version_lag_mean"] == pytest.approx(9 / 4)
     assert got["version_lag_max"] == 4.0
     assert got["version_lag_ge1"] == pytest.approx(3 / 4)
-    assert staleness.rollout_lag_metrics(rollout(), 5) == {}
+    with pytest.raises(ValueError, match="no policy_version"):
+      staleness.rollout_lag_metrics(rollout(), 5)  # never passed unchecked
 
 
 class TestRolloutBatchVersions:

@@ -11,10 +11,11 @@ were sent to (`process.Server.failure`).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -224,13 +225,20 @@ class EngineClient:
     prompts: list[list[int]],
     sampling: SamplingConfig,
     first_index: int,
+    limits: Sequence[int] | None = None,
   ) -> list[Row]:
     """One concurrent request per prompt (vLLM batches them), seeded by the
-    prompt's global index; rows prompt-major."""
+    prompt's global index, each with its own max_tokens where `limits`
+    gives them; rows prompt-major."""
     name = self.config.served_model_name
     bodies = [
       completion_request(
-        name, p, sampling, _prompt_seed(sampling.seed, first_index + i)
+        name,
+        p,
+        sampling
+        if limits is None
+        else dataclasses.replace(sampling, max_new_tokens=int(limits[i])),
+        _prompt_seed(sampling.seed, first_index + i),
       )
       for i, p in enumerate(prompts)
     ]
@@ -416,6 +424,34 @@ def _explain(error: Exception) -> str:
       "kernels are broken)"
     )
   return text
+
+
+def prompt_limits(
+  per_sample: Sequence[int] | None, prompts: int, sampling: SamplingConfig
+) -> list[int] | None:
+  """`max_new_tokens_per_sample` (P·n ints, row order) as one max_tokens
+  per prompt (a prompt's n samples are one vLLM request), checked: each in
+  [1, sampling.max_new_tokens], equal within a prompt. None stays None."""
+  if per_sample is None:
+    return None
+  n, most = sampling.n, sampling.max_new_tokens
+  limits = [int(x) for x in per_sample]
+  if len(limits) != prompts * n:
+    raise ValueError(
+      f"VLLMSidecar.generate: max_new_tokens_per_sample has {len(limits)} "
+      f"entries; expected one per sample ({prompts} prompts x n={n})"
+    )
+  out = []
+  for p in range(prompts):
+    mine = set(limits[p * n : (p + 1) * n])
+    if len(mine) != 1 or not 1 <= min(mine) <= most:
+      raise ValueError(
+        f"VLLMSidecar.generate: max_new_tokens_per_sample of prompt {p} is "
+        f"{sorted(mine)}; expected one value in [1, max_new_tokens={most}] "
+        "for its n samples (they are one vLLM request)"
+      )
+    out.append(mine.pop())
+  return out
 
 
 def to_batch(

@@ -1,4 +1,4 @@
-"""In-flight weight updates through a vLLM sidecar (issue 47, item 5).
+"""In-flight weight updates through a vLLM sidecar.
 
 The JAX engine's in-flight updates (`rljax.rollout.inflight`) on vLLM 0.32,
 with what that version serves (docs/async_vllm.md has the source facts):
@@ -23,6 +23,15 @@ does to the KV of the running requests is `VLLMSidecarConfig.inflight_kv`:
 "keep" it (PipelineRL) or "recompute" it (AReaL: the pause preempts them and
 vLLM recomputes their prompt and tokens so far with the new weights). The
 tokens already sampled and their behaviour log-probs stay as they are.
+
+The prefix cache is versioned: every request carries the `cache_salt` of
+the version sampling when it is sent, and vLLM folds the salt into the
+hash of a prompt's first block, so a request only reuses blocks that
+requests sent under the same version computed. Under "keep" the cache
+cannot be cleared at a swap (the running requests hold their blocks), and
+without the salt a prompt sent after the swap would read KV the old
+weights wrote for an identical prefix while its tokens are stamped with
+the new version: a lag the metrics would not show.
 """
 
 from __future__ import annotations
@@ -236,6 +245,7 @@ def stream(
         name, item.ids, sampling, _prompt_seed(item.seed, item.index)
       )
       body["request_id"] = f"rljax-stream-{tag}-{len(run.sent)}"
+      body["cache_salt"] = cache_salt(run.version)
       run.sent.append(body["request_id"])
       live[pool.submit(client.http.generate_tokens, body)] = (
         item, body["request_id"],
@@ -273,6 +283,12 @@ def stream(
     pool.shutdown(wait=False, cancel_futures=True)
   if live:  # stopped: the caller is closing
     _abort([rid for _, rid in live.values()], client)
+
+
+def cache_salt(version: int) -> str:
+  """The prefix-cache salt of requests sent while weights `version` sample:
+  blocks are shared only among requests of one version."""
+  return f"rljax-weights-v{int(version)}"
 
 
 def _abort(request_ids: list[str], client: EngineClient) -> None:

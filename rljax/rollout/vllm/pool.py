@@ -14,6 +14,7 @@ from rljax.rollout.base import RolloutBatch
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.base import SyncStats
 from rljax.rollout.base import check_prompts
+from rljax.rollout.vllm.client import prompt_limits
 from rljax.rollout.vllm.client import to_batch
 from rljax.rollout.vllm.sidecar import VLLMSidecar
 from rljax.rollout.vllm.sync import timed_sync
@@ -77,17 +78,30 @@ class VLLMSidecarPool:
     return [f.result() for f in futures]
 
   def generate(
-    self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig
+    self,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    max_new_tokens_per_sample: Sequence[int] | None = None,
   ) -> RolloutBatch:
+    """`VLLMSidecar.generate` with the prompts split over the sidecars."""
     if not isinstance(sampling, SamplingConfig):
       raise TypeError(
         f"VLLMSidecarPool.generate: sampling={sampling!r:.80}; "
         "expected a rljax.rollout.SamplingConfig"
       )
     prompts = check_prompts(prompt_ids, self.sidecars[0].vocab_size)
+    limits = prompt_limits(max_new_tokens_per_sample, len(prompts), sampling)
     bounds = np.linspace(0, len(prompts), len(self.sidecars) + 1).astype(int)
     calls = [
-      (s.generate_rows, (prompts[lo:hi], sampling, int(lo)))
+      (
+        s.generate_rows,
+        (
+          prompts[lo:hi],
+          sampling,
+          int(lo),
+          None if limits is None else limits[lo:hi],
+        ),
+      )
       for s, lo, hi in zip(self.sidecars, bounds[:-1], bounds[1:])
       if hi > lo
     ]

@@ -27,6 +27,7 @@ from rljax.rollout.vllm import guard
 from rljax.rollout.vllm import inflight
 from rljax.rollout.vllm.client import EngineClient
 from rljax.rollout.vllm.client import Row
+from rljax.rollout.vllm.client import prompt_limits
 from rljax.rollout.vllm.client import to_batch
 from rljax.rollout.vllm.config import INFLIGHT_KV_MODES
 from rljax.rollout.vllm.config import VLLMSidecarConfig
@@ -288,26 +289,38 @@ class VLLMSidecar(SidecarSync):
     self,
     prompt_ids: Sequence[Sequence[int]],
     sampling: SamplingConfig,
+    max_new_tokens_per_sample: Sequence[int] | None = None,
     *,
     weight_updates: Any = None,
     version: int = 0,
   ) -> RolloutBatch:
     """Samples `sampling.n` responses per prompt (see `base.RolloutBatch`).
 
+    `max_new_tokens_per_sample` (P·n ints in [1, max_new_tokens], row
+    order) caps each sample, as `JaxSampler.generate`'s; a prompt's n
+    samples are one request here, so they must share their cap.
+
     With `weight_updates`: `generate_inflight` (the keywords of
     `JaxSampler.generate`, so `Actor.generate_inflight` drives either).
 
     Raises:
-      ValueError: bad prompts, or prompt + max_new_tokens > max_model_len.
+      ValueError: bad prompts, caps, or prompt + max_new_tokens >
+        max_model_len.
       SidecarError: the server died, timed out or failed the request.
     """
     if weight_updates is not None:
+      if max_new_tokens_per_sample is not None:
+        raise ValueError(
+          "VLLMSidecar.generate: max_new_tokens_per_sample with "
+          "weight_updates; expected one or the other"
+        )
       return self.generate_inflight(
         prompt_ids, sampling, weight_updates, version=version
       )
     prompts = self._checked_prompts(prompt_ids, sampling, "generate")
+    limits = prompt_limits(max_new_tokens_per_sample, len(prompts), sampling)
     start = time.perf_counter()
-    rows = self.generate_rows(prompts, sampling, first_index=0)
+    rows = self.generate_rows(prompts, sampling, 0, limits)
     return to_batch(prompts, rows, sampling, time.perf_counter() - start)
 
   def generate_inflight(
@@ -451,14 +464,16 @@ class VLLMSidecar(SidecarSync):
     prompts: list[list[int]],
     sampling: SamplingConfig,
     first_index: int = 0,
+    limits: Sequence[int] | None = None,
   ) -> list[Row]:
     """(response ids, behav_logp, finish reason) for prompt-major samples.
 
     `first_index` is the index of prompts[0] in the whole rollout: seeds
     derive from global prompt indices, so a rollout split over sidecars
-    samples exactly what one sidecar would.
+    samples exactly what one sidecar would. `limits`: each prompt's
+    max_new_tokens (None: sampling's).
     """
     with self._lock:
       self._require_usable("generating")
       self._check_lengths(prompts, sampling, first_index)
-      return self._client.generate_rows(prompts, sampling, first_index)
+      return self._client.generate_rows(prompts, sampling, first_index, limits)
