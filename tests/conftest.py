@@ -116,11 +116,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     return
   total = sum(seconds.values())
   terminalreporter.write_sep("=", "slowest test files (summed test time)")
-  for path, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:15]:
+  for path, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:20]:
     terminalreporter.write_line(f"{s:8.1f} s  {100 * s / total:5.1f}%  {path}")
   terminalreporter.write_line(
     f"{total:8.1f} s  total over {len(seconds)} files"
   )
+  terminalreporter.write_line(_machine_line())
 
 
 # The files that took longest in CI (summed test time, AMX Xeon, 2 cores,
@@ -152,6 +153,29 @@ _HEAVIEST_FILES = (
   "experiments/test_qurl_replay.py",
   "experiments/test_count_compiles.py",
 )
+
+
+def _machine_line() -> str:
+  """The machine the suite runs on: its timings (the slowest tests and
+  files) mean nothing without it."""
+  from rljax.quant import cpu as cpu_lib  # pylint: disable=g-import-not-at-top
+
+  info = cpu_lib.host_cpu()
+  flags = [
+    f
+    for f in ("avx2", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+    if info.has(f)
+  ]
+  load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+  return (
+    f"machine: {info.model}; {os.cpu_count()} cores; "
+    f"dot flags: {' '.join(flags) or 'none'}; load average: {load}"
+  )
+
+
+def pytest_report_header(config):
+  del config
+  return _machine_line()
 
 
 def pytest_unconfigure(config):
