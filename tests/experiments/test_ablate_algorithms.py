@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import compile_cache_util
 
 ROOT = os.path.dirname(
@@ -16,6 +18,7 @@ ROOT = os.path.dirname(
 )
 
 
+@pytest.mark.slow
 def test_grid_of_algorithms_runs_each_preset(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")  # and the run's jax cache
   env["XLA_FLAGS"] = compile_cache_util.FAST_COMPILE_XLA_FLAGS

@@ -169,6 +169,7 @@ def test_a_config_file_with_older_flat_keys_plans_the_same_runs(tmp_path):
   assert plans[0][0][2].loss.correction == "tis"
 
 
+@pytest.mark.slow
 def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
   config = {
     "base": {
@@ -305,6 +306,7 @@ def _steps_of(run_dir):
   ]
 
 
+@pytest.mark.slow
 def test_killed_ablation_resumes_where_it_stopped(tmp_path):
   """SIGKILL after run a finished and run b checkpointed mid-way; the same
   command again skips a, resumes b from its checkpoint, and tables both."""

@@ -76,6 +76,7 @@ def _run(script, *args):
     ),
   ],
 )
+@pytest.mark.slow
 def test_script_runs_one_step_as_shipped(script, sizes, benchmarks, tmp_path):
   run_dir = tmp_path / "run"
   proc = _run(script, *SIZE, *sizes, f"--run.run_dir={run_dir}")

@@ -168,6 +168,7 @@ def _check_run(run_dir, component):
   return rows[0]
 
 
+@pytest.mark.slow
 class TestExampleExperiments:
   def test_reward_model_grpo(self, rm_dir, tmp_path):
     run = str(tmp_path / "run")

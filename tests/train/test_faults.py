@@ -34,6 +34,10 @@ from rljax.train import testing
 from rljax.train.config import apply_preset
 from rljax.train.metrics import read_metrics
 
+# Training subprocesses killed and resumed: CI runs these after the README's
+# test command (`-m slow`, .ci/run).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
