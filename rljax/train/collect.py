@@ -44,6 +44,7 @@ from rljax.train import batch as batch_lib
 from rljax.train import critic_pretrain
 from rljax.train import group_stream
 from rljax.train.collect_stream import Mailbox, StreamCollecting
+from rljax.train.collected import Collected, refuse_all_nonfinite
 from rljax.train.config import TrainConfig
 
 
@@ -55,19 +56,6 @@ class Round:
   rewards: np.ndarray  # [P * n]
   components: dict[str, np.ndarray]  # reward components, each [P * n]
   keep: np.ndarray  # bool [P], a group with a useful signal
-
-
-@dataclasses.dataclass
-class Collected:
-  """The step's rollout: what the batch is built from."""
-
-  batch: RolloutBatch
-  valid: np.ndarray  # bool [P' * n]: False for masked-out filler groups
-  rewards: np.ndarray  # float32 [P' * n]
-  components: dict[str, np.ndarray]  # reward components, each [P' * n]
-  kept_groups: int
-  dropped_groups: int  # over every round
-  metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def select(rounds: list[Round], prompts: int) -> Collected:
@@ -109,16 +97,6 @@ def reward_metrics(rollout: Collected, task: Any) -> dict[str, float]:
     "accuracy": float((rewards >= 1.0).mean()),
     "prompts_filtered_long": float(getattr(task, "prompts_filtered_long", 0)),
   }
-
-
-def _refuse_all_nonfinite(step: int, cfg, sampled: float, nonfinite: float):
-  """A step whose every reward is NaN or inf: the reward function is
-  broken, not noisy (rewards/finite.py)."""
-  if sampled and nonfinite == sampled:
-    raise finite_lib.NonFiniteRewardError(
-      f"step {step}: every reward is NaN or inf ({int(nonfinite)} samples) "
-      f"from --reward.name={cfg.reward.name!r}; the reward function is broken"
-    )
 
 
 # Counts of `rollout_multiturn`'s driver summed over a step's rounds (its
@@ -246,7 +224,7 @@ class Collector(StreamCollecting):
         sum(int(np.sum(r.keep)) for r in rounds) >= cfg.rollout.prompts_per_step
       ):
         break
-    _refuse_all_nonfinite(step, cfg, sampled, nonfinite)
+    refuse_all_nonfinite(step, cfg, sampled, nonfinite)
     out = select(rounds, cfg.rollout.prompts_per_step)
     timing["rollout_tokens"] = float(gen_tokens)
     timing["rollout_tokens_per_s"] = gen_tokens / max(

@@ -21,6 +21,7 @@ from rljax.train import actor as actor_lib
 from rljax.train import critic_pretrain
 from rljax.train import group_stream
 from rljax.train import stream_pick
+from rljax.train.collected import Collected, refuse_all_nonfinite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,7 @@ class StreamCollecting:
     )
     timing = dict(taken.metrics)
     sampled = timing.pop("reward_sampled")
-    _refuse_all_nonfinite(step, cfg, sampled, timing["reward_nonfinite"])
+    refuse_all_nonfinite(step, cfg, sampled, timing["reward_nonfinite"])
     timing["time_rollout"] = timing["time_rollout_wait"]
     timing["rollout_tokens_per_s"] = timing["rollout_tokens"] / max(
       timing["time_rollout"], 1e-9
