@@ -26,15 +26,22 @@ from rljax.envs.base import (
 )
 from rljax.envs.calculator import CalculatorConfig, CalculatorError, calculate
 from rljax.envs.env_server import EnvServer, EnvServerConfig
-from rljax.envs.chat_formats import CHAT_FORMATS, ChatFormat, make_chat_format
+
+# FORMATS and make_format here cover every format a ToolEnv takes, the
+# chat formats included (formats.FORMATS: the closing-tag ones).
+from rljax.envs.chat_formats import ALL_FORMATS as FORMATS
+from rljax.envs.chat_formats import (
+  CHAT_FORMATS,
+  ChatFormat,
+  make_chat_format,
+)
+from rljax.envs.chat_formats import make_any_format as make_format
 from rljax.envs.formats import (
-  FORMATS,
   ParsedTurn,
   QwenFormat,
   TagFormat,
   ToolCall,
   ToolCallFormat,
-  make_format,
   tool_schemas,
 )
 from rljax.envs.remote import (

@@ -28,6 +28,7 @@ them out of the instructions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Sequence
 
@@ -35,7 +36,13 @@ from rljax.envs import formats as fmt
 from rljax.envs import tool_parsers
 from rljax.envs.tools import Tool, ToolResult
 
-__all__ = ["CHAT_FORMATS", "ChatFormat", "make_chat_format"]
+__all__ = [
+  "ALL_FORMATS",
+  "CHAT_FORMATS",
+  "ChatFormat",
+  "make_any_format",
+  "make_chat_format",
+]
 
 # Format name -> the parser (``tool_parsers.PARSERS``) that reads its turns.
 CHAT_FORMATS = {
@@ -132,3 +139,25 @@ class ChatFormat:
 
 def make_chat_format(name: str, tools_in_template: bool = False) -> ChatFormat:
   return ChatFormat(name, tools_in_template)
+
+
+# Every format a ToolEnv takes, by name: those that stop at a closing tag
+# and the chat formats (``rljax.envs.FORMATS``).
+ALL_FORMATS = {
+  **fmt.FORMATS,
+  **{name: functools.partial(ChatFormat, name) for name in CHAT_FORMATS},
+}
+
+
+def make_any_format(
+  name: str, tools_in_template: bool = False
+) -> fmt.ToolCallFormat:
+  """The format ``name`` names, of ``formats`` or a chat format
+  (``tools_in_template`` applies to a chat format only)."""
+  if name in CHAT_FORMATS:
+    return ChatFormat(name, tools_in_template)
+  if name not in fmt.FORMATS:
+    raise ValueError(
+      f"tool-call format {name!r}; expected one of {sorted(ALL_FORMATS)}"
+    )
+  return fmt.make_format(name)

@@ -29,7 +29,7 @@ from rljax.core import _validation as v
 from rljax.data.records import Example
 from rljax.envs import formats as fmt
 from rljax.envs.base import StepResult
-from rljax.envs.chat_formats import CHAT_FORMATS, make_chat_format
+from rljax.envs.chat_formats import CHAT_FORMATS, make_any_format
 from rljax.envs.tasks import score_answer
 from rljax.envs.tools import Tool, ToolResult
 
@@ -181,11 +181,7 @@ class ToolEnv:
       raise ValueError(f"ToolEnv needs tools with distinct names; got {names}")
     self.tools: Mapping[str, Tool] = {t.name: t for t in tools}
     self.config = config
-    self.format = (
-      make_chat_format(config.format, config.tools_in_template)
-      if config.format in CHAT_FORMATS
-      else fmt.make_format(config.format)
-    )
+    self.format = make_any_format(config.format, config.tools_in_template)
     # A chat format's turn with calls ends at the model's end-of-turn id
     # (the rollout driver reads this).
     self.eos_ends_turn = bool(getattr(self.format, "eos_ends_turn", False))
