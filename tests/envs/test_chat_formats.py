@@ -196,3 +196,34 @@ def test_driver_runs_a_chat_turn_that_ends_at_eos():
   assert out.infos[0]["tool_calls"] == 2 and out.infos[0]["turns"] == 2
   assert out.infos[0]["stop_reason"] == "answer"
   np.testing.assert_array_equal(out.rewards, [1.0])
+
+
+def test_llama3_reads_the_leading_calls_only():
+  from rljax.envs.tool_parsers import make_parser  # pylint: disable=g-import-not-at-top
+
+  tools = [envs.CalculatorTool()]
+  parser = make_parser("llama3")
+  a = '{"name": "calculator", "parameters": {"expression": "1;2"}}'
+  parsed = parser.parse(f"{a} ;\n {a}\nThen I add them.", tools)
+  assert [dict(c.arguments) for c in parsed.calls] == [
+    {"expression": "1;2"}
+  ] * 2
+  assert not parsed.errors
+  assert "not valid JSON" in parser.parse('{"name": "calc', tools).errors[0]
+  assert "JSON object" in parser.parse(f"{a}; [1]", tools).errors[0]
+
+
+def test_every_format_is_made_by_name():
+  assert set(envs.FORMATS) == {
+    "tags",
+    "qwen",
+    "chat_qwen",
+    "chat_llama3",
+    "chat_smollm2",
+  }
+  assert isinstance(envs.make_format("chat_llama3"), envs.ChatFormat)
+  assert isinstance(envs.make_format("qwen"), envs.QwenFormat)
+  with pytest.raises(
+    ValueError, match=r"'hermes'; expected one of .*chat_qwen"
+  ):
+    envs.make_format("hermes")

@@ -26,7 +26,8 @@ _TOOLS_TEMPLATE = (
 
 
 def _task(tmp_path, tokenizer, **overrides):
-  cfg = _config(tmp_path, **{"task.tool_format": "chat_qwen", **overrides})
+  overrides = {"task.tool_format": "chat_qwen", **overrides}
+  cfg = _config(tmp_path, **{"task.max_prompt_tokens": 512, **overrides})
   return tool_task.build_tool_task(cfg, tokenizer)
 
 
