@@ -196,7 +196,8 @@ def stop_token_table(
   tokenizer: Tokenizer, stop_sequences: Sequence[str]
 ) -> tuple[int, ...]:
   """Ids of every token whose text holds the last character of a stop
-  sequence: the tokens that can complete one (cached per tokenizer)."""
+  sequence (cached per tokenizer): a superset of the ids that can complete
+  one, which the driver takes from ``StopMatcher.completing_ids``."""
   if not stop_sequences or any(
     not isinstance(s, str) or not s for s in stop_sequences
   ):

@@ -227,3 +227,17 @@ def test_every_format_is_made_by_name():
     ValueError, match=r"'hermes'; expected one of .*chat_qwen"
   ):
     envs.make_format("hermes")
+
+
+def test_python_calls_of_one_turn_run_side_by_side():
+  """Two sandboxed processes at once: each its own output, no error."""
+  env = _env("chat_qwen", [envs.PythonTool()])
+  turn = _qwen_call("python", code="print(6 * 7)") + _qwen_call(
+    "python", code="print('b' * 3)"
+  )
+  result = env.step(turn)
+  assert result.info["tool_errors"] == {} and result.info["tool_calls"] == 2
+  assert result.observation == (
+    "\n<|im_start|>user\n<tool_response>\n42\n</tool_response>\n"
+    "<tool_response>\nbbb\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+  )
