@@ -5,8 +5,10 @@ a tool environment (``ToolEnv``, limits in ``ToolEnvConfig``), two tools
 (``CalculatorTool``: exact arithmetic without eval; ``PythonTool``: code in
 a sandboxed process, ``sandbox.py``), an HTTP boundary (``env_server.py``
 serves any environment in its own process, ``remote.py`` is its client),
-two tool-call formats (Qwen's
-``<tool_call>`` JSON and plain tags) and a generated task that needs the
+two tool-call formats that stop at a call's closing tag (Qwen's
+``<tool_call>`` JSON and plain tags), the chat formats in each model
+family's own syntax with several calls per turn (``chat_formats.py``, read
+by the parsers of ``tool_parsers.py``) and a generated task that needs the
 calculator (``generate_tool_arithmetic``), word problems that take a
 program (``generate_tool_word_problems``). The engines run them through
 ``rljax.rollout.multiturn.rollout_multiturn`` (one folder up, since
@@ -24,14 +26,22 @@ from rljax.envs.base import (
 )
 from rljax.envs.calculator import CalculatorConfig, CalculatorError, calculate
 from rljax.envs.env_server import EnvServer, EnvServerConfig
+
+# FORMATS and make_format here cover every format a ToolEnv takes, the
+# chat formats included (formats.FORMATS: the closing-tag ones).
+from rljax.envs.chat_formats import ALL_FORMATS as FORMATS
+from rljax.envs.chat_formats import (
+  CHAT_FORMATS,
+  ChatFormat,
+  make_chat_format,
+)
+from rljax.envs.chat_formats import make_any_format as make_format
 from rljax.envs.formats import (
-  FORMATS,
   ParsedTurn,
   QwenFormat,
   TagFormat,
   ToolCall,
   ToolCallFormat,
-  make_format,
   tool_schemas,
 )
 from rljax.envs.remote import (
@@ -65,12 +75,14 @@ from rljax.envs.tools import (
 )
 
 __all__ = [
+  "CHAT_FORMATS",
   "FORMATS",
   "TOOL_ERROR_KINDS",
   "WORD_PROBLEM_LEVELS",
   "CalculatorConfig",
   "CalculatorError",
   "CalculatorTool",
+  "ChatFormat",
   "EnvServer",
   "EnvServerConfig",
   "Environment",
@@ -97,6 +109,7 @@ __all__ = [
   "connect",
   "generate_tool_arithmetic",
   "generate_tool_word_problems",
+  "make_chat_format",
   "make_format",
   "run_python",
   "sandbox_mode",

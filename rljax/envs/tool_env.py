@@ -7,7 +7,10 @@ final=True)``): a call it left open there is not run (it is counted as
 malformed), and the episode does not go on past the model's end. A turn with calls gets one observation holding every call's
 result in order: the tool's output cut to the limits, or an error message
 for a call that could not be read (counted in ``malformed_calls``) or that
-failed (counted by kind in ``tool_errors``). The episode also ends, with
+failed (counted by kind in ``tool_errors``). The first
+``max_calls_per_turn`` calls of a turn run concurrently (one thread each:
+a turn's calls are independent, and the slowest, not their sum, bounds the
+turn's wall time); calls past it get an error each. The episode also ends, with
 reward 0, at ``max_turns`` model turns or ``max_total_tokens`` tokens after
 the prompt (model turns and observations together).
 
@@ -18,6 +21,7 @@ token is at least one byte), so the limits hold either way.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,6 +29,7 @@ from rljax.core import _validation as v
 from rljax.data.records import Example
 from rljax.envs import formats as fmt
 from rljax.envs.base import StepResult
+from rljax.envs.chat_formats import CHAT_FORMATS, make_any_format
 from rljax.envs.tasks import score_answer
 from rljax.envs.tools import Tool, ToolResult
 
@@ -38,7 +43,13 @@ class ToolEnvConfig:
   """Limits of one episode.
 
   Attributes:
-    format: the tool-call format, "qwen" or "tags".
+    format: the tool-call format: "tags" or "qwen" (``formats``: a turn
+      stops at a call's closing tag), or "chat_qwen", "chat_llama3",
+      "chat_smollm2" (``chat_formats``: the model's own syntax, several
+      calls per turn, the turn ended by its end-of-turn id).
+    tools_in_template: a chat format's tools are listed by the tokenizer's
+      chat template (``apply_chat_template(tools=...)``), not in the
+      instructions; a chat format only.
     max_turns: model turns per episode (>= 1).
     max_calls_per_turn: tool calls run per turn (>= 1); further calls get
       an error observation and count as malformed.
@@ -50,6 +61,7 @@ class ToolEnvConfig:
   """
 
   format: str = "tags"
+  tools_in_template: bool = False
   max_turns: int = 4
   max_calls_per_turn: int = 2
   max_tool_output_chars: int = 2000
@@ -60,10 +72,21 @@ class ToolEnvConfig:
   def __post_init__(self):
     for name, rule in _RULES:
       v.check_field("ToolEnvConfig", name, getattr(self, name), rule)
+    if self.tools_in_template and self.format not in CHAT_FORMATS:
+      raise ValueError(
+        v.field_message(
+          "ToolEnvConfig.tools_in_template",
+          True,
+          f"False with format={self.format!r} (only a chat format, one of "
+          f"{sorted(CHAT_FORMATS)}, is read from the tools the chat template "
+          "lists)",
+        )
+      )
 
 
 _RULES = (
-  ("format", v.one_of(*fmt.FORMATS)),
+  ("format", v.one_of(*fmt.FORMATS, *CHAT_FORMATS)),
+  ("tools_in_template", v.is_bool),
   ("max_turns", v.all_of(v.is_int, v.at_least(1))),
   ("max_calls_per_turn", v.all_of(v.is_int, v.at_least(1))),
   ("max_tool_output_chars", v.all_of(v.is_int, v.at_least(16))),
@@ -120,11 +143,6 @@ class _Episode:
     }
 
 
-def _calls_run(results: Sequence[ToolResult]) -> int:
-  """Calls run so far in this turn (malformed ones ran nothing)."""
-  return sum(1 for r in results if r.error != "malformed")
-
-
 def score_final_answer(text: str, example: Example) -> float:
   """The default ``reward_fn``: ``score_answer`` against ``example.answer``."""
   return score_answer(text, example.answer)
@@ -163,7 +181,10 @@ class ToolEnv:
       raise ValueError(f"ToolEnv needs tools with distinct names; got {names}")
     self.tools: Mapping[str, Tool] = {t.name: t for t in tools}
     self.config = config
-    self.format = fmt.make_format(config.format)
+    self.format = make_any_format(config.format, config.tools_in_template)
+    # A chat format's turn with calls ends at the model's end-of-turn id
+    # (the rollout driver reads this).
+    self.eos_ends_turn = bool(getattr(self.format, "eos_ends_turn", False))
     self.reward_fn = reward_fn or score_final_answer
     self.count_tokens = count_tokens
     self.prompt_fn = prompt_fn
@@ -200,17 +221,20 @@ class ToolEnv:
       return self._end(ep, "answer", float(self.reward_fn(turn, ep.example)))
     if ep.total_tokens >= self.config.max_total_tokens:
       return self._end(ep, "max_total_tokens", 0.0)
-    results = []
+    limit = self.config.max_calls_per_turn
+    results: list[ToolResult | None] = []
+    to_run: list[tuple[int, fmt.ToolCall]] = []
     for item in parsed.items:
       if isinstance(item, str):
         results.append(self._malformed(ep, item))
-      elif _calls_run(results) >= self.config.max_calls_per_turn:
-        limit = self.config.max_calls_per_turn
-        results.append(
-          self._malformed(ep, f"at most {limit} tool calls per turn")
-        )
+      elif len(to_run) >= limit:
+        message = f"at most {limit} tool calls per turn"
+        results.append(self._malformed(ep, message))
       else:
-        results.append(self._run(ep, item))
+        to_run.append((len(results), item))
+        results.append(None)
+    for (i, call), result in zip(to_run, self._run_all([c for _, c in to_run])):
+      results[i] = self._account(ep, result)
     observation = self.format.observation(results)
     ep.total_tokens += self.count_tokens(observation)
     if ep.turns >= self.config.max_turns:
@@ -227,11 +251,21 @@ class ToolEnv:
     ep.malformed_calls += 1
     return ToolResult(f"error: malformed tool call: {message}", "malformed")
 
-  def _run(self, ep: _Episode, call: fmt.ToolCall) -> ToolResult:
+  def _run_all(self, calls: Sequence[fmt.ToolCall]) -> list[ToolResult]:
+    """The calls' results in order, the calls run concurrently."""
+    timeout = self.config.tool_timeout_s
+
+    def run(call: fmt.ToolCall) -> ToolResult:
+      return self.tools[call.name].run(call.arguments, timeout)
+
+    if len(calls) <= 1:
+      return [run(c) for c in calls]
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+      return list(pool.map(run, calls))
+
+  def _account(self, ep: _Episode, result: ToolResult) -> ToolResult:
+    """Counts a call that ran and cuts its output to the limits."""
     ep.tool_calls += 1
-    result = self.tools[call.name].run(
-      call.arguments, self.config.tool_timeout_s
-    )
     if result.error is not None:
       ep.tool_errors[result.error] = ep.tool_errors.get(result.error, 0) + 1
     output, cut = truncate(

@@ -13,7 +13,8 @@ is read here.
            inside it does not run.
   llama3   Llama 3.1-3.3 JSON calls: the turn is ``{"name": ...,
            "parameters": {...}}`` (``arguments`` is read too), optionally
-           after ``<|python_tag|>``; several are separated by ``;``.
+           after ``<|python_tag|>``; several are separated by ``;``; text
+           after the last object is not a call.
   smollm2  SmolLM2's list form: ``<tool_call>[{"name": ..., "arguments":
            {...}}, ...]</tool_call>``; a bare object is read as a list of
            one.
@@ -122,38 +123,40 @@ class Llama3Parser:
         return fmt.ParsedTurn(("<|python_tag|> without a JSON call",))
       return fmt.ParsedTurn()  # a plain answer
     items = []
-    for part in _split_objects(body):
-      try:
-        call = json.loads(part)
-      except ValueError as error:
-        items.append(f"the tool call is not valid JSON ({error})")
+    for part in _leading_objects(body):
+      if isinstance(part, str):
+        items.append(part)
         continue
-      if isinstance(call, dict) and "parameters" in call:
-        call = {"name": call.get("name"), "arguments": call["parameters"]}
-      items.append(fmt._json_call(json.dumps(call), names))  # noqa: SLF001
+      if "parameters" in part:
+        part = {"name": part.get("name"), "arguments": part["parameters"]}
+      items.append(fmt._json_call(json.dumps(part), names))  # noqa: SLF001
     return fmt.ParsedTurn(tuple(items))
 
 
-def _split_objects(body: str) -> list[str]:
-  """``{...}; {...}`` into its objects (``;`` inside strings kept)."""
-  parts, depth, start, in_string, escaped = [], 0, 0, False, False
-  for i, ch in enumerate(body):
-    if in_string:
-      escaped = ch == "\\" and not escaped
-      if ch == '"' and not escaped:
-        in_string = False
-      continue
-    if ch == '"':
-      in_string = True
-    elif ch == "{":
-      depth += 1
-    elif ch == "}":
-      depth -= 1
-    elif ch == ";" and depth == 0:
-      parts.append(body[start:i].strip())
-      start = i + 1
-  parts.append(body[start:].strip())
-  return [p for p in parts if p]
+def _leading_objects(body: str) -> list:
+  """The JSON objects ``{...}; {...}`` that ``body`` starts with (a ``;``
+  inside a string is the string's), each a dict or an error message; the
+  text after the last one (e.g. the tool turns of a worked example) is
+  not a call."""
+  decoder, out, i = json.JSONDecoder(), [], 0
+  while True:
+    try:
+      value, i = decoder.raw_decode(body, i)
+    except ValueError as error:
+      out.append(f"the tool call is not valid JSON ({error})")
+      return out
+    if not isinstance(value, dict):
+      out.append('a tool call must be a JSON object with a "name" string')
+      return out
+    out.append(value)
+    rest = body[i:].lstrip()
+    if not rest.startswith(";"):
+      return out
+    i = len(body) - len(rest) + 1
+    while i < len(body) and body[i].isspace():
+      i += 1
+    if i == len(body):
+      return out
 
 
 @dataclasses.dataclass(frozen=True)

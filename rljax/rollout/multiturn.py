@@ -17,19 +17,29 @@ tokens whose ``behav_logp`` the engine returned.
 ``MultiTurnRollout.batch.action_mask`` marks the model's tokens (1) apart
 from the observations' (0, with ``behav_logp`` 0.0 there).
 
-Where a turn stops. Engines stop on token ids (``SamplingConfig.
-stop_token_ids``), not on strings, and a closing tag such as
-``</calculator>`` is several tokens whose last one may also carry text after
-the tag. So a turn's stop ids are the EOS ids of ``sampling`` plus every
-token whose text holds the last character of a stop sequence (``>``: 48 of
-SmolLM2's 49,152 tokens), ``stop_token_table``. When the engine stops on
-one, the driver decodes the turn so far: if it holds a stop sequence, the
-turn is complete (the sequence ends inside the turn's last token, since any
-earlier token completing it would have stopped the engine); if not (a ``>``
-that closes nothing), the row goes on in the next engine call with no
-observation in between. Either way the kept ids and their log-probs are the
-engine's, untouched; a continuation samples from the same conditional
-distribution as an uninterrupted generation would.
+Where a turn stops. A turn ends where its text first holds a stop sequence
+(a closing tag such as ``</calculator>``) that closes a call, wherever the
+tokenizer split it: ``stop_strings.StopMatcher`` walks the sampled ids (an
+automaton over their texts, its state carried from one engine call to the
+next) and the environment confirms the call closed (``turn_complete``).
+Engines stop on ids only, so ``MultiTurnConfig.stop_by`` says what they are
+given:
+
+  "string"  the EOS ids only: no call ends on a ``>`` that closes nothing.
+            Each call decodes up to the turn's room (or
+            ``string_stop_chunk`` ids); the driver cuts the turn after the
+            id that completes the stop and drops the ids sampled after it
+            (and their log-probs), which the kept ids do not depend on.
+  "token"   the EOS ids plus every id that can complete a stop sequence
+            (``StopMatcher.completing_ids``; a bare ``>`` among them): the
+            engine decodes no id past a stop, but a ``>`` that closes
+            nothing ends the call too and the row goes on in the next call
+            (a "continuation"; on the JAX engine a prefill of the row).
+
+Either way the kept ids and their log-probs are the engine's, untouched;
+the ids of a turn cut at its stop are those an engine stopping exactly
+there would have sampled. Environments with no stop sequences (the chat
+formats, whose turns end at the model's end-of-turn id) stop on EOS alone.
 
 Continuing from the cached prefix. Each call passes a row's whole ids as the
 prompt. The JAX sampler re-fills the row's KV: it prefills prompt, earlier
@@ -46,7 +56,10 @@ closing tag inside a string of the call's code; else any stop sequence in
 the turn). A turn that ends in EOS is the model's end of the episode: the
 environment gets it as final (``env.step(turn, final=True)`` where its
 step takes that: a call left open is not run) and the episode ends there
-whatever the environment answers.
+whatever the environment answers; except where the environment's format
+ends a call turn at EOS (``env.eos_ends_turn``, the chat formats): there
+EOS ends the turn, its calls run, and only a turn without calls ends the
+episode.
 
 Limits: ``sampling.max_new_tokens`` caps one model turn (its segments
 together), ``MultiTurnConfig.max_response_tokens`` the ids after the prompt
@@ -73,15 +86,19 @@ from rljax.core import _validation as v
 from rljax.data.records import Example
 from rljax.envs.base import Environment, summarize
 from rljax.rollout.base import RolloutBatch, RolloutEngine, SamplingConfig
+from rljax.rollout.stop_strings import stop_matcher, turn_end
 
 __all__ = [
   "MultiTurnConfig",
   "MultiTurnRollout",
   "Tokenizer",
+  "STOP_BY",
   "rollout_multiturn",
   "stop_token_table",
 ]
 
+# What the engine stops on (MultiTurnConfig.stop_by).
+STOP_BY = ("token", "string")
 # A seed per engine call: calls after the first must not replay its keys.
 _SEED_STRIDE = 0x9E3779B1
 _SEED_RANGE = 2**31
@@ -106,10 +123,18 @@ class MultiTurnConfig:
       together (>= 1); the packed response width.
     skip_special_tokens: decode turns for the environment without special
       tokens (the ids are kept either way).
+    stop_by: "token" or "string", the ids the engine stops on (module
+      doc): "string" ends no engine call on a '>' that closes nothing, at
+      the cost of ids decoded past a stop and dropped.
+    string_stop_chunk: with ``stop_by="string"``, ids per engine call
+      (>= 0; 0 = the turn's whole room): smaller chunks decode fewer ids
+      past a stop and make more engine calls.
   """
 
   max_response_tokens: int = 1024
   skip_special_tokens: bool = True
+  stop_by: str = "token"
+  string_stop_chunk: int = 0
 
   def __post_init__(self):
     v.check_field(
@@ -123,6 +148,15 @@ class MultiTurnConfig:
       "skip_special_tokens",
       self.skip_special_tokens,
       v.is_bool,
+    )
+    v.check_field(
+      "MultiTurnConfig", "stop_by", self.stop_by, v.one_of(*STOP_BY)
+    )
+    v.check_field(
+      "MultiTurnConfig",
+      "string_stop_chunk",
+      self.string_stop_chunk,
+      v.all_of(v.is_int, v.at_least(0)),
     )
 
 
@@ -142,7 +176,8 @@ class MultiTurnRollout:
     infos: each episode's last info (``ToolEnv``'s counters), with
       ``stop_reason`` set by the driver where it cut the episode.
     metrics: ``rljax.envs.summarize`` of the infos, plus the driver's
-      counts (engine calls, continuations after a false stop, model and
+      counts (engine calls, continuations after a false stop or a chunk,
+      ids decoded past a stop and dropped, model and
       observation ids per episode, truncation rate).
   """
 
@@ -161,7 +196,8 @@ def stop_token_table(
   tokenizer: Tokenizer, stop_sequences: Sequence[str]
 ) -> tuple[int, ...]:
   """Ids of every token whose text holds the last character of a stop
-  sequence: the tokens that can complete one (cached per tokenizer)."""
+  sequence (cached per tokenizer): a superset of the ids that can complete
+  one, which the driver takes from ``StopMatcher.completing_ids``."""
   if not stop_sequences or any(
     not isinstance(s, str) or not s for s in stop_sequences
   ):
@@ -190,6 +226,7 @@ class _Row:
   logp: list[float] = dataclasses.field(default_factory=list)
   mask: list[int] = dataclasses.field(default_factory=list)
   turn_start: int = 0  # where the model turn in progress began in ``ids``
+  stop_state: int = 0  # the stop automaton's state after the turn so far
   done: bool = False
   finish: str = "stop"
   reward: float = 0.0
@@ -329,20 +366,23 @@ def rollout_multiturn(
   _check_capacity(engine, prompts, budget)
   stop_sequences = tuple(rows[0].env.stop_sequences)
   eos = set(sampling.stop_token_ids)
-  stop_ids = tuple(
-    sorted(eos | set(stop_token_table(tokenizer, stop_sequences)))
-  )
-  stop_set = set(stop_ids)
+  matcher = stop_matcher(tokenizer, stop_sequences) if stop_sequences else None
+  stop_ids = tuple(sorted(eos))
+  if matcher is not None and config.stop_by == "token":
+    stop_ids = tuple(sorted(eos | set(matcher.completing_ids())))
+  chunk = config.string_stop_chunk if config.stop_by == "string" else 0
   decode_kw = {"skip_special_tokens": config.skip_special_tokens}
 
   start = time.perf_counter()
-  calls = continuations = 0
+  calls = continuations = dropped = 0
   per_row = _takes_row_limits(engine)
   while True:
     active = [r for r in rows if not r.done]
     if not active:
       break
     rooms = [r.room(turn_cap, budget) for r in active]
+    if chunk:
+      rooms = [min(room, chunk) for room in rooms]
     call_sampling = dataclasses.replace(
       sampling,
       stop_token_ids=stop_ids,
@@ -366,19 +406,31 @@ def rollout_multiturn(
           f"rollout_multiturn: the engine returned {len(ids)} ids for a "
           f"row limited to {room}; expected at most its limit"
         )
+      end = None
+      if matcher is not None:
+        head = row.ids[row.turn_start :]
+
+        def closes(k, head=head, ids=ids, row=row):
+          text = tokenizer.decode(head + ids[:k], **decode_kw)
+          return _turn_complete(row.env, text)
+
+        end, row.stop_state = turn_end(matcher, ids, row.stop_state, closes)
+      if end is not None:  # a closed call: the ids after it are dropped
+        dropped += len(ids) - end
+        ids, logp = ids[:end], logp[:end]
       row.ids += ids
       row.logp += logp.tolist()
       row.mask += [1] * len(ids)
-      if not (ids and ids[-1] in stop_set):  # its ids ran out
-        row.cut(_cut_reason(row, budget))
+      final = end is None and bool(ids) and ids[-1] in eos
+      if end is None and not final:
+        if not ids or row.room(turn_cap, budget) <= 0:
+          row.cut(_cut_reason(row, budget))
+        else:
+          continuations += 1  # a '>' that closed nothing, or a chunk's end
         continue
       turn = tokenizer.decode(row.ids[row.turn_start :], **decode_kw)
-      if ids[-1] not in eos and not _turn_complete(row.env, turn):
-        continuations += 1  # a '>' that closed nothing: generate on
-        if row.room(turn_cap, budget) <= 0:
-          row.cut(_cut_reason(row, budget))
-        continue
-      _step(row, turn, tokenizer, budget, final=ids[-1] in eos)
+      eos_turn = final and bool(getattr(row.env, "eos_ends_turn", False))
+      _step(row, turn, tokenizer, budget, final=final and not eos_turn)
   seconds = time.perf_counter() - start
 
   infos = [r.info for r in rows]
@@ -388,6 +440,7 @@ def rollout_multiturn(
   metrics.update(
     engine_calls=float(calls),
     continuations=float(continuations),
+    dropped_after_stop_mean=float(dropped) / len(rows),
     model_tokens_mean=float(model.mean()),
     observation_tokens_mean=float((total - model).mean()),
     truncated_rate=float(np.mean([r.finish == "length" for r in rows])),
@@ -495,4 +548,4 @@ def _step(
   row.ids += obs
   row.logp += [0.0] * len(obs)
   row.mask += [0] * len(obs)
-  row.turn_start = len(row.ids)
+  row.turn_start, row.stop_state = len(row.ids), 0

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from rljax.core import _validation as v
 
-__all__ = ["StopMatcher", "stop_matcher"]
+__all__ = ["StopMatcher", "stop_matcher", "turn_end"]
 
 
 def _automaton(stops: Sequence[str]):
@@ -103,6 +103,41 @@ class StopMatcher:
     for token in ids:
       state = int(self.next_state[state, token])
     return state
+
+  def completing_ids(self) -> tuple[int, ...]:
+    """Ids that complete a stop string from some state: the tightest set
+    of stop ids an engine that stops on ids alone can be given (it still
+    holds a bare '>', which completes ``</calculator>`` after
+    ``</calculator``)."""
+    return tuple(int(t) for t in np.flatnonzero(self.match.any(axis=0)))
+
+
+def turn_end(
+  matcher: StopMatcher,
+  ids: Sequence[int],
+  state: int,
+  closes: Callable[[int], bool],
+) -> tuple[int | None, int]:
+  """Where a turn ends among the ids just sampled.
+
+  Walks ``ids`` from automaton ``state`` (the state the turn so far left)
+  and returns ``(k, state)``: ``k`` the count of ids up to and including
+  the first one that completes a stop string for which ``closes(k)`` holds
+  (the environment's reading of the turn cut there, e.g. a closing tag
+  outside the code's strings), or None with the state after every id, so
+  the next engine call of the turn goes on from it. A stop string that
+  ``closes`` refuses is passed over and the walk goes on after it.
+  """
+  start = 0
+  while True:
+    k = matcher.first_stop(ids[start:], state)
+    if k is None:
+      return None, matcher.state_after(ids[start:], state)
+    end = start + k
+    if closes(end):
+      return end, 0
+    state = matcher.state_after(ids[start:end], state)
+    start = end
 
 
 def build_matcher(

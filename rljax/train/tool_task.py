@@ -6,11 +6,16 @@
 (multi-step word problems a short program answers; `--task.tool=python`):
 each rollout row is an episode of `rljax.rollout.multiturn.rollout_multiturn`
 in a fresh `ToolEnv` (`--task.tool=calculator|python`,
-`--task.tool_format=tags|qwen`), its reward the environment's verdict on the
+`--task.tool_format=tags|qwen|chat_qwen|chat_llama3|chat_smollm2`,
+`--task.max_calls_per_turn`), its reward the environment's verdict on the
 final answer (`rljax.envs.score_answer`), its `action_mask` the model's ids.
 The collector (`collect.py`) runs the episodes instead of one generation
 when a task says `multi_turn`; held-out evaluation (`heldout.py`) runs them
-greedily.
+greedily. A turn ends by stop string (`MultiTurnConfig(stop_by="string")`):
+the engine decodes on past a '>' and the driver cuts the turn after the
+closing tag. A chat format reads the calls in the model's own syntax, the
+turn ended by its end-of-turn id; where the tokenizer's chat template takes
+`tools=`, the tools are rendered by it (`ToolsChatTemplate`).
 
 Budgets: `rollout.max_new_tokens` bounds a whole trajectory (model and tool
 ids: the width the update step packs responses to), `task.max_turn_tokens`
@@ -28,7 +33,7 @@ from typing import Sequence
 
 from rljax import data as data_lib
 from rljax import envs
-from rljax.envs import sandbox
+from rljax.envs import sandbox, tool_parsers
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.multiturn import (
   MultiTurnConfig,
@@ -103,12 +108,17 @@ def worked_example(tool: envs.Tool, format_name: str) -> str:
     if tool.argument == "expression"
     else f"print({_EXAMPLE_EXPRESSION})"
   )
-  if format_name == "tags":
+  arguments = {tool.argument: argument}
+  family = envs.CHAT_FORMATS.get(format_name, format_name)
+  if family == "tags":
     call = f"<{tool.name}>{argument}</{tool.name}>"
+  elif family == "llama3":
+    call = json.dumps({"name": tool.name, "parameters": arguments})
+  elif family == "smollm2":
+    body = json.dumps([{"name": tool.name, "arguments": arguments}])
+    call = f"<tool_call>{body}</tool_call>"
   else:
-    body = json.dumps(
-      {"name": tool.name, "arguments": {tool.argument: argument}}
-    )
+    body = json.dumps({"name": tool.name, "arguments": arguments})
     call = f"<tool_call>\n{body}\n</tool_call>"
   fmt = envs.make_format(format_name)
   output = fmt.observation([envs.ToolResult(_EXAMPLE_ANSWER)])
@@ -136,10 +146,58 @@ def call_prefix(tool: envs.Tool, format_name: str) -> str:
   """The opening of a call of `tool` in `format_name`, up to where the
   model's own text starts: the tool's argument (`--task.tool_choice=
   required` puts it at the end of the first prompt)."""
-  if format_name == "tags":
+  family = envs.CHAT_FORMATS.get(format_name, format_name)
+  if family == "tags":
     return f"<{tool.name}>"
-  head = json.dumps({"name": tool.name, "arguments": {tool.argument: ""}})
-  return "<tool_call>\n" + head[: -len('""}}')] + '"'
+  key = "parameters" if family == "llama3" else "arguments"
+  head = json.dumps({"name": tool.name, key: {tool.argument: ""}})
+  head = head[: -len('""}}')] + '"'
+  if family == "llama3":
+    return head
+  if family == "smollm2":
+    return "<tool_call>[" + head
+  return "<tool_call>\n" + head
+
+
+def template_takes_tools(tokenizer) -> bool:
+  """The tokenizer's chat template renders a `tools` list (its Jinja text
+  reads the variable), so `apply_chat_template(..., tools=...)` shows the
+  model its tools as it was trained to see them."""
+  template = getattr(tokenizer, "chat_template", None)
+  return isinstance(template, str) and "tools" in template
+
+
+def template_mismatch(tokenizer, format_name: str) -> str:
+  """A line saying that the tokenizer's chat template teaches another call
+  syntax than the chat format chosen ("" if it does not, or names none)."""
+  template = getattr(tokenizer, "chat_template", None)
+  parser = tool_parsers.parser_for_template(
+    template if isinstance(template, str) else None
+  )
+  family = envs.CHAT_FORMATS.get(format_name)
+  if family is None or parser is None or parser == family:
+    return ""
+  return (
+    f"[rljax] task.tool_format={format_name!r}, but the tokenizer's chat "
+    f"template writes calls as {parser!r} (chat_{parser})"
+  )
+
+
+class ToolsChatTemplate:
+  """The chat template around the first observation, the tools passed as
+  `apply_chat_template(..., tools=schemas)` (the template lists them in
+  its own words, so the observation holds no tool instructions)."""
+
+  def __init__(self, tokenizer, schemas: Sequence[dict]):
+    self.tokenizer, self.schemas = tokenizer, list(schemas)
+
+  def __call__(self, text: str) -> str:
+    return self.tokenizer.apply_chat_template(
+      [{"role": "user", "content": text}],
+      tools=self.schemas,
+      tokenize=False,
+      add_generation_prompt=True,
+    )
 
 
 class FirstCallPrefilled:
@@ -154,6 +212,7 @@ class FirstCallPrefilled:
   def __init__(self, env: envs.Environment, prefix: str):
     self.env, self.prefix = env, prefix
     self.stop_sequences = tuple(env.stop_sequences)
+    self.eos_ends_turn = bool(getattr(env, "eos_ends_turn", False))
     self._first = True
 
   def reset(self, example: data_lib.Example) -> str:
@@ -228,8 +287,13 @@ class ToolTask(tasks_lib.Task):
     tool_choice: str = "auto",
     remote: envs.RemoteEnvFactory | None = None,
   ):
-    # The chat template around the environment's first observation.
-    render = data_lib.ChatTemplate(tokenizer, user_template=_identity)
+    # The chat template around the environment's first observation (and
+    # the tools, where a chat format's template lists them).
+    render = (
+      ToolsChatTemplate(tokenizer, envs.tool_schemas([tool]))
+      if env_config.tools_in_template
+      else data_lib.ChatTemplate(tokenizer, user_template=_identity)
+    )
     super().__init__(
       train,
       held_out,
@@ -244,7 +308,11 @@ class ToolTask(tasks_lib.Task):
     self.env_config = env_config
     self.tool = tool
     self.prompt = prompt
-    self.multiturn_config = MultiTurnConfig(max_response_tokens=response_tokens)
+    # Turns end by stop string: no engine call ends on a '>' that closes
+    # nothing (rljax.rollout.multiturn).
+    self.multiturn_config = MultiTurnConfig(
+      max_response_tokens=response_tokens, stop_by="string"
+    )
     self.turn_tokens = turn_tokens
     self.tool_choice = tool_choice
     # An environment server's episodes replace the in-process environment.
@@ -354,9 +422,12 @@ def build_tool_task(cfg, tokenizer) -> ToolTask:
   train = generate_problems(t.name, TOOL_POOL, cfg.run.seed, t.difficulty)
   held_q = {e.question for e in held_out}
   train = [e for e in train if e.question not in held_q]
+  format_name = t.tool_format
   problems = sandbox_problems(t)
   if problems:
     raise ConfigError(problems)
+  if template_mismatch(tokenizer, format_name):
+    print(template_mismatch(tokenizer, format_name), flush=True)
   remote = envs.connect(t.env_url) if t.env_url else None
   tool = make_tool(t.tool, t.python_sandbox)
   if t.tool == "python":
@@ -370,8 +441,12 @@ def build_tool_task(cfg, tokenizer) -> ToolTask:
     worked_example(tool, t.tool_format) if t.tool_prompt == "example" else ""
   )
   env_config = envs.ToolEnvConfig(
-    format=t.tool_format,
+    format=format_name,
+    tools_in_template=(
+      format_name in envs.CHAT_FORMATS and template_takes_tools(tokenizer)
+    ),
     max_turns=t.max_turns,
+    max_calls_per_turn=t.max_calls_per_turn,
     max_total_tokens=new,  # the driver's budget, in ids, cuts first
   )
 

@@ -196,6 +196,7 @@ _SERVER_FIELDS = (
   "tool_prompt",
   "python_sandbox",
   "max_turns",
+  "max_calls_per_turn",
 )
 
 
@@ -231,6 +232,7 @@ _TOOL_FIELDS = (
   "tool_prompt",
   "tool_choice",
   "max_turns",
+  "max_calls_per_turn",
   "max_turn_tokens",
   "env_url",
 )

@@ -81,6 +81,7 @@ FIELD_RULES: dict[str, v.Rule] = {
   "task.tool_prompt": v.one_of(*sections.TOOL_PROMPTS),
   "task.tool_choice": v.one_of(*sections.TOOL_CHOICES),
   "task.max_turns": _POSITIVE_INT,
+  "task.max_calls_per_turn": _POSITIVE_INT,
   "task.env_url": v.expect(
     lambda url: not (url == "" or url.startswith("http://")),
     '"" (in-process) or http://HOST:PORT of an environment server',

@@ -71,7 +71,11 @@ FIELD_HELP: dict[str, str] = {
   ),
   "task.tool_format": (
     "Tool tasks: the call format, tags (<calculator>...</calculator>) or "
-    "qwen (<tool_call>{json}</tool_call>)."
+    "qwen (<tool_call>{json}</tool_call>), each turn stopped at its closing "
+    "tag; or a chat format, the model's own syntax with several calls per "
+    "turn ended by its end-of-turn id: chat_qwen, chat_llama3 or "
+    "chat_smollm2 (the tools go through the chat template where it takes "
+    "tools=)."
   ),
   "task.tool_prompt": (
     "Tool tasks: plain (the tool's description) or example (plus one worked "
@@ -89,6 +93,10 @@ FIELD_HELP: dict[str, str] = {
     "writes the arguments; as the OpenAI API's tool_choice)."
   ),
   "task.max_turns": "Tool tasks: model turns per episode.",
+  "task.max_calls_per_turn": (
+    "Tool tasks: tool calls run per model turn, concurrently; further calls "
+    "of the turn get an error observation and count as malformed."
+  ),
   "task.env_url": (
     "Tool tasks: an environment server (experiments/env_server.py) whose "
     "episodes replace the in-process environment; its tool, format and "

@@ -47,7 +47,10 @@ REWARDS = ("verifier", "reward_model", "vrcli", "judge")
 # rljax.envs' tools and tool-call formats a tool task can name (spelled out:
 # the config imports no environment code; a test checks they agree).
 TOOLS = ("calculator", "python")
-TOOL_FORMATS = ("tags", "qwen")
+# tags|qwen stop a turn at a call's closing tag (rljax.envs.formats); the
+# chat formats read every call of a turn in the model's own syntax
+# (rljax.envs.chat_formats).
+TOOL_FORMATS = ("tags", "qwen", "chat_qwen", "chat_llama3", "chat_smollm2")
 TOOL_PROMPTS = ("plain", "example")
 TOOL_CHOICES = ("auto", "required")
 # rljax.envs.sandbox.SANDBOX_MODES: how the python tool confines the code.
@@ -89,10 +92,11 @@ class TaskConfig:
   reward_workers: int = 1  # verifier processes; 0 = in-process
   # Tool tasks (multi-turn episodes, `rljax.train.tasks.ToolTask`) only.
   tool: str = "calculator"  # calculator|python
-  tool_format: str = "tags"  # tags|qwen (rljax.envs.formats)
+  tool_format: str = "tags"  # tags|qwen|chat_qwen|chat_llama3|chat_smollm2
   tool_prompt: str = "plain"  # plain|example (a worked call in the prompt)
   tool_choice: str = "auto"  # auto|required (first turn opens with a call)
   max_turns: int = 4  # model turns per episode
+  max_calls_per_turn: int = 2  # tool calls run per turn (concurrently)
   max_turn_tokens: int = 0  # ids of one model turn; 0 = rollout.max_new_tokens
   # The python tool's sandbox: "strong", or the weaker mode only by name
   # (never chosen for the run; docs/sandbox.md).
