@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Hashable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -130,26 +131,22 @@ def write_tokens(pool_k, pool_v, k, v, table, start, count):
   holes (page N) are dropped.
 
   Args:
-    pool_k, pool_v: one layer's pool, k [N, Hkv, hd, P], v [N, Hkv, P, hd].
+    pool_k, pool_v: one layer's pool, k [N, Hkv, hd, P], v [N, Hkv, P, hd]
+      (`storage_dtype`).
     k, v: [B, T, Hkv, hd].
     table: int32 [B, W] the rows' pages.
     start, count: int32 [B].
   """
   n, _, _, p = pool_k.shape
-  b, t = k.shape[:2]
+  t = k.shape[1]
   width = table.shape[1]
   slot = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, T]
   ok = (jnp.arange(t)[None] < count[:, None]) & (slot < width * p)
   column = jnp.clip(slot // p, 0, width - 1)
   page = jnp.where(ok, jnp.take_along_axis(table, column, axis=1), n)
   offset = slot % p
-  pool_k = pool_k.at[page, :, :, offset].set(
-    k.astype(pool_k.dtype), mode="drop"
-  )
-  pool_v = pool_v.at[page, :, offset, :].set(
-    v.astype(pool_v.dtype), mode="drop"
-  )
-  del b
+  pool_k = pool_k.at[page, :, :, offset].set(stored(k, pool_k), mode="drop")
+  pool_v = pool_v.at[page, :, offset, :].set(stored(v, pool_v), mode="drop")
   return pool_k, pool_v
 
 
@@ -172,6 +169,35 @@ def write_blocks(pool_k, pool_v, k, v, pages):
     .reshape(-1, hkv, p, hd)
   )
   index = pages.reshape(-1)
-  pool_k = pool_k.at[index].set(k_pages.astype(pool_k.dtype), mode="drop")
-  pool_v = pool_v.at[index].set(v_pages.astype(pool_v.dtype), mode="drop")
+  pool_k = pool_k.at[index].set(stored(k_pages, pool_k), mode="drop")
+  pool_v = pool_v.at[index].set(stored(v_pages, pool_v), mode="drop")
   return pool_k, pool_v
+
+
+# XLA:CPU runs a scatter into a bf16 array in f32: it converted the whole
+# pool to f32 and back around every write, two passes over every page per
+# layer and step (a decode step several times slower), and a bitcast of
+# the pool to uint16 around the scatter is a copy of it. So a bf16 pool is
+# kept as its uint16 bit patterns: a scatter of those is done in place, and
+# the attention reads them as bf16 (`paged_attention`).
+def storage_dtype(cache_dtype) -> jnp.dtype:
+  """The pool's array dtype for a cache of `cache_dtype`: uint16 holds
+  bf16's bits; float32 is kept as is."""
+  if jnp.dtype(cache_dtype) == jnp.bfloat16:
+    return jnp.dtype(jnp.uint16)
+  return jnp.dtype(cache_dtype)
+
+
+def stored(x, pool) -> jax.Array:
+  """Keys or values `x` as the pool stores them (rounded to bf16 for a
+  uint16 pool)."""
+  if pool.dtype == jnp.uint16:
+    return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+  return x.astype(pool.dtype)
+
+
+def readable(pool) -> jax.Array:
+  """The pool as the values it holds (a uint16 pool as bf16)."""
+  if pool.dtype == jnp.uint16:
+    return jax.lax.bitcast_convert_type(pool, jnp.bfloat16)
+  return pool

@@ -344,9 +344,12 @@ ffi::Error Dispatch(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
                            table.dimensions()[1], ptable.dimensions()[0],
                            ptable.dimensions()[1]};
   const int64_t D = qd[3], P = kd[3];
-  const bool bf16 = pk.element_type() == ffi::DataType::BF16;
+  // A uint16 pool holds bf16 bit patterns (rljax/rollout/kv_pages.py).
+  const bool bf16 = pk.element_type() == ffi::DataType::BF16 ||
+                    pk.element_type() == ffi::DataType::U16;
   if (!bf16 && pk.element_type() != ffi::DataType::F32)
-    return ffi::Error::InvalidArgument("paged_attention: pool is not f32/bf16");
+    return ffi::Error::InvalidArgument(
+        "paged_attention: pool is not f32, bf16 or uint16 (bf16 bits)");
 #define RLJAX_CASE(d, p)                                                     \
   if (D == d && P == p)                                                      \
     return bf16 ? Run<uint16_t, d, p>(pool, dims, q.untyped_data(),          \

@@ -29,7 +29,7 @@ Two implementations, one result:
 `RLJAX_PAGED_ATTENTION=auto|native|xla` picks (auto: native where it runs).
 
 Layouts: q [B, T, Hq, hd]; pool k [N, Hkv, hd, P] and v [N, Hkv, P, hd]
-(`kv_pages`); table int32 [B, W] own pages; prefix table [E, Wp] with
+(`kv_pages`: f32, bf16, or uint16 holding bf16 bits); table int32 [B, W] own pages; prefix table [E, Wp] with
 start, end [E]; entry [B] (-1: none); own_len [B]. A page index outside
 [0, N) is a hole: never read (the host only asks for slots it wrote).
 """
@@ -91,6 +91,7 @@ def choose(head_dim: int, page_size: int, dtype) -> str:
   fits = (head_dim, page_size) in NATIVE_SHAPES and jnp.dtype(dtype) in (
     jnp.dtype(jnp.float32),
     jnp.dtype(jnp.bfloat16),
+    jnp.dtype(jnp.uint16),
   )
   if setting == "xla":
     return "xla"
@@ -192,7 +193,13 @@ def paged_attention(
       *args, scale=np.float32(1.0 / math.sqrt(q.shape[-1]))
     )
   elif impl == "xla":
-    out = reference(*args[:5], Prefix(*args[5:8]), args[8])
+    pools = [
+      jax.lax.bitcast_convert_type(x, jnp.bfloat16)
+      if x.dtype == jnp.uint16
+      else x
+      for x in args[1:3]
+    ]
+    out = reference(args[0], *pools, *args[3:5], Prefix(*args[5:8]), args[8])
   else:
     raise ValueError(f"paged_attention: impl={impl!r}; expected native or xla")
   return out.astype(q.dtype)

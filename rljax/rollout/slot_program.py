@@ -64,7 +64,8 @@ class SlotPlan:
     greedy, top_k, use_top_p: the sampling switches (`sample_next_token`).
     num_stop_ids: length of the traced stop-id array.
     pad_id: token written after a row's end.
-    cache_dtype: the pool's dtype.
+    cache_dtype: the pool's dtype (a bf16 pool is stored as its uint16
+      bits, `kv_pages.storage_dtype`).
     activation_dtype: as `decoder.final_hidden_states`.
     page_size: P, token slots a page.
     entries: E, prompts whose pages the pool holds at once.
@@ -143,7 +144,10 @@ def _fold(key_data, step):
 def init_pool(config, plan: SlotPlan) -> dict[str, Any]:
   """The empty pool: N pages of P slots per layer (`kv_pages`)."""
   return models.init_decode_cache(
-    config, plan.pool_pages, plan.page_size, plan.cache_dtype
+    config,
+    plan.pool_pages,
+    plan.page_size,
+    kv_pages.storage_dtype(plan.cache_dtype),
   )
 
 
