@@ -1,4 +1,4 @@
-"""Overlap of rollout and update per async mode, on this machine (issue 47).
+"""Overlap of rollout and update per async mode, on this machine.
 
 Trains `experiments/main.py`'s default job (SmolLM2-135M-Instruct, GRPO on
 arithmetic, INT8 rollouts) for --steps steps in each mode, one Trainer after
@@ -63,6 +63,9 @@ the queued rollouts, which would stall the overlap being measured).
 Writes <out_dir>/<--name>.json (machine, settings, per-mode summary and
 per-step rows) and <out_dir>/<--name>.png (wall per step and idle fractions
 by mode).
+
+This file holds the flags, the modes and the run of each; the summary,
+report and pinning are in experiments/bench_async_lib/.
 """
 
 from __future__ import annotations
@@ -82,8 +85,12 @@ from rljax import hostmem
 from rljax.train import cli
 from rljax.train import flags as train_flags
 
-import default_job  # experiments/, the script's own folder
-from machine import machine_info  # experiments/, too
+# experiments/, the script's own folder:
+from bench_async_lib.pinning import pin_engine
+from bench_async_lib.report import fmt, plot, report
+from bench_async_lib.summary import lag_counts, ratios, summarize
+import default_job
+from machine import machine_info
 
 train_flags.define_train_flags(
   {
@@ -110,8 +117,6 @@ MODES = {
   },
 }
 _ALIASES = {"off": "sync", "streaming": "streaming_keep"}
-# (numerator, denominator, target) of issue 47's steps/hour ratios.
-TARGETS = (("sync", 1.5), ("one_step", 1.2))
 ENGINE_PLACEMENT = {
   "jax": (
     "JAX engine on a worker thread of the trainer's process: engine and "
@@ -188,312 +193,6 @@ def parse_modes(names: list[str]) -> list[str]:
   if not out:
     raise cli.UsageError("--modes is empty; expected at least one mode")
   return out
-
-
-def _descendants(root: int) -> list[int]:
-  """`root` and every process below it (from /proc's parent links)."""
-  children = collections.defaultdict(list)
-  for entry in os.listdir("/proc"):
-    if entry.isdigit():
-      try:
-        with open(f"/proc/{entry}/stat") as f:
-          ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-      except (OSError, ValueError, IndexError):
-        continue
-      children[ppid].append(int(entry))
-  out, todo = [], [root]
-  while todo:
-    pid = todo.pop()
-    out.append(pid)
-    todo.extend(children.get(pid, ()))
-  return out
-
-
-def _pin(pid: int, cores: set[int]) -> int:
-  """Every thread of `pid` onto `cores`; how many threads were pinned."""
-  done = 0
-  for tid in os.listdir(f"/proc/{pid}/task"):
-    try:
-      os.sched_setaffinity(int(tid), cores)
-      done += 1
-    except OSError:  # a thread that ended meanwhile
-      pass
-  return done
-
-
-def pin_engine(engine_pid: int, core: int) -> dict:
-  """The sidecar (and its engine and worker processes) on `core`, this
-  process's threads on the other cores; new threads inherit."""
-  every = set(range(os.cpu_count() or 1))
-  if core not in every or len(every) < 2:
-    raise ValueError(
-      f"--engine_core={core}; expected one of {sorted(every)} on a machine "
-      "with at least 2 cores"
-    )
-  pids = _descendants(engine_pid)
-  engine_threads = sum(_pin(p, {core}) for p in pids)
-  trainer_threads = _pin(os.getpid(), every - {core})
-  return {
-    "engine_core": core,
-    "engine_processes": len(pids),
-    "engine_threads": engine_threads,
-    "trainer_cores": sorted(every - {core}),
-    "trainer_threads": trainer_threads,
-  }
-
-
-def lag_counts(batch, current_version: int, valid) -> collections.Counter:
-  """{lag: tokens} of a rollout's trained tokens (the rows `valid` keeps,
-  model tokens only), as `staleness.rollout_lag_metrics` counts them."""
-  counts = collections.Counter()
-  if batch.policy_version is None:
-    return counts
-  for row, versions in enumerate(batch.policy_version):
-    if not valid[row]:
-      continue
-    versions = np.asarray(versions, np.int64)
-    if batch.action_mask is not None:
-      versions = versions[np.asarray(batch.action_mask[row], bool)]
-    lags, n = np.unique(current_version - versions, return_counts=True)
-    counts.update(dict(zip(lags.tolist(), n.tolist())))
-  return counts
-
-
-def _idle(rows: list[dict], key: str, fallback) -> float | None:
-  """Idle share of the rows' time: the logged per-step fraction `key`
-  when every row has it, else `fallback(row)`; time-weighted by
-  time_step. None when neither is available."""
-  total = sum(r["time_step"] for r in rows)
-  if not rows or total <= 0:
-    return None
-  if all(key in r for r in rows):
-    fracs = [r[key] for r in rows]
-  else:
-    fracs = [fallback(r) for r in rows]
-    if any(f is None for f in fracs):
-      return None
-  return float(sum(f * r["time_step"] for f, r in zip(fracs, rows)) / total)
-
-
-def summarize(
-  mode: str,
-  rows: list[dict],
-  starts: list[float],
-  end: float,
-  lags: collections.Counter,
-  untrained: dict[str, int],
-  warmup: int,
-) -> dict:
-  """One mode's summary from its rows and the step start times.
-
-  Step i's wall is starts[i + 1] − starts[i] (the last: end − starts[-1]);
-  the first `warmup` steps are left out of every rate and fraction.
-  """
-  if len(starts) != len(rows):
-    raise ValueError(
-      f"summarize: {len(starts)} step starts for {len(rows)} rows; expected "
-      "one per row"
-    )
-  walls = np.diff(np.asarray([*starts, end], np.float64))
-  kept = rows[warmup:]
-  wall = walls[warmup:]
-  sync = mode == "sync"
-  # The sync trainer runs the rollout on its own thread: serial by design.
-  trainer_fallback = (
-    (lambda r: r["time_rollout"] / r["time_step"])
-    if sync
-    else (lambda r: r.get("time_rollout_wait", 0.0) / r["time_step"])
-  )
-  engine_fallback = (
-    (lambda r: 1.0 - r["time_rollout"] / r["time_step"])
-    if sync
-    else (lambda r: None)
-  )
-  logged = all("engine_idle_fraction" in r for r in kept) and bool(kept)
-  tokens = sum(lags.values())
-  lag_keys = sorted(lags)
-  out = {
-    "mode": mode,
-    "steps": len(rows),
-    "measured_steps": len(kept),
-    "wall_per_step_mean_s": float(wall.mean()) if wall.size else None,
-    "wall_per_step_median_s": float(np.median(wall)) if wall.size else None,
-    "steps_per_hour": float(3600.0 / wall.mean()) if wall.size else None,
-    "trainer_idle_fraction": _idle(
-      kept, "trainer_idle_fraction", trainer_fallback
-    ),
-    "engine_idle_fraction": _idle(
-      kept, "engine_idle_fraction", engine_fallback
-    ),
-    "idle_source": "logged"
-    if logged
-    else ("serial (sync)" if sync else "time_rollout_wait; engine n/a"),
-    "trained_tokens": int(tokens),
-    "version_lag_mean": (
-      float(sum(k * n for k, n in lags.items()) / tokens) if tokens else 0.0
-    ),
-    "version_lag_max": int(lag_keys[-1]) if lag_keys else 0,
-    "version_lag_ge1": (
-      float(sum(n for k, n in lags.items() if k >= 1) / tokens)
-      if tokens
-      else 0.0
-    ),
-    "version_lag_ge4": (
-      float(sum(n for k, n in lags.items() if k >= 4) / tokens)
-      if tokens
-      else 0.0
-    ),
-    "version_lag_tokens": {str(k): int(lags[k]) for k in lag_keys},
-    "untrained_tokens": int(sum(untrained.values())),
-    **{f"untrained_tokens_{k}": int(v) for k, v in untrained.items()},
-    "wall_per_step_s": [float(w) for w in walls],
-    "rows": [
-      {
-        k: r[k]
-        for k in (
-          "step",
-          "time_step",
-          "time_rollout",
-          "time_rollout_wait",
-          "time_update",
-          "version_lag_mean",
-          "version_lag_max",
-          "rollout_tokens",
-          "rollout_weight_swaps",
-          "trainer_idle_fraction",
-          "engine_idle_fraction",
-          # The exposure of streaming's deadlines on a long tail: how long
-          # the batch's responses ran (the update pads to the longest) and
-          # how many groups came from another step's request.
-          "response_length_mean",
-          "response_length_max",
-          "stream_groups_other_request",
-          "stream_groups_expired",
-        )
-        if k in r
-      }
-      for r in rows
-    ],
-  }
-  return out
-
-
-def ratios(summaries: dict[str, dict]) -> list[dict]:
-  """Steps/hour of each streaming mode over sync and one_step, with the
-  targets, where both modes ran."""
-  out = []
-  for mode, s in summaries.items():
-    if not mode.startswith("streaming"):
-      continue
-    for base, target in TARGETS:
-      b = summaries.get(base)
-      if b is None or not b["steps_per_hour"] or not s["steps_per_hour"]:
-        continue
-      value = s["steps_per_hour"] / b["steps_per_hour"]
-      out.append(
-        {
-          "ratio": f"{mode} / {base}",
-          "value": float(value),
-          "target": target,
-          "met": bool(value >= target),
-        }
-      )
-  return out
-
-
-def _fmt(x, spec: str) -> str:
-  return "n/a" if x is None else format(x, spec)
-
-
-def report(result: dict) -> list[str]:
-  """The printout: machine, where the engine runs, one row per mode, the
-  lag distributions and the ratios beside their targets."""
-  m = result["machine"]
-  lines = [
-    f"machine: {m['cpu_model']}, {m['cores']} cores, flags "
-    f"{' '.join(m['cpu_flags']) or 'none'}; {m['backend']} "
-    f"({m['device']}); jax {m['jax']}; huge pages {m['host_huge_pages']}",
-    f"engine placement: {result['engine_placement']}",
-    f"model {result['settings']['model']}, {result['settings']['steps']} "
-    f"steps per mode, first {result['settings']['warmup_steps']} left out; "
-    f"batching {result['settings']['batching']}, streaming k="
-    f"{result['settings']['max_staleness']}",
-    "",
-    "| mode | wall/step mean s | median s | steps/h | trainer idle | "
-    "engine idle | lag mean | lag max | lag>=1 | lag>=4 | untrained tok |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
-  ]
-  for mode, s in result["modes"].items():
-    lines.append(
-      f"| {mode} | {_fmt(s['wall_per_step_mean_s'], '.3f')} | "
-      f"{_fmt(s['wall_per_step_median_s'], '.3f')} | "
-      f"{_fmt(s['steps_per_hour'], '.0f')} | "
-      f"{_fmt(s['trainer_idle_fraction'], '.2f')} | "
-      f"{_fmt(s['engine_idle_fraction'], '.2f')} | "
-      f"{s['version_lag_mean']:.2f} | {s['version_lag_max']} | "
-      f"{s['version_lag_ge1']:.2f} | {s['version_lag_ge4']:.2f} | "
-      f"{s['untrained_tokens']} |"
-    )
-  lines.append("")
-  for mode, s in result["modes"].items():
-    dist = ", ".join(f"{k}: {n}" for k, n in s["version_lag_tokens"].items())
-    lines.append(
-      f"{mode}: lag -> tokens {{{dist}}}; idle from {s['idle_source']}; "
-      f"untrained: {s['untrained_tokens_queued']} queued at the end, "
-      f"{s['untrained_tokens_masked']} masked out"
-    )
-  if result["ratios"]:
-    lines.append("")
-  for r in result["ratios"]:
-    lines.append(
-      f"steps/hour {r['ratio']}: {r['value']:.2f}x (target >= "
-      f"{r['target']}x: {'met' if r['met'] else 'missed'})"
-    )
-  return lines
-
-
-def plot(result: dict, path: str) -> None:
-  """Wall per step by mode (mean bar, per-step dots) and idle fractions."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  modes = list(result["modes"])
-  warm = result["settings"]["warmup_steps"]
-  x = np.arange(len(modes))
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-  means = [result["modes"][m]["wall_per_step_mean_s"] or 0.0 for m in modes]
-  ax1.bar(x, means, color="tab:blue", alpha=0.6, label="mean")
-  for i, m in enumerate(modes):
-    walls = result["modes"][m]["wall_per_step_s"][warm:]
-    ax1.plot([i] * len(walls), walls, "k.", ms=3)
-  ax1.set_xticks(x, modes, rotation=15)
-  ax1.set_ylabel("wall per step (s)")
-  ax1.set_title("wall per step (dots: steps)")
-  width = 0.38
-  for j, (key, label) in enumerate(
-    (("trainer_idle_fraction", "trainer"), ("engine_idle_fraction", "engine"))
-  ):
-    vals = [result["modes"][m][key] for m in modes]
-    pos = x + (j - 0.5) * width
-    ax2.bar(pos, [v or 0.0 for v in vals], width, label=label)
-    for p, v in zip(pos, vals):
-      if v is None:
-        ax2.text(p, 0.01, "n/a", ha="center", fontsize=8)
-  ax2.set_xticks(x, modes, rotation=15)
-  ax2.set_ylim(0, 1)
-  ax2.set_ylabel("idle fraction of step time")
-  ax2.set_title("idle fractions")
-  ax2.legend(fontsize=8)
-  m = result["machine"]
-  fig.suptitle(
-    f"{result['settings']['model']} on {m['cpu_model']} ({m['cores']} cores)",
-    fontsize=9,
-  )
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 def run_mode(mode: str, cells: dict, warmup: int) -> dict:
@@ -622,7 +321,7 @@ def main(argv):
       summary = run_mode(mode, cell, _WARMUP.value)
       result["modes"][mode] = summary
       print(
-        f"  wall/step {_fmt(summary['wall_per_step_mean_s'], '.3f')} s, "
+        f"  wall/step {fmt(summary['wall_per_step_mean_s'], '.3f')} s, "
         f"rss after release {study.release_memory():.2f} GiB",
         flush=True,
       )

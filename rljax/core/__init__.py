@@ -1,11 +1,15 @@
 """rljax.core: pure-functional RL math on arrays (no I/O, models or globals).
 
 Modules: `advantages` (GRPO, Dr. GRPO, RLOO, REINFORCE++, GAE, VC-PPO, VAPO),
-`objectives` (surrogates + QuRL off-policy corrections, value loss, entropy),
-`kl` (k1/k2/k3 estimators), `aggregation` (micro-batch-exact loss reduction),
-`shaping` (DAPO overlong shaping, length penalty, dynamic-sampling filters),
-`nll` (VAPO's positive-example NLL), `exposure` (how much QuRL's ACR can
-change a batch: its active tokens and gradient share).
+`objectives` (the policy loss: one surrogate, one off-policy correction and
+one aggregation under one config; re-exports its parts), `surrogates`
+(REINFORCE, PPO, CISPO, GSPO), `importance` (the ratios and QuRL's
+behaviour corrections), `entropy` (policy entropy), `critic` (PPO's
+clipped value loss), `kl` (k1/k2/k3 estimators), `aggregation`
+(micro-batch-exact loss reduction), `shaping` (DAPO overlong shaping, length
+penalty, dynamic-sampling filters), `nll` (VAPO's positive-example NLL),
+`exposure` (how much QuRL's ACR can change a batch: its active tokens and
+gradient share).
 """
 
 from rljax.core import (

@@ -1,120 +1,98 @@
-"""The process that runs model-written Python (see sandbox.py); stdlib only.
+"""The processes that run model-written Python (see sandbox.py); stdlib only.
 
-Started by ``sandbox.run_python`` as ``[unshare --net --pid --mount --fork
---kill-child --mount-proc] python -I _sandbox_child.py STATUS_FD``, with a
-clean environment. It reads one JSON request from stdin, confines itself,
-runs the code with its stdout/stderr going to the parent's pipes, and writes
-one JSON report ``{"kind": ..., "message": ...}`` on STATUS_FD.
+``sandbox.run_python`` starts ``python -I _sandbox_child.py STATUS_FD`` with a
+clean environment and writes one JSON request on its stdin. Three processes
+then take part, each with one job:
 
-Confinement, in order (the order matters: mounts and the uid change need
-root, so they come before the privilege drop; rlimits come before the code):
-  1. (namespaces mode, root) make the interpreter's files reachable after
-     the uid change, mount a size-capped tmpfs owned by the sandbox uid as
-     the working directory, then remount every other mount read-only;
-  2. chdir into the working directory;
-  3. resource limits: address space, CPU seconds, processes, open files,
-     file size, no core dumps;
-  4. (root) drop every group, then setgid/setuid to the sandbox uid (root is
-     exempt from RLIMIT_NPROC, so without this a fork bomb is not capped),
-     and set no_new_privs so no setuid binary gives root back;
-  5. an audit hook refuses sockets (a clear "network" report; the empty
-     network namespace is what actually contains the code).
+  supervisor   (this process, root, the host's namespaces) joins the call's
+               cgroups, asks for SIGKILL when the trainer dies
+               (PR_SET_PDEATHSIG), makes a PID namespace and forks its init;
+               it exits with init's status.
+  init         (PID 1 of the new namespace, root) asks for SIGKILL when the
+               supervisor dies, makes mount, network, IPC and UTS namespaces,
+               builds and enters the read-only root (sandbox_root.py),
+               compiles the code, forks the worker and waits for it. It
+               alone writes the call's report (one JSON line) on STATUS_FD.
+               When it exits, the kernel kills everything left in the
+               namespace: setsid or double-forked descendants included.
+  worker       closes every descriptor but 0-2 (STATUS_FD included), sets
+               the rlimits, drops to the call's own uid with no_new_privs,
+               adds the socket audit hook, installs the seccomp filter
+               (sandbox_seccomp.py) and runs the code.
+
+The worker's outcome reaches the parent only as its wait status, which init
+reads from the kernel: an exception that escapes the code ends the worker
+with the exit code of its kind (EXIT_CODES) after a ``\\x1e``-prefixed line
+on stderr that carries the message. The code can choose its own exit
+status, as any program can (so a failure can be made to look like another,
+or like a normal exit), but it cannot reach the report: it has no
+descriptor of it, cannot see init's /proc entries or ptrace it, and a
+timeout, a signal or a kill by the memory cap is judged by the parent from
+the clock, the wait status and the cgroup, never from the code's word.
+
+In the "unsafe_rlimits_only" mode there is no init and no namespace: the
+supervisor itself forks the worker (rlimits, uid drop as root, audit hook;
+no seccomp, no private root) and reports.
 """
 
 import ctypes
 import errno
+import importlib.util
 import json
 import os
 import resource
+import select
+import signal
 import sys
 
-_MS_RDONLY = 1
-_MS_REMOUNT = 32
-_MS_BIND = 4096
-_MS_REC = 16384
-_PR_SET_NO_NEW_PRIVS = 38
-_SKIP_READ_ONLY = ("/proc",)
+# Exit codes of the worker for an exception that escaped the code. High and
+# contiguous, so that a program's ordinary exit codes are not read as them.
+EXIT_CODES = {
+  "setup": 230,
+  "exception": 231,
+  "memory": 232,
+  "process_limit": 233,
+  "permission": 234,
+  "network": 235,
+}
+MESSAGE_MARK = b"\x1e"  # starts the worker's last stderr line: the message
+_MESSAGE_BYTES = 2000
 
-_MAIN_PID = os.getpid()
-_status_fd = -1
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_worker_pid = -1
 
 
 class NetworkDenied(PermissionError):
   """Raised by the audit hook when the code asks for a socket."""
 
 
-def _libc():
+def _sibling(name):
+  """A stdlib-only module of this folder, by path (the child never imports
+  rljax: that would import the project's dependencies)."""
+  path = os.path.join(_HERE, name + ".py")
+  spec = importlib.util.spec_from_file_location("_rljax_" + name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _prctl(option, value):
   libc = ctypes.CDLL(None, use_errno=True)
-  libc.mount.argtypes = [ctypes.c_char_p] * 3 + [
-    ctypes.c_ulong,
-    ctypes.c_char_p,
-  ]
-  return libc
-
-
-def _mount(libc, source, target, fstype, flags, data=None):
-  enc = lambda s: None if s is None else s.encode()  # noqa: E731
-  if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+  if libc.prctl(option, value, 0, 0, 0) != 0:
     code = ctypes.get_errno()
-    raise OSError(code, f"mount {target}: {os.strerror(code)}")
+    raise OSError(code, f"prctl({option}): {os.strerror(code)}")
 
 
-def _mount_points():
-  points = []
-  with open("/proc/self/mountinfo") as f:
-    for line in f:
-      raw = line.split()[4]
-      # mountinfo escapes space, tab, newline and backslash as \ooo.
-      points.append(
-        raw.encode().decode("unicode_escape").encode("latin-1").decode()
-      )
-  return points
-
-
-def _blocked_ancestor(path):
-  """The top-most ancestor of ``path`` that others cannot search, or None."""
-  parts = os.path.realpath(path).split("/")[1:]
-  current = ""
-  for part in parts[:-1]:
-    current += "/" + part
-    if not os.stat(current).st_mode & 0o001:
-      return current
-  return None
-
-
-def _confine_mounts(libc, request):
-  work = request["workdir"]
-  stage = request["stagedir"]
-  uid = request["uid"]
-  # 1a. The interpreter may live under a directory only root can enter
-  # (/root/.pyenv): hide that directory behind a tmpfs that holds only the
-  # interpreter's tree (which also keeps the rest of it out of sight).
-  prefix = os.path.realpath(sys.base_prefix)
-  blocked = _blocked_ancestor(os.path.join(prefix, "x"))
-  if blocked is not None:
-    _mount(libc, prefix, stage, None, _MS_BIND | _MS_REC)
-    _mount(libc, "tmpfs", blocked, "tmpfs", 0, "mode=0755,size=64k")
-    target = blocked + prefix[len(blocked) :]
-    os.makedirs(target, exist_ok=True)
-    _mount(libc, stage, target, None, _MS_BIND | _MS_REC)
-  # 1b. Everything read-only (per-mount flags: only this namespace sees
-  # them), then the one writable place.
-  for point in _mount_points():
-    if point.startswith(_SKIP_READ_ONLY) or point == work:
-      continue
-    try:
-      _mount(libc, None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
-    except OSError:
-      if point == "/":
-        raise
-  _mount(
-    libc,
-    "tmpfs",
-    work,
-    "tmpfs",
-    0,
-    f"mode=0700,uid={uid},gid={uid},size={request['workdir_kb']}k",
-  )
+def _report(status_fd, **fields):
+  os.write(status_fd, json.dumps(fields).encode() + b"\n")
 
 
 def _set_limits(request):
@@ -133,13 +111,14 @@ def _set_limits(request):
     resource.setrlimit(which, (soft, hard))
 
 
-def _drop_privileges(libc, uid):
+def _drop_privileges(uid):
+  # Root is exempt from RLIMIT_NPROC and from every file permission: the
+  # code runs as a fresh uid that owns nothing but its working directory.
   os.setgroups([])
   os.setgid(uid)
   os.setuid(uid)
-  if os.getuid() != uid or os.geteuid() != uid:
+  if os.getuid() != uid or os.geteuid() != uid or os.getgid() != uid:
     raise RuntimeError("the sandbox uid change did not take")
-  libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
 def _audit(event, args):
@@ -155,8 +134,6 @@ def _kind(error):
     return "network"
   if isinstance(error, MemoryError):
     return "memory"
-  if isinstance(error, SyntaxError):
-    return "syntax"
   if isinstance(error, OSError):
     if error.errno == errno.EAGAIN:
       return "process_limit"
@@ -171,64 +148,148 @@ def _kind(error):
   return "exception"
 
 
-def _report(kind, message):
-  if os.getpid() != _MAIN_PID:  # a forked child of the code: say nothing
+def _flush():
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except BaseException:  # the code may have replaced or closed it
+      pass
+
+
+def _end(kind, message):
+  """Ends the worker: the message as the last stderr line, the kind as the
+  exit code. A process the code forked says nothing (only the worker's
+  status is the call's)."""
+  _flush()
+  if os.getpid() != _worker_pid:
     os._exit(1)
-  sys.stdout.flush()
-  sys.stderr.flush()
-  payload = json.dumps({"kind": kind, "message": message[:2000]}).encode()
-  os.write(_status_fd, payload)
-  os.close(_status_fd)
-
-
-def _init_then_wait():
-  """In namespaces mode this process is PID 1 of its namespace, and the
-  kernel ignores, for PID 1, signals it has no handler for unless they come
-  from an ancestor namespace (its own CPU limit's SIGXCPU would not end it):
-  fork the worker and exit with its status. Whatever is left in the
-  namespace dies with PID 1."""
-  pid = os.fork()
-  if pid == 0:
-    return
-  _, status = os.waitpid(pid, 0)
-  if os.WIFSIGNALED(status):
-    os._exit(128 + os.WTERMSIG(status))
-  os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
-
-
-def main():
-  global _status_fd, _MAIN_PID
-  _status_fd = int(sys.argv[1])
-  if os.getpid() == 1:
-    _init_then_wait()
-    _MAIN_PID = os.getpid()
-  request = json.loads(sys.stdin.read())
+  line = message.encode("utf-8", "backslashreplace")[:_MESSAGE_BYTES]
   try:
-    libc = _libc()
-    if request["mode"] == "namespaces":
-      _confine_mounts(libc, request)
-    os.chdir(request["workdir"])
-    _set_limits(request)
-    if os.geteuid() == 0:
-      _drop_privileges(libc, request["uid"])
-    sys.addaudithook(_audit)
-    code = compile(request["code"], "<python-tool>", "exec")
-  except SyntaxError as error:
-    _report("syntax", f"SyntaxError: {error}")
-    return
-  except BaseException as error:
-    _report("setup", f"sandbox set-up failed: {type(error).__name__}: {error}")
-    return
+    os.write(2, MESSAGE_MARK + line + b"\n")
+  except OSError:
+    pass
+  os._exit(EXIT_CODES[kind])
+
+
+def _run(code):
   try:
     exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
   except SystemExit as error:
     if error.code not in (None, 0):
-      _report("exception", f"SystemExit: {error.code}")
-      return
+      _end("exception", f"SystemExit: {error.code}")
   except BaseException as error:
-    _report(_kind(error), f"{type(error).__name__}: {error}")
+    _end(_kind(error), f"{type(error).__name__}: {error}")
+  _flush()
+  os._exit(0)
+
+
+def _worker(request, code, seccomp):
+  """Confines this process, then runs ``code``; never returns."""
+  global _worker_pid
+  _worker_pid = os.getpid()
+  try:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    os.chdir(request["workdir"])
+    _set_limits(request)
+    if os.geteuid() == 0:
+      _drop_privileges(request["uid"])
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    sys.addaudithook(_audit)
+    if seccomp is not None:
+      seccomp.install()  # last: nothing of ours runs after it but the code
+  except BaseException as error:
+    _end("setup", f"sandbox set-up failed: {type(error).__name__}: {error}")
+  _run(code)
+
+
+def _compile(request, status_fd):
+  """The code object, or None once a syntax report is written. Whatever
+  compile() refuses (a lone surrogate, nesting past the parser's depth, a
+  null byte) is the code's syntax, not the sandbox's set-up."""
+  try:
+    return compile(request["code"], "<python-tool>", "exec")
+  except BaseException as error:
+    message = f"{type(error).__name__}: {error}"
+    _report(status_fd, kind="syntax", message=message[:_MESSAGE_BYTES])
+    return None
+
+
+def _fork_worker_and_wait(request, status_fd, seccomp, reap_all):
+  """Compiles, forks the worker, waits for it and reports its status."""
+  code = _compile(request, status_fd)
+  if code is None:
     return
-  _report("ok", "")
+  sys.stdout.flush()
+  pid = os.fork()
+  if pid == 0:
+    _worker(request, code, seccomp)
+  while True:
+    try:
+      # As PID 1, init also reaps the orphans of the namespace: a zombie
+      # still counts against the cgroup's process cap.
+      done, status = os.waitpid(-1 if reap_all else pid, 0)
+    except InterruptedError:
+      continue
+    if done == pid:
+      break
+  _report(status_fd, kind="exited", status=status)
+
+
+def _init(request, status_fd, life):
+  _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+  if select.select([life], [], [], 0)[0]:
+    os._exit(1)  # the supervisor died before the line above took effect
+  os.close(life)
+  seccomp = _sibling("sandbox_seccomp")
+  root = _sibling("sandbox_root")
+  root.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS)
+  root.set_hostname("sandbox")
+  root.build_root(request["stage"], request["uid"], request["workdir_kb"])
+  request = dict(request, workdir=root.WORKDIR)
+  _fork_worker_and_wait(request, status_fd, seccomp, reap_all=True)
+
+
+def _strong(request, status_fd):
+  life, alive = os.pipe()  # readable (EOF) once the supervisor is gone
+  _sibling("sandbox_root").unshare(_CLONE_NEWPID)
+  pid = os.fork()
+  if pid == 0:
+    os.close(alive)
+    try:
+      _init(request, status_fd, life)
+    except BaseException as error:
+      message = f"sandbox set-up failed: {type(error).__name__}: {error}"
+      _report(status_fd, kind="setup", message=message[:_MESSAGE_BYTES])
+    os._exit(0)
+  os.close(status_fd)
+  os.close(life)
+  _, status = os.waitpid(pid, 0)
+  if os.WIFSIGNALED(status):
+    os._exit(128 + os.WTERMSIG(status))
+  os._exit(os.WEXITSTATUS(status))
+
+
+def main():
+  status_fd = int(sys.argv[1])
+  request = json.loads(sys.stdin.buffer.read())
+  null = os.open(os.devnull, os.O_RDONLY)
+  os.dup2(null, 0)
+  os.close(null)
+  try:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != request["parent"]:
+      os._exit(1)  # the trainer died before the line above took effect
+    for group in request["cgroups"]:
+      with open(os.path.join(group, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    if request["mode"] == "strong":
+      _strong(request, status_fd)
+    else:
+      _fork_worker_and_wait(request, status_fd, None, reap_all=False)
+  except BaseException as error:
+    message = f"sandbox set-up failed: {type(error).__name__}: {error}"
+    _report(status_fd, kind="setup", message=message[:_MESSAGE_BYTES])
 
 
 if __name__ == "__main__":

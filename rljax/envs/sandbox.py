@@ -1,100 +1,107 @@
-"""Running model-written Python where it cannot harm the machine or the run.
+"""Running model-written Python where it cannot reach the host or the run.
 
-The design follows ``rljax.rewards.isolation``: a separate, killable process
-per call (never ``multiprocessing``: a fresh interpreter, never a fork of a
-multithreaded JAX process), bounded in wall time by the parent, which kills
-the whole process tree when time is up. On top of that, the child
-(``_sandbox_child.py``) confines itself before the code runs:
+Threat model (docs/sandbox.md): the code is hostile. It may try to read the
+trainer's memory, environment or files, signal or trace it, reach any
+socket, leave processes behind, exhaust memory or processes, or forge its
+own outcome. Each call runs in a fresh process tree (``_sandbox_child.py``:
+a supervisor, the init of a PID namespace, a worker that runs the code),
+bounded in wall time by this process, which kills the tree when time is up.
 
-  ============  ==============================================================
-  limit          how
-  ============  ==============================================================
-  wall time      parent deadline, then SIGKILL of the process group; in
-                 namespaces mode the child is PID 1 of its own PID namespace,
-                 so its death takes every descendant with it (even ones that
-                 called setsid)
-  CPU time       RLIMIT_CPU
-  memory         RLIMIT_AS (a 10 GB allocation is a MemoryError)
-  processes      RLIMIT_NPROC under a fresh uid per call (root is exempt from
-                 RLIMIT_NPROC, so the child drops to that uid first)
-  network        an empty network namespace (no interface but a down
-                 loopback); an audit hook also refuses sockets, for a clear
-                 report
-  files          every mount remounted read-only in a private mount
-                 namespace; the working directory is a fresh tmpfs owned by
-                 the sandbox uid and capped in size (also RLIMIT_FSIZE)
-  environment    a clean one: PATH, LANG, HOME; nothing of the parent's
-  ============  ==============================================================
+Modes (``SandboxConfig.mode``):
 
-Modes (``sandbox_mode()``): "namespaces" needs root and util-linux
-``unshare`` (this machine and CI). Elsewhere "rlimits", a weaker mode: the
-same rlimits, clean environment, audit hook and process-group kill, but no
-namespaces: the network is refused only to Python's own socket calls
-(ctypes or a subprocess gets through) and world-writable directories such
-as /tmp stay writable. As root it still drops to a fresh uid and kills every
-process of that uid after the call; as another user the code runs as that
-user (RLIMIT_NPROC then counts all of the user's processes), and a process
-that leaves the process group can outlive the call. An interpreter installed
-where others cannot read (/root/.pyenv) cannot import most modules after
-the uid change in this mode (namespaces mode mounts it into reach).
+  "strong" (the default) needs root, namespaces, libseccomp:
+    ============  ===========================================================
+    files         a read-only root of its own (sandbox_root.py): the system's
+                  libraries and the interpreter, nothing of the project, /tmp,
+                  /run, /home or /root; a private, size-capped /tmp and
+                  working directory; a procfs of its own PID namespace
+    processes     PID namespace: nothing outside it is visible or signalable,
+                  and its init's death kills every descendant (setsid and
+                  double forks included); PR_SET_PDEATHSIG chains it to the
+                  trainer, so a killed trainer takes it along
+    system calls  seccomp (sandbox_seccomp.py): no ptrace, namespaces,
+                  mounts, sockets of any family, keyrings, bpf, perf, ...
+    network       an empty network namespace, and no socket() at all
+    identity      a fresh uid per call, no groups, no_new_privs
+    memory,       a cgroup per call (sandbox_cgroup.py): memory_mb and
+    processes     max_processes for the whole call; where no cgroup can be
+                  made, RLIMIT_AS per process x RLIMIT_NPROC per uid bound
+                  the total (``limits()`` says which)
+    CPU time      RLIMIT_CPU
+    outcome       judged from the worker's wait status (read by init from
+                  the kernel), the cgroup's OOM count and the clock; the code
+                  holds no descriptor of the report
+    ============  ===========================================================
+
+  "unsafe_rlimits_only" only where named: the rlimits, the clean
+    environment, the socket audit hook (Python's own sockets only), the uid
+    drop when root and the process-group kill. The code sees and can
+    write what its uid can, reaches the network through ctypes or a
+    subprocess, and (unless root) can signal and trace the trainer.
+
+A mode is never chosen for the caller: "strong" where it cannot run raises
+``SandboxUnavailable`` with the reason, and ``PythonTool`` and the trainer
+refuse to start.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import secrets
-import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Literal
 
 from rljax.core import _validation as v
+from rljax.envs import _sandbox_child as child
+from rljax.envs import sandbox_cgroup, sandbox_process, sandbox_seccomp
 
 __all__ = [
   "SANDBOX_ERROR_KINDS",
+  "SANDBOX_MODES",
   "SandboxConfig",
   "SandboxResult",
+  "SandboxUnavailable",
+  "limits",
+  "require",
   "run_python",
   "sandbox_mode",
+  "strong_problem",
 ]
 
-_CHILD = os.path.join(
-  os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py"
-)
-_UNSHARE = (
-  "--net",
-  "--pid",
-  "--mount",
-  "--fork",
-  "--kill-child",
-  "--mount-proc",
-)
+_CHILD = os.path.abspath(child.__file__)
 # Fresh uids per call come from this range, far above any account's (so no
 # file on the machine is theirs and no other process shares their
 # RLIMIT_NPROC count).
 _UID_LOW, _UID_SPAN = 1_500_000_000, 500_000_000
+_TMP_PREFIX = "rljax-python-tool-"
 
-# What a call can end in, besides "ok". The child names the first six from
-# the exception that escaped the code; the parent adds the rest.
+SANDBOX_MODES = ("strong", "unsafe_rlimits_only")
+UNSAFE_HINT = (
+  "name the weaker mode explicitly to run without these defences: "
+  "PythonTool(SandboxConfig(mode='unsafe_rlimits_only')), or the trainer's "
+  "--task.python_sandbox=unsafe_rlimits_only (docs/sandbox.md)"
+)
+
+# What a call can end in, besides "ok".
 SANDBOX_ERROR_KINDS = (
   "syntax",  # the code does not compile
   "exception",  # any other exception the code raised
-  "memory",  # MemoryError: the address-space cap
+  "memory",  # MemoryError, or the call's cgroup killed a process
   "process_limit",  # fork/spawn refused: the process cap
-  "permission",  # writing outside the working directory
+  "permission",  # writing outside the working directory, a denied call
   "network",  # a socket
   "timeout",  # wall or CPU time
-  "crash",  # killed by a signal, or died without a report
+  "crash",  # killed by a signal, or an exit status of its own
   "setup",  # the sandbox itself could not be set up
 )
 
-Mode = Literal["namespaces", "rlimits"]
+
+class SandboxUnavailable(RuntimeError):
+  """The requested mode cannot run on this machine (never a weaker one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,15 +111,17 @@ class SandboxConfig:
   Attributes:
     timeout_s: wall-clock limit of the call, start-up included (> 0).
     cpu_s: CPU-second limit of each process (RLIMIT_CPU, >= 1).
-    memory_mb: address-space limit of each process (RLIMIT_AS, >= 64: the
-      interpreter alone needs some tens of MB).
-    max_processes: processes the sandbox uid may have at once (>= 1;
-      RLIMIT_NPROC).
-    workdir_kb: size of the working directory's tmpfs and the largest file
-      (>= 64).
+    memory_mb: the call's memory: all its processes together where a cgroup
+      can be made, and each process's address space (RLIMIT_AS) always
+      (>= 64: the interpreter alone needs some tens of MB).
+    max_processes: processes of the call's uid at once (>= 1; RLIMIT_NPROC,
+      and the cgroup's pids.max with the supervisor and init on top).
+    workdir_kb: size of the working directory's tmpfs (and of /tmp's in
+      strong mode) and of the largest file (>= 64).
     max_output_chars: stdout and stderr are each cut to this many characters
       (>= 1); the reader keeps draining so the code never blocks on a full
       pipe.
+    mode: "strong" or "unsafe_rlimits_only" (module docstring).
   """
 
   timeout_s: float = 5.0
@@ -121,6 +130,7 @@ class SandboxConfig:
   max_processes: int = 16
   workdir_kb: int = 8192
   max_output_chars: int = 4000
+  mode: str = "strong"
 
   def __post_init__(self):
     for name, rule in _SANDBOX_RULES:
@@ -134,6 +144,7 @@ _SANDBOX_RULES = (
   ("max_processes", v.all_of(v.is_int, v.in_range(1, 4096))),
   ("workdir_kb", v.all_of(v.is_int, v.in_range(64, 1 << 24))),
   ("max_output_chars", v.all_of(v.is_int, v.at_least(1))),
+  ("mode", v.one_of(*SANDBOX_MODES)),
 )
 
 
@@ -148,8 +159,7 @@ class SandboxResult:
     truncated: True when stdout or stderr was cut.
     mode: the sandbox mode that ran it.
     seconds: wall time of the call.
-    uid: the uid the code ran as (-1: not changed, rlimits mode of a
-      non-root caller).
+    uid: the uid the code ran as (-1: not changed, a non-root caller).
   """
 
   kind: str
@@ -166,35 +176,82 @@ class SandboxResult:
     return self.kind == "ok"
 
 
-_mode_cache: list[Mode] = []
+_strong_problem: list[str | None] = []
 
 
-def sandbox_mode() -> Mode:
-  """ "namespaces" when this process is root and ``unshare`` can make the
-  namespaces, else "rlimits" (weaker: see the module docstring)."""
-  if not _mode_cache:
-    mode: Mode = "rlimits"
-    unshare = shutil.which("unshare")
-    if os.geteuid() == 0 and unshare:
-      try:
-        probe = subprocess.run(
-          [unshare, *_UNSHARE, "true"],
-          stdin=subprocess.DEVNULL,
-          capture_output=True,
-          timeout=10,
-          env={"PATH": "/usr/bin:/bin"},
-        )
-        if probe.returncode == 0:
-          mode = "namespaces"
-      except (OSError, subprocess.SubprocessError):
-        pass
-    _mode_cache.append(mode)
-  return _mode_cache[0]
+def strong_problem() -> str | None:
+  """Why the strong mode cannot run here, or None (found once per process:
+  the static requirements, then one real call that must come back "ok")."""
+  if not _strong_problem:
+    problem = None
+    if os.geteuid() != 0:
+      problem = (
+        f"it needs root (this process runs as uid {os.geteuid()}): the "
+        "call's own uid, the namespaces, the root and the cgroup are made "
+        "as root"
+      )
+    problem = problem or sandbox_seccomp.problem()
+    if problem is None:
+      probe = _call("print('ok')", SandboxConfig(timeout_s=30.0))
+      if (probe.kind, probe.stdout) != ("ok", "ok\n"):
+        problem = f"a trial call failed ({probe.kind}: {probe.message})"
+    _strong_problem.append(problem)
+  return _strong_problem[0]
+
+
+def require(mode: str) -> None:
+  """Raises ``SandboxUnavailable`` unless ``mode`` can run here."""
+  if mode not in SANDBOX_MODES:
+    raise ValueError(f"sandbox mode={mode!r}; expected one of {SANDBOX_MODES}")
+  if mode == "strong" and (problem := strong_problem()) is not None:
+    raise SandboxUnavailable(
+      f"the Python tool's strong sandbox cannot run here: {problem}. "
+      f"{UNSAFE_HINT}"
+    )
+
+
+def sandbox_mode() -> str:
+  """ "strong" when the strong mode can run here, else "unavailable"."""
+  return "strong" if strong_problem() is None else "unavailable"
+
+
+def limits(config: SandboxConfig = SandboxConfig()) -> dict:
+  """What bounds a call of ``config`` here, for the run's record."""
+  out = {"mode": config.mode}
+  found = sandbox_cgroup.hierarchy() if config.mode == "strong" else None
+  rlimits = (
+    f"{config.memory_mb} MB of address space per process (RLIMIT_AS) x "
+    f"{config.max_processes} processes (RLIMIT_NPROC) = at most "
+    f"{config.memory_mb * config.max_processes} MB for the call"
+  )
+  if found is not None:
+    out["cgroup"] = f"v{found.version}"
+    out["memory"] = f"{config.memory_mb} MB for the whole call (cgroup)"
+    out["processes"] = f"{config.max_processes} for the whole call"
+  else:
+    why = sandbox_cgroup.problem() if config.mode == "strong" else "unsafe mode"
+    out["cgroup"] = f"none ({why})"
+    out["memory"] = rlimits
+    out["processes"] = f"{config.max_processes} per uid (RLIMIT_NPROC)"
+  return out
+
+
+def run_python(
+  code: str, config: SandboxConfig = SandboxConfig()
+) -> SandboxResult:
+  """Runs ``code`` in a fresh sandbox of ``config.mode``; never raises for
+  what the code does, never takes longer than ``config.timeout_s`` (plus
+  the kill), and leaves no process behind (as root; see the module
+  docstring for the unsafe mode of other users). Raises
+  ``SandboxUnavailable`` if the mode cannot run here."""
+  require(config.mode)
+  return _call(code, config)
 
 
 def _clean_environment(home: str) -> dict[str, str]:
+  bin_dir = os.path.dirname(sys.executable)
   return {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
     "HOME": home,
     # One thread per math library: each thread's stack counts against
@@ -205,197 +262,114 @@ def _clean_environment(home: str) -> dict[str, str]:
   }
 
 
-def _kill_group(process: subprocess.Popen, mode: Mode) -> None:
-  # Once the leader is reaped its pid may be reused; in namespaces mode
-  # nothing of the call outlives the leader, so there is nothing to kill.
-  if process.returncode is None or mode == "rlimits":
+_swept_tmp: list[bool] = []
+
+
+def _sweep_tmp() -> None:
+  """Removes, once per process, the (empty) call directories of trainers
+  that were killed during a call."""
+  if _swept_tmp:
+    return
+  _swept_tmp.append(True)
+  base = tempfile.gettempdir()
+  for name in os.listdir(base):
+    if not name.startswith(_TMP_PREFIX):
+      continue
     try:
-      os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+      os.kill(int(name[len(_TMP_PREFIX) :].split("-")[0]), 0)
+    except ProcessLookupError:
+      shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    except (ValueError, PermissionError):
       pass
-  try:
-    process.wait(timeout=10)
-  except subprocess.TimeoutExpired:
-    pass
 
 
-def _kill_uid(uid: int) -> None:
-  """SIGKILL every process whose real uid is ``uid`` (a fresh sandbox uid:
-  nothing else runs under it), until none is left."""
-  for _ in range(100):
-    found = False
-    for entry in os.listdir("/proc"):
-      if not entry.isdigit():
-        continue
-      try:
-        with open(f"/proc/{entry}/status") as f:
-          fields = dict(line.split(":", 1) for line in f if ":" in line)
-        # A zombie is dead already; its parent (or init) reaps it.
-        if int(fields["Uid"].split()[0]) == uid and "Z" not in fields["State"]:
-          found = True
-          os.kill(int(entry), signal.SIGKILL)
-      except (OSError, KeyError, ValueError):
-        continue
-    if not found:
-      return
-    time.sleep(0.01)
+def _setup_failure(message, config, start, uid) -> SandboxResult:
+  seconds = time.monotonic() - start
+  return SandboxResult(
+    "setup", "", "", message, False, config.mode, seconds, uid
+  )
 
 
-def run_python(
-  code: str, config: SandboxConfig = SandboxConfig()
-) -> SandboxResult:
-  """Runs ``code`` in a fresh sandbox process; never raises for what the
-  code does, never takes longer than ``config.timeout_s`` (plus the kill),
-  and leaves no process behind (as root; see the module docstring for the
-  rlimits mode of other users)."""
+def _call(code: str, config: SandboxConfig) -> SandboxResult:
   start = time.monotonic()
-  mode = sandbox_mode()
-  root = tempfile.mkdtemp(prefix="rljax-python-tool-")
-  os.chmod(root, 0o711)  # enterable, not listable or writable by the code
+  strong = config.mode == "strong"
+  root_user = os.geteuid() == 0
+  _sweep_tmp()
+  root = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
+  uid = _UID_LOW + secrets.randbelow(_UID_SPAN) if root_user else -1
   workdir = os.path.join(root, "work")
-  stagedir = os.path.join(root, "stage")
-  os.mkdir(workdir, 0o700)
-  os.mkdir(stagedir, 0o700)
-  uid = _UID_LOW + secrets.randbelow(_UID_SPAN) if os.geteuid() == 0 else -1
-  if mode == "rlimits" and os.geteuid() == 0:
-    os.chown(workdir, uid, uid)
-  request = {
-    "code": code,
-    "mode": mode,
-    "workdir": workdir,
-    "stagedir": stagedir,
-    "uid": uid,
-    "memory_mb": config.memory_mb,
-    "cpu_s": config.cpu_s,
-    "max_processes": config.max_processes,
-    "workdir_kb": config.workdir_kb,
-  }
+  if not strong:
+    os.chmod(root, 0o711)  # enterable, not listable or writable by the code
+    os.mkdir(workdir, 0o700)
+    if root_user:
+      os.chown(workdir, uid, uid)
+  group = None
+  found = sandbox_cgroup.hierarchy() if strong else None
+  try:
+    if found is not None:
+      sandbox_cgroup.sweep(found)
+      try:
+        # The supervisor and init count against pids.max too.
+        group = sandbox_cgroup.CallGroup(
+          found, config.memory_mb, config.max_processes + 2
+        )
+      except OSError as error:
+        return _setup_failure(
+          f"could not make the call's cgroup: {error}", config, start, uid
+        )
+    request = {
+      "code": code,
+      "mode": config.mode,
+      "parent": os.getpid(),
+      "stage": root,
+      "workdir": workdir,
+      "uid": uid,
+      "memory_mb": config.memory_mb,
+      "cpu_s": config.cpu_s,
+      "max_processes": config.max_processes,
+      "workdir_kb": config.workdir_kb,
+      "cgroups": list(group.directories) if group else [],
+    }
+    return _supervise(request, config, group, start)
+  finally:
+    if group is not None:
+      group.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _supervise(request, config, group, start) -> SandboxResult:
   status_read, status_write = os.pipe()
-  command = [sys.executable, "-I", _CHILD, str(status_write)]
-  if mode == "namespaces":
-    command = [shutil.which("unshare") or "unshare", *_UNSHARE, *command]
+  home = "/sandbox" if config.mode == "strong" else request["workdir"]
   try:
     try:
       process = subprocess.Popen(
-        command,
+        [sys.executable, "-I", _CHILD, str(status_write)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         pass_fds=(status_write,),
-        env=_clean_environment(workdir),
+        env=_clean_environment(home),
         start_new_session=True,  # its own process group, for the kill
-        cwd=root,
+        cwd=request["stage"],
       )
     except OSError as error:
-      return SandboxResult(
-        "setup",
-        "",
-        "",
-        f"could not start the sandbox: {error}",
-        False,
-        mode,
-        time.monotonic() - start,
-        uid,
-      )
+      message = f"could not start the sandbox: {error}"
+      return _setup_failure(message, config, start, request["uid"])
     finally:
       os.close(status_write)
     try:
-      return _collect(process, request, status_read, config, mode, start)
+      deadline = start + config.timeout_s
+      outcome = sandbox_process.collect(
+        process, request, status_read, config, group, deadline
+      )
     finally:
-      _kill_group(process, mode)
-      if mode == "rlimits" and os.geteuid() == 0:
-        _kill_uid(uid)  # what left the process group (setsid)
+      sandbox_process.kill_group(process)
+      if config.mode != "strong" and os.geteuid() == 0:
+        # What left the process group (setsid).
+        sandbox_process.kill_uid(request["uid"])
       for stream in (process.stdout, process.stderr):
         stream.close()
   finally:
     os.close(status_read)
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def _collect(process, request, status_fd, config, mode, start) -> SandboxResult:
-  deadline = start + config.timeout_s
-  try:
-    process.stdin.write(json.dumps(request).encode())
-    process.stdin.close()
-  except OSError:
-    pass
-  limit = config.max_output_chars * 4  # UTF-8: at most 4 bytes a character
-  buffers = {
-    process.stdout.fileno(): bytearray(),
-    process.stderr.fileno(): bytearray(),
-    status_fd: bytearray(),
-  }
-  overflow = False
-  open_fds = set(buffers)
-  timed_out = False
-
-  def take(fd: int, chunk: bytes) -> None:
-    nonlocal overflow
-    buffer = buffers[fd]
-    room = (65536 if fd == status_fd else limit) - len(buffer)
-    if len(chunk) > room:
-      overflow = overflow or fd != status_fd
-    buffer += chunk[: max(room, 0)]
-
-  while open_fds:
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-      timed_out = True
-      break
-    # Short waits: a descendant may hold the pipes open after the child
-    # has exited (rlimits mode), so end of file cannot be the only signal.
-    readable, _, _ = select.select(list(open_fds), [], [], min(remaining, 0.05))
-    for fd in readable:
-      chunk = os.read(fd, 65536)
-      if chunk:
-        take(fd, chunk)
-      else:
-        open_fds.discard(fd)
-    if process.poll() is not None:
-      # The child has exited, so all it wrote is in the pipes: take it
-      # without waiting for end of file (the group is killed next).
-      for fd in open_fds:
-        os.set_blocking(fd, False)
-        try:
-          while chunk := os.read(fd, 65536):
-            take(fd, chunk)
-        except BlockingIOError:
-          pass
-      break
-  if timed_out:
-    _kill_group(process, mode)
-  stdout, stdout_cut = _text(buffers[process.stdout.fileno()], config)
-  stderr, stderr_cut = _text(buffers[process.stderr.fileno()], config)
-  truncated = overflow or stdout_cut or stderr_cut
   seconds = time.monotonic() - start
-  uid = request["uid"]
-  if timed_out:
-    message = f"no result within {config.timeout_s} s (wall time)"
-    return SandboxResult(
-      "timeout", stdout, stderr, message, truncated, mode, seconds, uid
-    )
-  try:
-    report = json.loads(bytes(buffers[status_fd]).decode())
-    kind, message = str(report["kind"]), str(report["message"])
-  except (ValueError, KeyError, TypeError):
-    # No report: the code ended the process itself, or a signal did (the
-    # PID-1 wrapper of namespaces mode exits with 128 + the signal).
-    code = process.wait()
-    if code == 0:
-      kind, message = "ok", ""
-    elif code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-      kind, message = "timeout", f"CPU time limit of {config.cpu_s} s"
-    else:
-      kind, message = "crash", f"the sandbox process died (exit status {code})"
-  if kind not in SANDBOX_ERROR_KINDS and kind != "ok":
-    kind = "crash"
-  return SandboxResult(
-    kind, stdout, stderr, message, truncated, mode, seconds, uid
-  )
-
-
-def _text(raw: bytearray, config: SandboxConfig) -> tuple[str, bool]:
-  text = bytes(raw).decode("utf-8", errors="replace")
-  if len(text) > config.max_output_chars:
-    return text[: config.max_output_chars], True
-  return text, False
+  return SandboxResult(*outcome, config.mode, seconds, request["uid"])

@@ -124,7 +124,12 @@ class CalculatorTool:
 class PythonTool:
   """Runs model-written Python in a fresh sandbox process
   (``sandbox.run_python``); the output is what it printed. The call's
-  wall-time limit is the smaller of ``timeout_s`` and the sandbox's own."""
+  wall-time limit is the smaller of ``timeout_s`` and the sandbox's own.
+
+  The sandbox mode is ``config.mode``: "strong" unless the weaker
+  "unsafe_rlimits_only" is named. Where the named mode cannot run, ``run``
+  raises ``sandbox.SandboxUnavailable`` (and ``check`` says so before any
+  call): no call ever runs in a weaker mode than the one named."""
 
   config: sandbox.SandboxConfig = sandbox.SandboxConfig()
   name: str = "python"
@@ -143,6 +148,10 @@ class PythonTool:
       },
       "required": ["code"],
     }
+
+  def check(self) -> None:
+    """Raises ``sandbox.SandboxUnavailable`` unless the mode can run here."""
+    sandbox.require(self.config.mode)
 
   def run(self, arguments: Mapping[str, Any], timeout_s: float) -> ToolResult:
     code = _string_argument(arguments, "code", self.name)

@@ -3,7 +3,7 @@
 Pure functions over a params dict (docs/CONTRACTS.md); see `decoder`.
 """
 
-from rljax.models.config import ModelConfig, PRESETS, preset, tiny_config
+from rljax.models.config import ModelConfig
 from rljax.models.decoder import (
   Decoder,
   check_params,
@@ -27,6 +27,7 @@ from rljax.models.hf_io import (
   to_hf_state_dict,
 )
 from rljax.models.logprobs import logprobs_from_logits, token_logprobs
+from rljax.models.presets import PRESETS, preset, tiny_config
 from rljax.models.pretrained import (
   DEFAULT_MODEL,
   Model,

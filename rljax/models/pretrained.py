@@ -13,7 +13,8 @@ import jax.numpy as jnp
 
 from rljax.models import decoder, gguf_io, hf_io
 from rljax.models import tokenizer as tokenizer_lib
-from rljax.models.config import ModelConfig, tiny_config
+from rljax.models.config import ModelConfig
+from rljax.models.presets import tiny_config
 from rljax.models.tokenizer import load_tokenizer
 
 DEFAULT_MODEL = "smollm2-135m-instruct"

@@ -45,8 +45,8 @@ from rljax.train import sharded
 
 # Sharded update steps shared by the Trainers of a process (an ablation, the
 # tests) so that equal configurations on the same mesh compile once; the
-# optimizers are the cached objects of `loop._compiled_update`, so identity
-# is equality here.
+# optimizers are the cached objects of `init_state.compiled_update`, so
+# identity is equality here.
 _STEPS: dict = {}
 
 

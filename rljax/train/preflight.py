@@ -1,5 +1,6 @@
 """What a run needs from the machine, checked before anything loads or is
-written: the model it names, its dataset file, a vLLM it would start.
+written: the model it names, its dataset file, a vLLM it would start, the
+Python tool's sandbox it would run model-written code in.
 
 `config.validate` checks values against each other; these checks look at
 the filesystem and the installed packages, so they run where a run starts
@@ -13,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from rljax.train.config import ConfigError, Problem, TrainConfig
+from rljax.train.config import ConfigError, Problem, TrainConfig, sections
 
 DATA_SUFFIXES = (".jsonl", ".parquet")
 # The names a run's model.name takes besides a path (models.load_named).
@@ -65,6 +66,11 @@ def problems(cfg: TrainConfig, model: bool = True, data: bool = True):
     why = data_problem(cfg)
     if why:
       out.append(Problem("task.data_path", cfg.task.data_path, why))
+  if cfg.task.python_sandbox in sections.PYTHON_SANDBOXES:
+    # An unknown mode is the field rules' problem, reported once there.
+    from rljax.train import tool_task  # pylint: disable=g-import-not-at-top
+
+    out.extend(tool_task.sandbox_problems(cfg.task))
   if (
     cfg.rollout.engine == "vllm"
     and not cfg.rollout.vllm_urls

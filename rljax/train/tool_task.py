@@ -26,6 +26,7 @@ from typing import Sequence
 
 from rljax import data as data_lib
 from rljax import envs
+from rljax.envs import sandbox
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.multiturn import (
   MultiTurnConfig,
@@ -33,7 +34,7 @@ from rljax.rollout.multiturn import (
   rollout_multiturn,
 )
 from rljax.train import tasks as tasks_lib
-from rljax.train.config import sections
+from rljax.train.config import ConfigError, Problem, sections
 
 TOOL_TASKS = tasks_lib.TOOL_TASKS
 TOOL_CHOICES = sections.TOOL_CHOICES
@@ -53,13 +54,43 @@ def _identity(text: str) -> str:
   return text
 
 
-def make_tool(name: str) -> envs.Tool:
-  """The tool `--task.tool` names."""
+def make_tool(name: str, python_sandbox: str = "strong") -> envs.Tool:
+  """The tool `--task.tool` names; the python tool in the sandbox mode
+  `--task.python_sandbox` names, or a `SandboxUnavailable` error saying why
+  that mode cannot run here (the run never falls back to a weaker one)."""
   if name == "calculator":
     return envs.CalculatorTool()
   if name == "python":
-    return envs.PythonTool()
+    if python_sandbox not in sandbox.SANDBOX_MODES:
+      raise ValueError(
+        f"task.python_sandbox={python_sandbox!r}; expected one of "
+        f"{sandbox.SANDBOX_MODES}"
+      )
+    sandbox.require(python_sandbox)
+    return envs.PythonTool(sandbox.SandboxConfig(mode=python_sandbox))
   raise ValueError(f"task.tool={name!r}; expected 'calculator' or 'python'")
+
+
+def sandbox_problems(task) -> list[Problem]:
+  """`--task.python_sandbox`'s problems: a mode that does not exist, one
+  named where no python tool runs (it would do nothing), or the strong mode
+  where it cannot run (with the reason and how to name the weaker one)."""
+  mode, field = task.python_sandbox, "task.python_sandbox"
+  if mode not in sandbox.SANDBOX_MODES:
+    return [Problem(field, mode, f"one of {sandbox.SANDBOX_MODES}")]
+  if task.name not in TOOL_TASKS or task.tool != "python":
+    if mode == "strong":
+      return []
+    expected = (
+      f"'strong' (the default) unless task.tool='python' with a tool task "
+      f"(here task.name={task.name!r}, task.tool={task.tool!r})"
+    )
+    return [Problem(field, mode, expected)]
+  try:
+    sandbox.require(mode)
+  except sandbox.SandboxUnavailable as error:
+    return [Problem(field, mode, f"a mode that can run here: {error}")]
+  return []
 
 
 def worked_example(tool: envs.Tool, format_name: str) -> str:
@@ -298,7 +329,17 @@ def build_tool_task(cfg, tokenizer) -> ToolTask:
   )
   held_q = {e.question for e in held_out}
   train = [e for e in train if e.question not in held_q]
-  tool = make_tool(t.tool)
+  problems = sandbox_problems(t)
+  if problems:
+    raise ConfigError(problems)
+  tool = make_tool(t.tool, t.python_sandbox)
+  if t.tool == "python":
+    # config.json records task.python_sandbox, the mode that runs (there
+    # is no fallback); this line adds what bounds a call on this machine.
+    print(
+      "[rljax] python tool sandbox: " + json.dumps(sandbox.limits(tool.config)),
+      flush=True,
+    )
   example = (
     worked_example(tool, t.tool_format) if t.tool_prompt == "example" else ""
   )

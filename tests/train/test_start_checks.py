@@ -69,6 +69,35 @@ class TestPreflight:
     cfg = cfg.replace({"rollout.vllm_urls": "http://127.0.0.1:8001"})
     assert preflight.problems(cfg) == []
 
+  def test_a_sandbox_mode_without_a_python_tool_is_named_first(self, tmp_path):
+    # Naming the unsafe mode where no python tool runs would do nothing.
+    cfg = _cfg(
+      tmp_path / "run", **{"task.python_sandbox": "unsafe_rlimits_only"}
+    )
+    with pytest.raises(ConfigError, match=r"--task.python_sandbox="):
+      loop_lib.Trainer(cfg)
+    assert not (tmp_path / "run").exists()
+
+  def test_a_strong_sandbox_that_cannot_run_is_named_first(
+    self, tmp_path, monkeypatch
+  ):
+    from rljax.envs import sandbox  # pylint: disable=g-import-not-at-top
+
+    monkeypatch.setattr(sandbox, "strong_problem", lambda: "no seccomp here")
+    cfg = _cfg(
+      tmp_path / "run",
+      **{"task.name": "tool_arithmetic", "task.tool": "python"},
+    )
+    with pytest.raises(ConfigError, match=r"python_sandbox.*no seccomp here"):
+      loop_lib.Trainer(cfg)
+    assert not (tmp_path / "run").exists()
+    cfg = cfg.replace({"task.python_sandbox": "unsafe_rlimits_only"})
+    assert preflight.problems(cfg) == []
+
+  def test_an_unknown_sandbox_mode_is_a_config_error(self, tmp_path):
+    with pytest.raises(ConfigError, match=r"python_sandbox='open'"):
+      _cfg(tmp_path, **{"task.python_sandbox": "open"})
+
   def test_names_that_load(self, tmp_path):
     for name in ("tiny", "smollm2-135m-instruct", "instrument:/x"):
       assert preflight.model_problem(name) is None, name

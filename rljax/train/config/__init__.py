@@ -35,8 +35,10 @@ One module per concern (lowest first); import the names from here:
 
   sections      the section dataclasses, vocabularies, dotted field names
   keys          nested / dotted / legacy flat keys of a layer (`flatten`)
-  validation    `Problem`, `ConfigError`, FIELD_RULES, CROSS_CHECKS,
-                `validate`, `check`
+  problems      `Problem`, `ConfigError`: how every check reports
+  field_rules   each field's own rule (type, finiteness, FIELD_RULES)
+  cross_checks  the checks over several fields (CROSS_CHECKS)
+  validation    `validate`, `check`, `model_problems`, `notes`
   train_config  `TrainConfig` and `build` (dotted values -> config)
   presets       PRESETS, `resolve`, `apply_preset`, `from_dict`
 """

@@ -73,6 +73,12 @@ FIELD_HELP: dict[str, str] = {
     "Tool tasks: plain (the tool's description) or example (plus one worked "
     "call and its output)."
   ),
+  "task.python_sandbox": (
+    "Tool tasks with task.tool=python: strong (namespaces, a read-only "
+    "root, seccomp, a cgroup per call; needs root) or unsafe_rlimits_only "
+    "(rlimits alone: the code can reach the network and what its user "
+    "can). The run refuses to start rather than fall back (docs/sandbox.md)."
+  ),
   "task.tool_choice": (
     "Tool tasks: auto (the model decides) or required (each episode's first "
     "turn opens with the call's opening tag, in the prompt's ids: the model "

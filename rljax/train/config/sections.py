@@ -50,6 +50,8 @@ TOOLS = ("calculator", "python")
 TOOL_FORMATS = ("tags", "qwen")
 TOOL_PROMPTS = ("plain", "example")
 TOOL_CHOICES = ("auto", "required")
+# rljax.envs.sandbox.SANDBOX_MODES: how the python tool confines the code.
+PYTHON_SANDBOXES = ("strong", "unsafe_rlimits_only")
 DEFAULT_ALGORITHM = "grpo"
 
 PolicyLossConfig = objectives.PolicyLossConfig
@@ -92,6 +94,9 @@ class TaskConfig:
   tool_choice: str = "auto"  # auto|required (first turn opens with a call)
   max_turns: int = 4  # model turns per episode
   max_turn_tokens: int = 0  # ids of one model turn; 0 = rollout.max_new_tokens
+  # The python tool's sandbox: "strong", or the weaker mode only by name
+  # (never chosen for the run; docs/sandbox.md).
+  python_sandbox: str = "strong"  # strong|unsafe_rlimits_only
 
 
 @dataclasses.dataclass(frozen=True)
