@@ -83,6 +83,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.rollout import compile_cache
 from rljax.rollout import inflight
 from rljax.rollout import request_plan
 from rljax.rollout import sampler_weights
@@ -207,6 +208,8 @@ class JaxSampler(SamplerRuns):
         holds every row's and prompt's keys and values and is allocated
         once per request at its full size.
     """
+    # Compiled programs persist across processes (`compile_cache`).
+    compile_cache.enable()
     self._quant = sampler_weights.check_quant(quant, "JaxSampler")
     self.inflight_kv = inflight.check_inflight_kv(inflight_kv, "JaxSampler")
     if batching not in BATCHING_MODES:

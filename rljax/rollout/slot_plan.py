@@ -25,7 +25,6 @@ from rljax.rollout import slot_program
 from rljax.rollout import slot_recompute
 from rljax.rollout.base import SamplingConfig
 from rljax.rollout.static_program import new_token_capacity
-from rljax.rollout.token_sampling import sample_keys
 
 # Token slots a page when the caller gives none.
 DEFAULT_PAGE_SIZE = 16
@@ -148,20 +147,16 @@ def warm(
   n = plan.pool_pages
   for f in prefill_sizes(most_prompts):
     note_program(("prefill", plan, f))
-    keys = sample_keys(
-      0,
-      jnp.zeros((f * plan.n,), jnp.int32),
-      jnp.zeros((f * plan.n,), jnp.int32),
-    )
     pool, *_ = slot_program.prefill(
       config,
       plan,
       prefill_params,
       pool,
-      jnp.full((f, plan.prompt_len), plan.pad_id, jnp.int32),
-      jnp.ones((f, plan.prompt_len), jnp.int32),
-      jnp.full((f, plan.prompt_pages), n, jnp.int32),
-      jax.random.key_data(keys),
+      np.full((f, plan.prompt_len), plan.pad_id, np.int32),
+      np.ones((f, plan.prompt_len), np.int32),
+      np.full((f, plan.prompt_pages), n, np.int32),
+      np.zeros((f,), np.uint32),
+      np.zeros((f,), np.int32),
       temperature,
       top_p,
     )

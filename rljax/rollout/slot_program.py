@@ -12,7 +12,7 @@ batch shrinks or refills by passing other rows, and no KV moves.
                  pages, and the first token of each of their n samples
                  (one program per F; Lp is the plan's);
   decode_chunk   up to `chunk_steps` decode steps of a bucket of S_b rows
-                 (S_b in `row_buckets`: 1, 2, 4, ..., S), leaving early
+                 (S_b in `row_buckets`: S/8, S/4, S/2, S), leaving early
                  when the live rows fall to `exit_live` (the host then
                  refills or moves the rows to a smaller bucket); returns the
                  tokens and log-probs each row sampled and its new state;
@@ -44,10 +44,12 @@ import jax
 import jax.numpy as jnp
 
 from rljax import models
+from rljax.models import blocks as blocks_lib
 from rljax.models import decoder as decoder_lib
 from rljax.models import layers as layers_lib
 from rljax.rollout import kv_pages
 from rljax.rollout import paged_attention as attention_lib
+from rljax.rollout.token_sampling import sample_keys
 from rljax.rollout.token_sampling import sample_next_token
 
 
@@ -109,10 +111,20 @@ class SlotPlan:
     return self.prompt_len + self.new_tokens
 
 
+# Smallest row bucket as a fraction of S: a step's cost per row (its
+# matmuls and sampling) is ~2 % of the step's fixed part on SmolLM2 on a CPU
+# (docs/performance.md, the profile's b against a), so rows below S/8 gain
+# little from a smaller program, and every bucket is a compile.
+SMALLEST_BUCKET = 8
+
+
 def row_buckets(slots: int) -> tuple[int, ...]:
-  """Row counts a decode program is compiled for: 1, 2, 4, ... below S,
-  and S."""
-  sizes, size = [], 1
+  """Row counts a decode program is compiled for: S/8, S/4, S/2 (powers of
+  two, at least 1) and S."""
+  size = 1
+  while size * SMALLEST_BUCKET < slots:
+    size *= 2
+  sizes = []
   while size < slots:
     sizes.append(size)
     size *= 2
@@ -160,7 +172,8 @@ def prefill(
   prompt_tokens,
   prompt_mask,
   pages,
-  key_data,
+  seeds,
+  prompt_index,
   temperature,
   top_p,
 ):
@@ -174,13 +187,22 @@ def prefill(
     prompt_tokens, prompt_mask: int32 [F, Lp], left-padded.
     pages: int32 [F, Wp] the entry pages of each prompt's P-slot blocks
       (N: not written; a padding prompt has only N).
-    key_data: [F·n, ...] raw PRNG key data of the samples (`sample_keys`).
+    seeds: uint32 [F] each prompt's seed (its low 32 bits); prompt_index:
+      int32 [F]: sample j of prompt i gets `sample_keys(seed_i, index_i, j)`.
     temperature, top_p: f32 scalars.
 
   Returns:
-    (pool, first tokens int32 [F·n], their log-probs f32 [F·n]).
+    (pool, first tokens int32 [F·n], their log-probs f32 [F·n], the
+    samples' raw key data [F·n, ...]).
   """
   f = prompt_tokens.shape[0]
+  key_data = jax.random.key_data(
+    sample_keys(
+      jnp.repeat(seeds, plan.n),
+      jnp.repeat(prompt_index, plan.n),
+      jnp.tile(jnp.arange(plan.n, dtype=jnp.int32), f),
+    )
+  )
   positions = decoder_lib.positions_from_mask(prompt_mask)
   cache = models.init_cache(config, f, plan.prompt_len, plan.cache_dtype)
   logits, cache = models.forward_with_cache(
@@ -205,7 +227,7 @@ def prefill(
     jnp.repeat(logits[:, -1], plan.n, axis=0),
     _fold(key_data, jnp.zeros((f * plan.n,), jnp.int32)),
   )
-  return {"k": tuple(out_k), "v": tuple(out_v)}, tok, logp
+  return {"k": tuple(out_k), "v": tuple(out_v)}, tok, logp, key_data
 
 
 def decode_step(
@@ -253,7 +275,7 @@ def decode_step(
   out_k, out_v = [], []
   for i in range(config.num_layers):
     layer = params["layers"][i]
-    q, k, v = decoder_lib._qkv(config, layer, x, cos, sin)  # pylint: disable=protected-access
+    q, k, v = blocks_lib.qkv(config, layer, x, cos, sin)
     pool_k, pool_v = kv_pages.write_tokens(
       pool["k"][i], pool["v"][i], k, v, table, write, count
     )
@@ -265,7 +287,7 @@ def decode_step(
     x = x + layers_lib.linear(
       out.reshape(b, 1, config.num_heads * hd).astype(x.dtype), layer["o_proj"]
     )
-    x = decoder_lib._mlp_block(config, layer, x)  # pylint: disable=protected-access
+    x = blocks_lib.mlp_block(config, layer, x)
   hidden = layers_lib.rms_norm(
     x, params["final_norm"]["scale"], config.rms_norm_eps
   )

@@ -49,7 +49,6 @@ from rljax.rollout import slot_program
 from rljax.rollout import slot_recompute
 from rljax.rollout import slot_rows
 from rljax.rollout.base import SamplingConfig
-from rljax.rollout.token_sampling import sample_keys
 
 
 @dataclasses.dataclass
@@ -188,31 +187,28 @@ def run(
     toks = np.full((f, lp), plan.pad_id, np.int32)
     mask = np.zeros((f, lp), np.int32)
     pages = np.full((f, width), plan.pool_pages, np.int32)
-    seeds = np.zeros((f,), np.int32)
+    # A seed's low 32 bits, as `jax.random.key` reads a Python int.
+    seeds = np.zeros((f,), np.uint32)
     index = np.zeros((f,), np.int32)
     for i, p in enumerate(chosen):
       ids = book.prompts[p].ids
       toks[i, lp - len(ids) :] = ids
       mask[i, lp - len(ids) :] = 1
       pages[i] = book.ptable[book.open_entry(p)]
-      seeds[i], index[i] = book.prompts[p].seed, book.prompts[p].index
+      seeds[i] = book.prompts[p].seed & 0xFFFFFFFF
+      index[i] = book.prompts[p].index
       prefix_tokens += len(ids)
-    keys = sample_keys(
-      jnp.asarray(np.repeat(seeds, n)) if feed is not None else sampling.seed,
-      jnp.asarray(np.repeat(index, n)),
-      jnp.asarray(np.tile(np.arange(n, dtype=np.int32), f)),
-    )
-    key_data = jax.random.key_data(keys)
     note_program(("prefill", plan, f))
-    pool, tok, logp = slot_program.prefill(
+    pool, tok, logp, key_data = slot_program.prefill(
       config,
       plan,
       prefill_params,
       pool,
-      jnp.asarray(toks),
-      jnp.asarray(mask),
-      jnp.asarray(pages),
-      key_data,
+      toks,
+      mask,
+      pages,
+      seeds,
+      index,
       temperature,
       top_p,
     )
@@ -438,10 +434,10 @@ def _recompute(config, plan, params, pool, book: slot_rows.Book, note_program):
     plan,
     params,
     pool,
-    jnp.asarray(toks),
-    jnp.asarray(mask),
-    jnp.asarray(ppages),
-    jnp.asarray(response),
-    jnp.asarray(np.asarray(fed + [0] * (count - len(fed)), np.int32)),
-    jnp.asarray(own),
+    toks,
+    mask,
+    ppages,
+    response,
+    np.asarray(fed + [0] * (count - len(fed)), np.int32),
+    own,
   )

@@ -194,20 +194,36 @@ class TestCompiles:
     )
     assert sampler.warmup(PROMPTS, cfg) > 0
     warm = sampler.num_compiles
+    sampler.generate(PROMPTS, cfg)
     # Warm-up compiled every row bucket and prefill size: the requests'
-    # programs are all among them, whatever their rows do.
-    for seed in range(3):
-      sampler.generate(
-        PROMPTS[seed:] + PROMPTS[:seed],
-        base.SamplingConfig(**{**cfg.__dict__, "seed": seed}),
-      )
-      assert sampler.num_compiles == warm
+    # programs are all among them, whatever their rows do; and XLA compiles
+    # nothing for a request of the same shapes.
+    compiled = []
+
+    def note(event, seconds, **kwargs):
+      del seconds, kwargs
+      if event == "/jax/core/compile/backend_compile_duration":
+        compiled.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(note)
+    try:
+      for seed in range(1, 3):
+        sampler.generate(
+          PROMPTS[seed:] + PROMPTS[:seed],
+          base.SamplingConfig(**{**cfg.__dict__, "seed": seed}),
+        )
+        assert sampler.num_compiles == warm
+    finally:
+      jax.monitoring.unregister_event_duration_listener(note)
+    assert not compiled
 
 
 class TestSlotPrograms:
   def test_buckets_and_prefill_sizes(self):
-    assert slot_program.row_buckets(32) == (1, 2, 4, 8, 16, 32)
-    assert slot_program.row_buckets(24) == (1, 2, 4, 8, 16, 24)
+    assert slot_program.row_buckets(32) == (4, 8, 16, 32)
+    assert slot_program.row_buckets(24) == (4, 8, 16, 24)
+    assert slot_program.row_buckets(4) == (1, 2, 4)
+    assert slot_program.bucket_for(1, 32) == 4
     assert slot_program.bucket_for(9, 24) == 16
     assert slot_program.bucket_for(17, 24) == 24
     assert slot_plan.prefill_sizes(1) == (1,)
