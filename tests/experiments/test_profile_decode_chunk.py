@@ -57,13 +57,30 @@ def test_table_has_the_kv_columns_and_ratios():
   rows = [
     {**base, "workload": "real", "batching": "static",
      "useful_tokens_per_s": 100.0, "kv_bytes_peak": 4 * 2**20},
-    {**base, "workload": "real", "batching": "continuous-p16",
+    {**base, "workload": "real", "batching": "continuous-s32-p16",
      "useful_tokens_per_s": 120.0, "kv_bytes_peak": 2**20,
      "kv_bytes_held_peak": 2**19, "kv_bytes_written_peak": 2**18,
-     "num_compiles": 9},
+     "num_compiles": 9, "repeat": 0},
+    {**base, "workload": "real", "batching": "continuous-s32-p16",
+     "useful_tokens_per_s": 140.0, "kv_bytes_peak": 2**20, "repeat": 1},
+    {**base, "workload": "real", "engine": "vllm", "batching": None,
+     "useful_tokens_per_s": 100.0},
+    {**base, "workload": "longtail", "batching": "continuous-s32-p16",
+     "useful_tokens_per_s": 90.0},
+    {**base, "workload": "fixed", "batching": "continuous-s32-p16",
+     "useful_tokens_per_s": 100.0},
   ]  # fmt: skip
   lines = bench_workloads.format_rows(rows)
   assert "| KV peak MiB | KV held MiB | KV written MiB |" in lines[0]
   assert "| 1.0 | 0.5 | 0.2 | 9 |" in lines[3]
-  assert "- real bf16: peak KV continuous-p16 / static = 0.25" in lines
-  assert "- real bf16: continuous-p16 / static = 1.20x" in lines
+  # Medians over the repeats: (120 + 140) / 2.
+  assert "- real bf16: continuous-s32-p16 / static = 1.30x" in lines
+  assert "- real bf16: peak KV continuous-s32-p16 / static = 0.25" in lines
+  assert (
+    "- real bf16: JAX continuous-s32-p16 / vLLM = 1.30x (target >= 1.2)"
+    in lines
+  )
+  assert (
+    "- longtail bf16: continuous-s32-p16 / fixed continuous-s32-p16 = 0.90 "
+    "(target >= 0.8)" in lines
+  )
