@@ -88,6 +88,8 @@ from rljax.rollout import inflight
 from rljax.rollout import request_plan
 from rljax.rollout import sampler_weights
 from rljax.rollout import slot_plan
+from rljax.rollout import spec_control
+from rljax.rollout import spec_store
 from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
 from rljax.rollout.base import check_prompts
 from rljax.rollout.sampler_runs import SamplerRuns
@@ -149,6 +151,8 @@ class JaxSampler(SamplerRuns):
     group_width: int | None = None,
     inflight_kv: str = "keep",
     kv_page_size: int = 0,
+    speculative: Any = "off",
+    draft_store: spec_store.PromptStore | None = None,
   ):
     """Builds the sampler.
 
@@ -207,6 +211,14 @@ class JaxSampler(SamplerRuns):
         page of the KV pool (`kv_pages`); 0: the default (16). The pool
         holds every row's and prompt's keys and values and is allocated
         once per request at its full size.
+      speculative: continuous batching's speculative decoding: "off",
+        "suffix" (drafts from suffix matches over the row's own text, its
+        siblings' and earlier responses to the prompt; `spec_control`) or
+        a `spec_control.SpecConfig`. Samples and log-probs are those of
+        plain decoding (`spec_accept`); only the speed changes.
+      draft_store: the earlier responses per prompt that drafts may come
+        from (`spec_store.PromptStore`); default one in memory for the
+        sampler's life.
     """
     # Compiled programs persist across processes (`compile_cache`).
     compile_cache.enable()
@@ -261,6 +273,12 @@ class JaxSampler(SamplerRuns):
     self.chunk_steps = chunk_steps
     self.group_width = group_width
     self.kv_page_size = kv_page_size
+    self.speculative = spec_control.check_mode(speculative, "JaxSampler")
+    if self.speculative is not None and draft_store is None:
+      draft_store = spec_store.PromptStore(
+        self.speculative.history_prompts, self.speculative.history_per_prompt
+      )
+    self.draft_store = draft_store
     self._params = None
     self._signatures: set[Any] = set()
     # (seconds into the last continuous rollout, live share) per chunk.
@@ -351,6 +369,15 @@ class JaxSampler(SamplerRuns):
         note_program=self._note(),
         recompute=self.inflight_kv == "recompute",
       )
+      if self.speculative is not None:
+        spec_control.warm(
+          self.rollout_config,
+          self._slot_params()[1],
+          plan,
+          sampling,
+          self.speculative,
+          note_program=self._note(),
+        )
       return time.perf_counter() - start
     seen = set()
     for chunk in chunks:

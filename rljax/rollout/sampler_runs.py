@@ -28,6 +28,7 @@ from rljax.rollout import request_plan
 from rljax.rollout import sampler_weights
 from rljax.rollout import slot_plan
 from rljax.rollout import slot_scheduler
+from rljax.rollout import spec_control
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.rollout.static_program import _generate_chunk
 from rljax.rollout.token_sampling import sample_keys
@@ -81,10 +82,17 @@ class SamplerRuns:
       note_program=self._note(),
       swaps=swaps,
       feed=feed,
+      spec=self._speculator(),
     )
     self.last_timeline = out.stats["timeline"]
     self.last_stats = out.stats
     return out.stats
+
+  def _speculator(self):
+    """A `spec_control.Speculator` for the next run, if speculation is on."""
+    if getattr(self, "speculative", None) is None:
+      return None
+    return spec_control.Speculator(self.speculative, self.draft_store)
 
   def _slot_params(self):
     """The rollout weights as the slot programs read them (made per call)."""
@@ -146,6 +154,7 @@ class SamplerRuns:
       row_limits=limits,
       priorities=priorities,
       swaps=swaps,
+      spec=self._speculator(),
     )
     self.last_timeline = out.stats["timeline"]
     self.last_stats = out.stats

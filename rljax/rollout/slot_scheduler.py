@@ -85,6 +85,7 @@ def run(
   swaps: inflight.Swaps | None = None,
   feed: prompt_feed.PromptFeed | None = None,
   max_steps: int | None = None,
+  spec: Any = None,
 ) -> SlotRun:
   """Samples sampling.n responses of every prompt through `plan.slots` rows.
 
@@ -112,6 +113,9 @@ def run(
       apply to the first prompts; later ones get max_new_tokens and an
       `expected_len` attribute of the streamed prompt when it has one.
     max_steps: cap max_new_tokens (warm-up runs).
+    spec: a `spec_control.Speculator`: each chunk verifies the live rows'
+      drafts where that pays (samples unchanged, `spec_accept`); None:
+      plain decoding.
   """
   prefill_params, decode_params = params
   n = plan.n
@@ -159,6 +163,12 @@ def run(
     if not book.end_row(r):
       return
     prefix_tokens -= len(book.prompts[p].ids)
+    if spec is not None:
+      spec.prompt_done(
+        p,
+        book.prompts[p].ids,
+        [_cat(book.rows[q].tokens, np.int32) for q in range(p * n, p * n + n)],
+      )
     if feed is None:
       return
     rows = [book.rows[q] for q in range(p * n, p * n + n)]
@@ -253,6 +263,8 @@ def run(
       return
     prefill_params, decode_params = new_params
     swaps.rows_in_flight.append(len(book.active))
+    if spec is not None:
+      spec.on_swap()
     if swaps.mode == "recompute":
       began = time.perf_counter()
       pool = _recompute(config, plan, prefill_params, pool, book, note_program)
@@ -295,26 +307,32 @@ def run(
       # waits, else when a quarter of the slots are free.
       want = 1 if book.admissible() else refill_at - book.free_slots
       exit_live = max(exit_live, live0 - max(1, want))
-    book.reserve(plan.chunk_steps)
-    rows, table = book.bucket_inputs(size)
-    note_program(("decode", plan, size))
-    pool, state, out_tok, out_logp, steps, live = slot_program.decode_chunk(
-      config,
-      plan,
-      decode_params,
-      pool,
-      rows,
-      table,
-      book.prefix(),
-      temperature,
-      top_p,
-      stop_ids,
-      jnp.int32(plan.chunk_steps),
-      jnp.int32(exit_live),
-    )
-    state, out_tok, out_logp, steps, live = jax.device_get(
-      (state, out_tok, out_logp, steps, live)
-    )
+    if spec is not None:
+      pool, state, out_tok, out_logp, steps, live = spec.decode_chunk(
+        config, decode_params, pool, book, size,
+        (temperature, top_p, stop_ids), exit_live, note_program,
+      )  # fmt: skip
+    else:
+      book.reserve(plan.chunk_steps)
+      rows, table = book.bucket_inputs(size)
+      note_program(("decode", plan, size))
+      pool, state, out_tok, out_logp, steps, live = slot_program.decode_chunk(
+        config,
+        plan,
+        decode_params,
+        pool,
+        rows,
+        table,
+        book.prefix(),
+        temperature,
+        top_p,
+        stop_ids,
+        jnp.int32(plan.chunk_steps),
+        jnp.int32(exit_live),
+      )
+      state, out_tok, out_logp, steps, live = jax.device_get(
+        (state, out_tok, out_logp, steps, live)
+      )
     written_peak = max(written_peak, prefix_tokens + book.held_tokens())
     still = []
     for i, r in enumerate(book.active):
@@ -369,6 +387,8 @@ def run(
   summary["admitted"] = admitted
   summary["timeline"] = timeline
   summary["kv_timeline"] = kv_timeline
+  if spec is not None:
+    summary.update(spec.stats())
   out_tokens, out_logp, out_versions = [], [], []
   if feed is None:  # a stream gave every group to feed.done already
     for row in book.rows:
