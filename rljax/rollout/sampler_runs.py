@@ -15,6 +15,7 @@ request checks, the weights and the choice of path are `jax_sampler`'s.
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any, Sequence
 
@@ -86,6 +87,7 @@ class SamplerRuns:
     )
     self.last_timeline = out.stats["timeline"]
     self.last_stats = out.stats
+    self._add_spec_counts(out.stats)
     return out.stats
 
   def _speculator(self):
@@ -93,6 +95,22 @@ class SamplerRuns:
     if getattr(self, "speculative", None) is None:
       return None
     return spec_control.Speculator(self.speculative, self.draft_store)
+
+  def _add_spec_counts(self, stats) -> None:
+    counts = stats.get("spec_counts")
+    if counts:
+      if not hasattr(self, "_spec_counts"):
+        self._spec_counts = collections.Counter()
+      self._spec_counts.update(counts)
+
+  def take_spec_metrics(self) -> dict[str, float]:
+    """The speculation figures (`spec_control.figures`) of the runs since
+    the last call (a training step's); {} with speculation off."""
+    if getattr(self, "speculative", None) is None:
+      return {}
+    counts = getattr(self, "_spec_counts", collections.Counter())
+    self._spec_counts = collections.Counter()
+    return spec_control.figures(counts)
 
   def _slot_params(self):
     """The rollout weights as the slot programs read them (made per call)."""
@@ -158,6 +176,7 @@ class SamplerRuns:
     )
     self.last_timeline = out.stats["timeline"]
     self.last_stats = out.stats
+    self._add_spec_counts(out.stats)
     # Timing takes the scalars (not the timeline, the per-swap row counts).
     stats = {
       k: v for k, v in out.stats.items() if not isinstance(v, (list, dict))

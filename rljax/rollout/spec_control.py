@@ -106,6 +106,41 @@ def expected_tokens(alpha: np.ndarray, length: np.ndarray, width: int):
   return float(np.sum((1 - alpha ** (k + 1)) / (1 - alpha)))
 
 
+def figures(counts: dict[str, float]) -> dict[str, Any]:
+  """The speculation figures (`spec_*`) of raw counts (`Speculator.raw`,
+  summed over runs): acceptance (drafts emitted / drafts fed), tokens a
+  live row emits per verify step, verify and plain decode steps, each
+  source's share of the drafts and its acceptance, host µs per row."""
+  c = collections.Counter(counts)
+  drafted = c["drafted"]
+  out = {
+    "spec_verify_steps": float(c["verify_steps"]),
+    "spec_plain_steps": float(c["plain_steps"]),
+    "spec_drafted": float(drafted),
+    "spec_accepted": float(c["accepted"]),
+    "spec_acceptance": c["accepted"] / drafted if drafted else 0.0,
+    "spec_tokens_per_row_step": (
+      c["verify_tokens"] / c["verify_row_steps"]
+      if c["verify_row_steps"]
+      else 0.0
+    ),
+    "spec_draft_us_per_row": (
+      1e6 * c["draft_seconds"] / c["draft_rows"] if c["draft_rows"] else 0.0
+    ),
+  }
+  for s in spec_drafts.SOURCES:
+    n = c["drafted_" + s]
+    out[f"spec_share_{s}"] = n / drafted if drafted else 0.0
+    out[f"spec_acceptance_{s}"] = c["accepted_" + s] / n if n else 0.0
+  return out
+
+
+def _bucket(match: int) -> int:
+  """Match lengths pooled for the acceptance estimate (longer is likelier
+  right; past 8 tokens it barely changes)."""
+  return min(int(match), 8)
+
+
 class Speculator:
   """Speculation over one continuous run (module doc)."""
 
@@ -118,12 +153,11 @@ class Speculator:
     self.plan: slot_program.SlotPlan | None = None  # the run's (its book's)
     self.store = store
     self.groups: dict[int, spec_drafts.GroupIndex] = {}
-    self.rows: dict[int, list[float]] = collections.defaultdict(
-      lambda: [0.0, 0.0]
-    )  # row -> [drafted, accepted] since the last swap
-    self.sources = {s: [0.0, 0.0] for s in spec_drafts.SOURCES}
+    # [accepted, refused] draft tokens since the last swap: per row, and
+    # per (source, match length) over the run's rows (the row's prior).
+    self.rows = collections.defaultdict(lambda: [0.0, 0.0])
+    self.kinds = collections.defaultdict(lambda: [0.0, 0.0])
     self.counts = collections.Counter()
-    self.by_source = collections.Counter()
     self.widths = collections.Counter()
 
   # -- the run's events -------------------------------------------------------
@@ -131,7 +165,7 @@ class Speculator:
   def on_swap(self) -> None:
     """New weights: acceptance so far was the old policy's."""
     self.rows.clear()
-    self.sources = {s: [0.0, 0.0] for s in spec_drafts.SOURCES}
+    self.kinds.clear()
 
   def prompt_done(self, p: int, prompt: list[int], responses) -> None:
     """Prompt p's rows all ended: its responses go to the store."""
@@ -146,24 +180,27 @@ class Speculator:
       ids = book.prompts[p].ids
       history = self.store.get(ids) if self.store is not None else []
       self.groups[p] = spec_drafts.GroupIndex(
-        ids, self.plan.n, self.config.drafts, history
+        ids, book.plan.n, self.config.drafts, history
       )
     return self.groups[p]
 
-  def _alpha(self, r: int, source: str) -> float:
+  def _alpha(self, r: int, kind: tuple[str, int]) -> float:
+    """α: P(a draft token is right | those before it were), a Beta mean:
+    the row's record shrunk toward its kind's (source, match length),
+    which is shrunk toward `prior_acceptance`."""
     w, a0 = self.config.prior_weight, self.config.prior_acceptance
-    drafted, accepted = self.sources[source]
-    prior = (accepted + w * a0) / (drafted + w)
-    drafted, accepted = self.rows[r]
-    return (accepted + w * prior) / (drafted + w)
+    accepted, refused = self.kinds[kind]
+    prior = (accepted + w * a0) / (accepted + refused + w)
+    accepted, refused = self.rows[r]
+    return (accepted + w * prior) / (accepted + refused + w)
 
   def drafts(self, book, active: list[int]):
-    """(drafts int32 [R, D], lengths [R], sources, α [R]) of the rows."""
-    n, d = self.plan.n, self.config.drafts.max_len
-    out = np.full((len(active), d), self.plan.pad_id, np.int32)
+    """(drafts int32 [R, D], lengths [R], kinds, α [R]) of the rows."""
+    n, d = book.plan.n, self.config.drafts.max_len
+    out = np.full((len(active), d), book.plan.pad_id, np.int32)
     lengths = np.zeros((len(active),), np.int32)
     alpha = np.zeros((len(active),), np.float64)
-    sources: list[str | None] = []
+    kinds: list[tuple[str, int] | None] = []
     synced = set()
     for i, r in enumerate(active):
       p = book.rows[r].prompt
@@ -176,13 +213,13 @@ class Speculator:
             group.sync(j, np.concatenate(row.tokens).tolist())
       draft = group.propose(r - p * n)
       if draft is None or not draft.tokens.size:
-        sources.append(None)
+        kinds.append(None)
         continue
       out[i, : draft.tokens.size] = draft.tokens
       lengths[i] = draft.tokens.size
-      sources.append(draft.source)
-      alpha[i] = self._alpha(r, draft.source)
-    return out, lengths, sources, alpha
+      kinds.append((draft.source, _bucket(draft.match)))
+      alpha[i] = self._alpha(r, kinds[-1])
+    return out, lengths, kinds, alpha
 
   def choose_width(self, size: int, lengths, alpha) -> int:
     """T maximising expected tokens per cost (module doc); 1: plain."""
@@ -213,7 +250,7 @@ class Speculator:
     temperature, top_p, stop_ids = sampling_args
     began = time.perf_counter()
     active = list(book.active)
-    drafts, lengths, sources, alpha = self.drafts(book, active)
+    drafts, lengths, kinds, alpha = self.drafts(book, active)
     width = 1
     if np.any(lengths > 0):
       width = self.choose_width(size, lengths, alpha)
@@ -254,15 +291,14 @@ class Speculator:
     )
     grew = state["length"][: len(active)] - rows["length"][: len(active)]
     for i, r in enumerate(active):
-      drafted = int(spec["drafted"][i])
-      accepted = int(spec["accepted"][i])
-      self.rows[r][0] += drafted
-      self.rows[r][1] += accepted
-      if sources[i] is not None and drafted:
-        self.sources[sources[i]][0] += drafted
-        self.sources[sources[i]][1] += accepted
-        self.by_source[sources[i] + "_drafted"] += drafted
-        self.by_source[sources[i] + "_accepted"] += accepted
+      accepted, refused = int(spec["accepted"][i]), int(spec["rejected"][i])
+      self.rows[r][0] += accepted
+      self.rows[r][1] += refused
+      if kinds[i] is not None:
+        self.kinds[kinds[i]][0] += accepted
+        self.kinds[kinds[i]][1] += refused
+        self.counts["drafted_" + kinds[i][0]] += int(spec["drafted"][i])
+        self.counts["accepted_" + kinds[i][0]] += accepted
     self.counts["verify_steps"] += int(steps)
     self.counts["verify_row_steps"] += int(live)
     self.counts["verify_tokens"] += int(np.sum(grew))
@@ -273,32 +309,15 @@ class Speculator:
 
   # -- figures ----------------------------------------------------------------
 
+  def raw(self) -> dict[str, float]:
+    """The run's raw counts (summable over runs; `figures`)."""
+    return dict(self.counts)
+
   def stats(self) -> dict[str, Any]:
-    """The run's speculation figures (`spec_*`)."""
-    c = self.counts
-    drafted = c["drafted"]
-    out = {
-      "spec_verify_steps": int(c["verify_steps"]),
-      "spec_plain_steps": int(c["plain_steps"]),
-      "spec_drafted": int(drafted),
-      "spec_accepted": int(c["accepted"]),
-      "spec_acceptance": c["accepted"] / drafted if drafted else 0.0,
-      "spec_tokens_per_row_step": (
-        c["verify_tokens"] / c["verify_row_steps"]
-        if c["verify_row_steps"]
-        else 0.0
-      ),
-      "spec_draft_us_per_row": (
-        1e6 * c["draft_seconds"] / c["draft_rows"] if c["draft_rows"] else 0.0
-      ),
-      "spec_widths": dict(sorted(self.widths.items())),
-    }
-    for s in spec_drafts.SOURCES:
-      n = self.by_source[s + "_drafted"]
-      out[f"spec_share_{s}"] = n / drafted if drafted else 0.0
-      out[f"spec_acceptance_{s}"] = (
-        self.by_source[s + "_accepted"] / n if n else 0.0
-      )
+    """The run's speculation figures (`figures`) and steps by width."""
+    out = figures(self.counts)
+    out["spec_widths"] = dict(sorted(self.widths.items()))
+    out["spec_counts"] = self.raw()
     return out
 
 

@@ -15,7 +15,8 @@ A draft for a row is the continuation of the longest match of the row's
 last tokens: for n from `max_ngram` down to `min_ngram`, the n-grams equal
 to the row's last n tokens are looked up (a dict from n-gram to its last
 few occurrences per sequence); the occurrence whose match extends furthest
-back wins (ties: self, then sibling, then history; then the most recent),
+back wins (ties: self, then sibling, then history; then the latest end;
+then the latest sequence),
 and the tokens that followed it there are the draft (up to `max_len`).
 This is prompt-lookup / suffix decoding (Saxena, 2023, "Prompt Lookup
 Decoding"; Oliaro et al., 2024, "SuffixDecoding") over the group's text.
@@ -158,16 +159,9 @@ class GroupIndex:
         for end in ends:
           if end >= len(seq) or (s == self.row_seq[r] and end == size):
             continue  # nothing follows it (or it is the row's own tail)
-          match = n
-          while (
-            match < _MATCH_CAP
-            and end - match - 1 >= 0
-            and size - match - 1 >= 0
-            and seq[end - match - 1] == own[size - match - 1]
-          ):
-            match += 1
+          match = _match_length(seq, end, own, size, n)
           source = self._source(s, r)
-          key = (match, rank[source], end)
+          key = (match, rank[source], end, s)
           if best_key is None or key > best_key:
             best, best_key = (s, end, source), key
       if best is not None:
@@ -175,3 +169,17 @@ class GroupIndex:
         tokens = np.asarray(self.seqs[s][end : end + cap], np.int32)
         return Draft(tokens, source, best_key[0])
     return None
+
+
+def _match_length(seq, end, own, size, known) -> int:
+  """How far seq[:end] and own[:size] agree backward from their ends (at
+  least `known`, at most `_MATCH_CAP`): a binary search over slice
+  comparisons, which run in C, instead of a token-by-token loop."""
+  lo, hi = known, min(_MATCH_CAP, end, size)
+  while lo < hi:
+    mid = (lo + hi + 1) // 2
+    if seq[end - mid : end] == own[size - mid : size]:
+      lo = mid
+    else:
+      hi = mid - 1
+  return lo

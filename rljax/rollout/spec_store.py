@@ -23,6 +23,10 @@ import os
 from typing import Sequence
 
 
+# The store's log in a run directory (`rollout.factory.make_engine`).
+RUN_FILE = "spec_drafts.jsonl"
+
+
 def _key(prompt: Sequence[int]) -> tuple[int, ...]:
   return tuple(int(t) for t in prompt)
 

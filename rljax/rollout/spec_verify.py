@@ -164,7 +164,8 @@ def verify_chunk(
     (pool, rows with new "tok", "pos", "length", "done", tokens int32
     [B, chunk_steps·T] and log-probs f32 [B, chunk_steps·T] emitted (a
     row's first length-growth of them valid), steps run, live row-steps,
-    {"drafted", "accepted"} int32 [B] drafts fed and drafts emitted).
+    {"drafted", "accepted", "rejected"} int32 [B]: drafts fed, drafts
+    emitted, and drafts tested and refused (one at most a step)).
   """
   s, t = rows["tok"].shape[0], width
   cap = plan.chunk_steps * t
@@ -186,7 +187,8 @@ def verify_chunk(
     )
 
   def body(carry):
-    step, pool, st, out_tok, out_logp, live_steps, drafted, accepted = carry
+    step, pool, st, out_tok, out_logp, live_steps, counts = carry
+    drafted, accepted, rejected = counts
     live = ~st["done"]
     used = st["length"] - length0
     room_draft = jnp.clip(draft_len - used, 0, t - 1)
@@ -239,6 +241,13 @@ def verify_chunk(
       "on_track": st["on_track"] & keep,
     }
     emitted_drafts = jnp.minimum(m, jnp.maximum(e - 1, 0))
+    # A draft token tested and refused (the rest of the draft is untested).
+    refused = (m < k) & (e == m + 1)
+    counts = (
+      drafted + k,
+      accepted + emitted_drafts,
+      rejected + refused.astype(jnp.int32),
+    )
     return (
       step + 1,
       pool,
@@ -246,8 +255,7 @@ def verify_chunk(
       out_tok,
       out_logp,
       live_steps + jnp.sum(live),
-      drafted + k,
-      accepted + emitted_drafts,
+      counts,
     )
 
   state = {name: rows[name] for name in ("tok", "pos", "length", "done")}
@@ -260,12 +268,11 @@ def verify_chunk(
     jnp.full((s, cap), plan.pad_id, jnp.int32),
     jnp.zeros((s, cap), jnp.float32),
     jnp.int32(0),
-    zeros,
-    zeros,
+    (zeros, zeros, zeros),
   )
-  steps, pool, state, out_tok, out_logp, live_steps, drafted, accepted = (
+  steps, pool, state, out_tok, out_logp, live_steps, counts = (
     jax.lax.while_loop(cond, body, carry)
   )
   state = {name: state[name] for name in ("tok", "pos", "length", "done")}
-  spec = {"drafted": drafted, "accepted": accepted}
+  spec = dict(zip(("drafted", "accepted", "rejected"), counts))
   return pool, state, out_tok, out_logp, steps, live_steps, spec

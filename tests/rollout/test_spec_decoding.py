@@ -133,8 +133,9 @@ class TestSameSamples:
       assert group.tokens == want.response_ids[i * 4 : (i + 1) * 4]
     assert stats["spec_verify_steps"] > 0
 
-  def test_figures_reach_the_batch(self, engines):
-    _, spec = engines
+  def test_figures_reach_the_batch_and_the_step(self, engines):
+    plain, spec = engines
+    spec.take_spec_metrics()
     batch = spec.generate(PROMPTS, GREEDY)
     for key in (
       "spec_acceptance",
@@ -148,6 +149,11 @@ class TestSameSamples:
     assert batch.timing["decode_steps"] == (
       batch.timing["spec_verify_steps"] + batch.timing["spec_plain_steps"]
     )
+    # A training step reads the figures of its runs once.
+    step = spec.take_spec_metrics()
+    assert step["spec_verify_steps"] == batch.timing["spec_verify_steps"]
+    assert spec.take_spec_metrics()["spec_verify_steps"] == 0
+    assert plain.take_spec_metrics() == {}
 
 
 class TestWidth:
@@ -181,12 +187,13 @@ class TestWidth:
 
   def test_a_swap_forgets_acceptance(self):
     spec = spec_control.Speculator(spec_control.SpecConfig())
-    spec.rows[3] = [10.0, 0.0]
-    spec.sources["sibling"] = [10.0, 0.0]
-    low = spec._alpha(3, "sibling")  # pylint: disable=protected-access
+    kind = ("sibling", 4)
+    spec.rows[3] = [0.0, 10.0]
+    spec.kinds[kind] = [0.0, 10.0]
+    low = spec._alpha(3, kind)  # pylint: disable=protected-access
     spec.on_swap()
-    assert spec._alpha(3, "sibling") == pytest.approx(0.5)  # pylint: disable=protected-access
-    assert low < 0.5
+    assert spec._alpha(3, kind) == pytest.approx(0.5)  # pylint: disable=protected-access
+    assert low < 0.1
 
 
 @pytest.mark.parametrize(

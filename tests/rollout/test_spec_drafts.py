@@ -21,7 +21,8 @@ _SETTINGS = spec_drafts.DraftSettings(min_ngram=2, max_ngram=4, max_len=6)
 def _reference(index: spec_drafts.GroupIndex, r: int):
   """The matcher by brute force: every indexed n-gram occurrence (the last
   two per sequence, as the index keeps), the longest backward match
-  (capped), then self > sibling > history, then the latest end."""
+  (capped), then self > sibling > history, then the latest end, then the
+  latest sequence."""
   cfg = index.settings
   own = index.seqs[index.row_seq[r]]
   rank = {"self": 2, "sibling": 1, "history": 0}
@@ -48,7 +49,7 @@ def _reference(index: spec_drafts.GroupIndex, r: int):
         ):
           m += 1
         source = index._source(s, r)  # pylint: disable=protected-access
-        cand = ((m, rank[source], e), seq[e : e + cfg.max_len], source)
+        cand = ((m, rank[source], e, s), seq[e : e + cfg.max_len], source)
         if best is None or cand[0] > best[0]:
           best = cand
     if best is not None:

@@ -148,6 +148,12 @@ FIELD_HELP: dict[str, str] = {
     "that grows with the live tokens (less memory on long tails); at most "
     "task.max_prompt_tokens + rollout.max_new_tokens."
   ),
+  "rollout.speculative": (
+    "batching=continuous: off, or suffix (speculative decoding: drafts "
+    "from suffix matches over the row's own text, its group's and earlier "
+    "responses to the prompt, verified where that pays; the samples and "
+    "log-probs are plain decoding's, only faster)."
+  ),
   "rollout.inflight_kv": (
     "async_mode=streaming: a weight update taken mid-generation keeps the "
     "in-flight rows' stale KV cache (keep, PipelineRL) or recomputes it with "

@@ -148,6 +148,10 @@ class RolloutConfig:
   # row's length; P > 0 keeps it in P-token pages of one pool that follows
   # the live tokens (rljax/rollout/kv_pages.py).
   kv_page_size: int = 0
+  # batching=continuous: "suffix" verifies drafts from suffix matches over
+  # the row, its siblings and earlier responses to the prompt where that
+  # pays (rljax/rollout/spec_control.py); samples are plain decoding's.
+  speculative: str = "off"
 
 
 @dataclasses.dataclass(frozen=True)
