@@ -541,7 +541,9 @@ def run_study(
     trained += 1
     from rljax import study  # pylint: disable=g-import-not-at-top
 
-    # The next run starts from what one run alone would (issue 43).
+    # Release what this run compiled and held, so that the next run's speed
+    # and memory are those it would have alone, not inflated by its
+    # predecessors (unless --keep_compiled asks to reuse the programs).
     rss = study.rss_gib() if _KEEP_COMPILED.value else study.release_memory()
     if main:
       with open(os.path.join(out_dir, "cpu_log.jsonl"), "a") as f:

@@ -1,7 +1,8 @@
 """Held-out greedy accuracy of the untrained policy at several difficulties.
 
-Picks a generated task's difficulty with headroom (issue 17: a base model
-that starts at 15-40%), through the trainer's own evaluation path
+Picks a generated task's difficulty with headroom for RL (a base model that
+starts at 15-40% has both rewarded and unrewarded samples to learn from),
+through the trainer's own evaluation path
 (`heldout.HeldOut.evaluate`: greedy, full-precision weights, the task's verifier):
 
   python experiments/base_rate.py --task.name=arithmetic \

@@ -41,14 +41,15 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app
 from absl import flags
 import jax
 
 from rljax import hostmem
 from rljax import models
+from rljax.train import cli
 
 # experiments/, the script's own folder:
+from bench_rollout_lib import flag_checks
 from bench_rollout_lib import runner
 from bench_rollout_lib.decode_ab import decode_ab
 from bench_rollout_lib.report import plot, plot_title, report
@@ -287,8 +288,21 @@ def run_workloads(model, machine: dict) -> None:
     bench_workloads.plot_occupancy(rows, _PLOT.value, plot_title(machine))
 
 
+def _flag_values() -> tuple[dict, set]:
+  """{flag: value} of every flag (--data resolved to its default file),
+  and the flags typed: what `flag_checks.check` reads."""
+  values = flags.FLAGS.flag_values_dict()
+  if values["workloads"]:
+    import bench_workloads  # pylint: disable=g-import-not-at-top
+
+    values["data"] = values["data"] or bench_workloads.GSM8K
+    values["math_data"] = values["math_data"] or bench_workloads.MATH500
+  return values, {name for name in values if flags.FLAGS[name].present}
+
+
 def main(argv):
   del argv
+  flag_checks.check(*_flag_values())  # every flag, before anything runs
   if _DECODE_AB.value:
     decode_ab(_DECODE_AB.value)
     return
@@ -309,18 +323,10 @@ def main(argv):
     shapes = [(4, 4, 32)]
   else:
     shapes = [(_PROMPTS.value, _SAMPLES.value, _NEW_TOKENS.value)]
-  unknown = set(_ENGINES.value) - {"jax", "vllm"}
-  if unknown:
-    raise app.UsageError(f"--engines has {sorted(unknown)}; expected jax, vllm")
   machine = machine_info()
   print(f"machine: {json.dumps(machine)}")
   print(f"load average at start: {os.getloadavg()}")
   if _RANDOM_INIT.value:
-    if "vllm" in _ENGINES.value:
-      raise app.UsageError(
-        "--random_init with --engines=vllm: the vLLM sidecar loads a "
-        "checkpoint with its tokenizer; use --engines=jax"
-      )
     # "tiny" (a few-thousand-parameter model) is for dry runs of the
     # scripts that call this one (experiments/gpu/run_all.py --dry).
     config = (
@@ -392,4 +398,4 @@ def main(argv):
 
 if __name__ == "__main__":
   hostmem.relaunch_with_huge_pages()
-  app.run(main)
+  cli.run(main)

@@ -1,4 +1,4 @@
-"""How many programs the JAX sampler compiles over an RL run (issue 46).
+"""How many programs the JAX sampler compiles over an RL run.
 
   python experiments/count_compiles.py --rollout.batching=static
   python experiments/count_compiles.py --rollout.batching=continuous

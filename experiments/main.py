@@ -10,7 +10,8 @@ much of the gradient ACR's widened bound would have changed.
 
 Why TIS and not ACR here: with one update per rollout π_prox = π_θ at the
 only gradient, R ≡ 1, and ACR (QuRL Eq. 9) equals TIS in value and gradient
-(issue 44), so a banner saying ACR would name a mechanism that cannot act.
+(derivation in rljax/core/exposure.py), so a banner saying ACR would name a
+mechanism that cannot act.
 To exercise ACR, give it several updates per rollout (same tokens per step;
 the proximal forward pass costs ~12-16 % more per step on the CPU):
 

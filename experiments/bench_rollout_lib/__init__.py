@@ -1,6 +1,8 @@
 """The pieces of experiments/bench_rollout.py, one concern a module.
 
 Lowest first; a module imports only those before it:
+  flag_checks  every flag of the script, checked before anything runs (all
+               problems at once, `error: ...` and exit status 2);
   rows         the fixed-shape workload (prompts, PxNxT shapes) and the row
                every engine's measurement becomes;
   mismatch     KL of an engine's samples to the full-precision policy

@@ -1,4 +1,5 @@
-"""Every GPU measurement of issue 49 in one call of the device tool.
+"""The GPU performance measurements (where the update step's time goes, the
+sampler's throughput at large shapes) in one call of the device tool.
 
   python experiments/gpu/run_all.py                # on the GPU, into $OUT
   python experiments/gpu/run_all.py --dry          # the same steps, tiny

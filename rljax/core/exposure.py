@@ -10,7 +10,8 @@ with R = π_θ/π_prox, ρ = π_prox/π_behav. A token meeting all three is
 "active". With one update per rollout π_prox = sg(π_θ) at the only gradient
 evaluation, so R ≡ 1 and no token is ever active: ACR is TIS there, for every
 C. These kernels measure the exposure a study needs before it can attribute
-anything to ACR (issue 44), and they are computed for every correction: they
+an effect to ACR (an ACR arm that never widened a bound cannot be credited
+with its result), and they are computed for every correction: they
 say what ACR *would* change in the batch the run actually trained on.
 
   would_change_fraction  |active| / |valid|

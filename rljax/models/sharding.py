@@ -99,6 +99,65 @@ class MeshConfig:
     return cls(*sizes)
 
 
+def _suggest(named: dict, devices: int, use_all: bool) -> str:
+  """Sizes that fit `devices`: the largest fixed axis resized, the others
+  kept (or every device on "data" where the others alone do not fit)."""
+  fixed = {a: s for a, s in named.items() if s != -1}
+  axis = max(fixed, key=lambda a: (fixed[a], a == "data"))
+  others = int(np.prod([s for a, s in fixed.items() if a != axis]))
+  free = len(fixed) < len(named)  # the -1 axis stays; no second -1
+  if devices % others == 0:
+    alt = "" if free else " (or -1: the devices left over)"
+    return f"--mesh.{axis}={devices // others} with the others as given{alt}"
+  if not use_all and not free and others <= devices:
+    return f"--mesh.{axis}={devices // others} with the others as given"
+  return "--mesh.data=-1 --mesh.fsdp=1 --mesh.tensor=1 (every device on data)"
+
+
+def mesh_fit_problem(
+  sizes: Sequence[int], devices: int, use_all: bool = True
+) -> tuple[str, str] | None:
+  """Why a ("data", "fsdp", "tensor") mesh of `sizes` does not fit
+  `devices` devices, or None: (the axis to change, what was expected),
+  the sizes named by their `mesh.*` flags, with the device count and
+  sizes that would fit.
+
+  One size may be -1, the devices left over: the product of the others
+  must divide `devices`. Otherwise the product must equal `devices`
+  (`use_all`: a mesh over the devices it is given, or a run of several
+  processes, which all run one program) or be at most `devices` (one
+  process may use its first devices).
+  """
+  named = dict(zip(AXES, (int(s) for s in sizes)))
+  given = " ".join(f"--mesh.{a}={s}" for a, s in named.items())
+  free = [a for a, s in named.items() if s == -1]
+  if len(free) > 1:
+    return free[-1], f"only one axis may be -1 (the devices left over); {given}"
+  fixed = int(np.prod([s for s in named.values() if s != -1]))
+  if free:
+    if devices % fixed == 0:
+      return None
+    axis = max(
+      (a for a in AXES if a not in free), key=lambda a: (named[a], a == "data")
+    )
+    return axis, (
+      f"sizes whose product divides the {devices} devices "
+      f"(--mesh.{free[0]}=-1 takes what is left): {given}, and {devices} is "
+      f"not divisible by {fixed}; e.g. {_suggest(named, devices, True)}"
+    )
+  if fixed == devices or (fixed < devices and not use_all):
+    return None
+  axis = max(named, key=lambda a: (named[a], a == "data"))
+  if use_all:
+    bound = f"= {devices}, the devices to span"
+  else:
+    bound = f"<= {devices}, the devices visible"
+  return axis, (
+    f"data*fsdp*tensor {bound}: {given} need {fixed} devices; e.g. "
+    f"{_suggest(named, devices, use_all)}"
+  )
+
+
 def make_mesh(
   data: int = 1,
   fsdp: int = -1,
@@ -117,23 +176,17 @@ def make_mesh(
       raise ValueError(
         f"make_mesh {name}={size!r}; expected a positive int or -1"
       )
+  problem = mesh_fit_problem(tuple(sizes.values()), len(devices))
+  if problem:
+    axis, expected = problem
+    raise ValueError(
+      f"make_mesh: mesh.{axis}={sizes[axis]}; expected {expected}"
+    )
   free = [n for n, s in sizes.items() if s == -1]
-  if len(free) > 1:
-    raise ValueError(f"make_mesh: only one axis may be -1; got {free}")
-  fixed = int(np.prod([s for s in sizes.values() if s != -1]))
   if free:
-    if len(devices) % fixed:
-      raise ValueError(
-        f"make_mesh: {len(devices)} devices not divisible by "
-        f"the fixed axis sizes {sizes}"
-      )
+    fixed = int(np.prod([s for s in sizes.values() if s != -1]))
     sizes[free[0]] = len(devices) // fixed
   shape = tuple(sizes[a] for a in AXES)
-  if int(np.prod(shape)) != len(devices):
-    raise ValueError(
-      f"make_mesh: axis sizes {dict(zip(AXES, shape))} need "
-      f"{int(np.prod(shape))} devices; have {len(devices)}"
-    )
   return Mesh(np.asarray(devices, dtype=object).reshape(shape), AXES)
 
 

@@ -188,11 +188,11 @@ class RolloutBatch:
     policy_version: P * n int32 arrays, one per response token: the version
       of the weights that sampled it, the trainer step whose update made
       them (0 = the initial weights; `rljax.train.actor.Actor` stamps it).
-      Per token, not per row: today one engine call runs one version, but
-      an engine whose weights change mid-generation (issue 47's in-flight
-      updates) mixes versions inside a response, and the loss needs
-      nothing more than each token's own behaviour log-prob for that
-      (`rljax.train.staleness` reports the lag). None: unknown (a legacy
+      Per token, not per row: an engine whose weights change
+      mid-generation (in-flight updates, `rljax.rollout.inflight`) mixes
+      versions inside a response, and the loss needs nothing more than
+      each token's own behaviour log-prob for that (`rljax.train.staleness`
+      reports the lag). None: unknown (a legacy
       rollout, an engine driven outside the trainer).
   """
 

@@ -261,7 +261,8 @@ def policy_loss_sum(spec: UpdateSpec, params, mb: Batch, denoms: dict):
     logp, prox, mb["behav_logp"], mb["advantages"], mask, spec.loss
   )
   # What ACR would change in this batch, logged for every correction: a
-  # study must see it before it attributes anything to ACR (issue 44).
+  # study must see it before it attributes an effect to ACR (an arm whose
+  # widened bound never decided a token cannot be credited with its result).
   exposure = exposure_lib.acr_exposure(
     logp,
     prox,

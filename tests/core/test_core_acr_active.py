@@ -1,5 +1,6 @@
 """acr_active_fraction: how often ACR's enlarged upper bound changes a token's
-outcome against plain TIS (issue 17, question 2), on hand-computed tokens."""
+outcome against plain TIS (whether ACR acts at all in a run), on
+hand-computed tokens."""
 
 import chex
 import jax.numpy as jnp

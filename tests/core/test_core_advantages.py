@@ -160,9 +160,10 @@ class ReinforcePPBaselineTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_filler_groups_do_not_enter_the_statistics(self):
-    # Issue 12, defect 6: the second group is dynamic-sampling filler
-    # (valid False). Whitened over the first group only: centred [.5, −.5],
-    # mean 0, std .5 → [1, −1]; counted, the std would be √.125 → ±1.414.
+    # The second group is dynamic-sampling filler (valid False) and must not
+    # shift the statistics of the real groups. Whitened over the first group
+    # only: centred [.5, −.5], mean 0, std .5 → [1, −1]; counted, the std
+    # would be √.125 → ±1.414.
     fn = self.variant(
       functools.partial(advantages.reinforce_pp_baseline, group_size=2)
     )

@@ -1,5 +1,4 @@
-"""ACR exposure kernels (rljax.core.exposure, issue 44 item 3) on
-hand-computed tokens."""
+"""ACR exposure kernels (rljax.core.exposure) on hand-computed tokens."""
 
 import chex
 import jax

@@ -89,8 +89,8 @@ class K3Test(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_gradient_is_one_minus_ref_over_pi_beyond_log_ratio_20(self):
-    # Issue 12, defect 5: ∂k3/∂logp = 1 − π_ref/π = 1 − e^x, x = ref − logp.
-    # logp = −1, ref = −30 (x = −29) gave 0 under the old ±20 clamp.
+    # ∂k3/∂logp = 1 − π_ref/π = 1 − e^x, x = ref − logp, also where |x| > 20:
+    # a ±20 clamp on x would give 0 at logp = −1, ref = −30 (x = −29).
     logp = jnp.array([-1.0, -1.0, -30.0, -5.0, -2.0, -45.0])
     ref = jnp.array(
       [-30.0, -80.0, -5.0, -5.0, -1.0, -20.0]

@@ -3,10 +3,10 @@
 batch (Eq. 10, `reinforce_pp` on token returns; `reinforce_pp_baseline` with
 a token mask). Every expected value is worked by hand in the comments.
 
-Before issue 45 neither kernel existed: the trainer added the penalty summed
-over the whole response to every token (row 0 below: 0.7 on all three
-tokens) and whitened one number per sequence (the baseline example: ±1.414
-and 0 instead of 1.134, −1.890, −0.378).
+The two mistakes these tests rule out: adding the penalty summed over the
+whole response to every token (row 0 below: 0.7 on all three tokens) and
+whitening one number per sequence (the baseline example: ±1.414 and 0
+instead of 1.134, −1.890, −0.378).
 """
 
 import functools

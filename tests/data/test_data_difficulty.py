@@ -1,4 +1,4 @@
-"""The arithmetic difficulty knob (issue 17): a level name or a spec of
+"""The arithmetic difficulty knob: a level name or a spec of
 KEY=VALUE overrides gives the generator config it names."""
 
 import pytest

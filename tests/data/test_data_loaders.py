@@ -102,13 +102,13 @@ class TestBadInput:
         "no answer could be read",
       ),
       ('{"problem": "q2", "answer": ', "invalid_json", "invalid JSON"),
-      # Issue 43 item 21: 200,000 levels deep is a named, skippable row.
+      # 200,000 levels deep is a named, skippable row, not a RecursionError.
       (
         '{"problem": ' + "[" * 200_000 + "]" * 200_000 + "}",
         "invalid_json",
         "invalid JSON \\(nested too deeply\\)",
       ),
-      # Issue 43 item 22: no completion can equal a NaN gold answer.
+      # A non-finite gold answer is skipped: no completion can equal NaN.
       ('{"problem": "q2", "answer": "NaN"}', "bad_answer", "no answer"),
       ('{"problem": "q2", "answer": "-inf"}', "bad_answer", "no answer"),
       ("[1, 2]", "not_object", "row is a JSON list"),
@@ -287,9 +287,9 @@ class TestFieldMaps:
     assert rewards.math_reward("The answer is 10 apples.", ds[0].answer) == 0.0
 
   def test_svamp_as_distributed_joins_sentences(self, tmp_path):
-    # Issue 43 item 4: rows as SVAMP ships them (SVAMP.json, one object per
-    # line here). A third of the bodies end in a clause without a full stop;
-    # "... on each pack How much ..." was a run-on sentence.
+    # Rows as SVAMP ships them (SVAMP.json, one object per line here). A
+    # third of the bodies end in a clause without a full stop; joined as
+    # they are, "... on each pack How much ..." would be a run-on sentence.
     rows = [
       {
         "ID": "chal-1",
@@ -324,9 +324,9 @@ class TestFieldMaps:
     assert [ex.answer for ex in ds] == ["51", "1"]
 
   def test_asdiv_as_distributed_lower_case_fields(self, tmp_path):
-    # Issue 43 item 4: ASDiv's JSON Lines release writes body / question /
-    # answer in lower case, with the unit after the number; the old loader
-    # read only "Body"/"Question"/"Answer" and skipped every row.
+    # ASDiv's JSON Lines release writes body / question / answer in lower
+    # case, with the unit after the number; a loader that read only
+    # "Body"/"Question"/"Answer" would skip every row.
     rows = [
       {
         "body": "Seven red apples and two green apples are in the basket.",

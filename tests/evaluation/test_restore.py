@@ -1,6 +1,7 @@
-"""Evaluating a training run directory reads it and writes nothing
-(issue 12, defect 3): `restore_policy` gives the trainer's own params, UAQ
-unfolded, and every file of the run is byte-identical afterwards."""
+"""Evaluating a training run directory reads it and writes nothing (an
+evaluation must not alter the run it judges): `restore_policy` gives the
+trainer's own params, UAQ unfolded, and every file of the run is
+byte-identical afterwards."""
 
 import hashlib
 import os

@@ -73,7 +73,7 @@ def test_checked_in_qurl_config_names_only_real_fields():
   )
   names = [r["name"] for r in runs]
   assert len(set(names)) == len(names)
-  # The study the QuRL issue asks for: reference, INT8 × every correction,
+  # The QuRL study's arms: reference, INT8 × every correction,
   # UAQ s ∈ {1, 1.5, 2} with ACR, FP8 with TIS and ACR.
   lookup = config_lib.lookup
   combos = {
@@ -101,7 +101,7 @@ def test_checked_in_qurl_config_names_only_real_fields():
 
 
 def test_only_process_zero_writes_the_study_files(tmp_path, monkeypatch):
-  # Multi-host (#14): every process runs the study; process 0 alone writes
+  # Multi-host: every process runs the study; process 0 alone writes
   # its table and progress (the runs' own files are gated by the Trainer).
   ablate = _load_ablate()
   row = {
@@ -215,10 +215,10 @@ def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
   ) == ("int8", "acr", 4, 2)
   table_md = (out / "table.md").read_text()
   assert "| fp | 0 | done | 2 |" in table_md
-  # Issue 43 item 10: speeds without the compiling first step, said so.
+  # Speeds without the compiling first step, and the table says so.
   assert "s_per_step_warm" in table_md and "after the first" in table_md
   assert all(r["s_per_step_warm"] is not None for r in table)
-  # Issue 43 item 8: each run's memory, after what it held was released.
+  # Each run's memory, peak and after what it held was released.
   log = [json.loads(x) for x in open(out / "cpu_log.jsonl")]
   assert [r["run"] for r in log] == ["fp_s0", "q_s0"]
   assert all(0 < r["rss_after_release_gib"] <= r["peak_rss_gib"] for r in log)
@@ -239,8 +239,9 @@ def test_ablation_on_tiny_model_writes_runs_table_and_plots(tmp_path):
 
 
 def test_grid_cell_algorithm_trains_that_algorithms_preset(tmp_path):
-  """--grid="algorithm=grpo,dapo": the dapo cell gets DAPO's settings
-  (issue 12, defect 2: the grid used to bypass presets)."""
+  """--grid="algorithm=grpo,dapo": the dapo cell gets DAPO's settings (it
+  trains DAPO, not GRPO under a DAPO label), and the command line's own flags
+  still apply on top."""
   from absl import flags
 
   ablate = _load_ablate()
@@ -358,8 +359,8 @@ def test_killed_ablation_resumes_where_it_stopped(tmp_path):
   assert "[ablate] resuming b seed=0 from step" in again.stdout
   assert os.path.getmtime(out / "a_s0" / "metrics.jsonl") == a_mtime
   assert _steps_of(out / "b_s0") == [1, 2, 3, 4]  # no step twice, none lost
-  # Issue 43 item 11: the resumed process keeps the first one's evaluation
-  # before training (it was null).
+  # The resumed process keeps the first one's evaluation before training
+  # (not null: the baseline of the run's before/after comparison).
   b_summary = json.loads((out / "b_s0" / "summary.json").read_text())
   assert b_summary["eval_accuracy_before"] is not None
   table = json.loads((out / "table.json").read_text())
@@ -432,7 +433,8 @@ def test_seeds_are_an_axis_and_progress_is_read_from_disk(tmp_path):
 
 
 def test_grid_run_directories_have_no_equals_or_dots(tmp_path):
-  # Issue 43 item 11; a directory an older rljax made keeps being used.
+  # Portable directory names; a directory an older rljax made (with the
+  # label's "=" and ".") keeps being used, so a study resumes in place.
   ablate = _load_ablate()
   name = ablate.grid_runs("rollout.quant=int8;loss.eps_high=0.28")[0]["name"]
   assert name == "rollout.quant=int8_loss.eps_high=0.28"  # the table's label

@@ -1,6 +1,8 @@
 """experiments/bench_async.py: its summary arithmetic on hand-made steps, and
 a smoke run (tiny model, 3 steps, sync and streaming) whose JSON has every
-field issue 47 asks for, with values that hold in any run.
+field the asynchronous-training benchmark reports (machine, per-step wall
+time, idle fractions, version lag, untrained tokens, the speed-up ratio),
+with values that hold in any run.
 
 The script defines absl flags (every training flag, as ablate.py does), so
 it is imported in a subprocess, never into the test process."""

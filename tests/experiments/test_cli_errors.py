@@ -1,5 +1,6 @@
 """A user error prints its message and exits 2; a traceback is for bugs
-(issue 43, item 7). One mechanism, `rljax.train.cli`, for every script."""
+(a user should read what to fix, not a stack). One mechanism,
+`rljax.train.cli`, for every script."""
 
 import os
 import subprocess
@@ -87,4 +88,54 @@ def test_ablate_missing_configs_file_and_grid_typo(tmp_path):
   _user_error(proc, "--grid field 'loss.eps_hig' is not a TrainConfig field")
   proc = _script("ablate.py", f"--out_dir={out}")
   _user_error(proc, "give --grid and/or --configs")
+  assert not out.exists()
+
+
+def test_main_settings_nothing_reads_are_named_together(tmp_path):
+  # Each was accepted and did nothing (or failed in the first rollout).
+  run_dir = tmp_path / "run"
+  proc = _script(
+    "main.py",
+    "--model.name=tiny",
+    f"--run.run_dir={run_dir}",
+    "--task.data_path=/no/such.jsonl",
+    "--task.tool=python",
+    "--critic.pretrain_steps=5",
+    "--rollout.batching=continuous",
+    "--rollout.kv_page_size=1000000000",
+    "--task.eval_size=1000000",
+  )
+  _user_error(proc, "5 problems in the training config")
+  for named in (
+    "--task.data_path='/no/such.jsonl'; expected ''",
+    "--task.tool='python'; expected 'calculator'",
+    "--critic.pretrain_steps=5; expected 0 without a critic",
+    "--rollout.kv_page_size=1000000000; expected <= 160",
+    "--task.eval_size=1000000; expected <= 20000",
+  ):
+    assert named in proc.stderr, proc.stderr[-3000:]
+  assert not run_dir.exists()
+
+
+def test_bench_rollout_checks_every_flag_before_it_runs(tmp_path):
+  out = tmp_path / "rows.json"
+  proc = _script(
+    "bench_rollout.py",
+    "--workloads=foo,real",
+    "--slots=0",
+    "--kv_page_sizes=-4,abc,4096",
+    f"--data={tmp_path / 'no.jsonl'}",
+    f"--out={out}",
+  )
+  _user_error(proc, "6 problems in the flags")
+  for named in (
+    "--workloads='foo'; expected one of ('real', 'longtail', 'fixed')",
+    "--slots=0; expected >= 1",
+    "--kv_page_sizes=-4; expected >= 0",
+    "--kv_page_sizes='abc'; expected ints >= 0",
+    "--kv_page_sizes=4096; expected <= 512",
+    "no such file",
+  ):
+    assert named in proc.stderr, proc.stderr[-3000:]
+  assert "machine:" not in proc.stdout  # nothing ran
   assert not out.exists()

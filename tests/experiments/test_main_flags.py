@@ -1,6 +1,7 @@
-"""experiments/main.py checks every flag before anything loads (issue 16,
-item 7): all the bad flags of the issue at once give one error that names
-each field, and no model is loaded and no run directory is made."""
+"""experiments/main.py checks every flag before anything loads: a command
+line with many bad flags gives one error that names each field (so a user
+fixes them in one go), and no model is loaded and no run directory is
+made."""
 
 import os
 import subprocess

@@ -1,5 +1,5 @@
 """`--remat` of experiments/profile_update.py (UpdateSpec.remat) reaches
-the decoder's per-layer remat (issue 12, defect 10), instead of wrapping
+the decoder's per-layer remat (what the trainer uses), instead of wrapping
 the whole loss in one jax.checkpoint that keeps every activation."""
 
 import jax

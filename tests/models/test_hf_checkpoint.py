@@ -244,8 +244,8 @@ def test_training_from_a_dir_without_tokenizer_names_the_files(
 
 
 class TestDamagedInputsAreNamed:
-  """Issue 43 items 21-22: a damaged checkpoint file, an ambiguous
-  directory or integer weights are refused with the file's name."""
+  """A damaged checkpoint file, an ambiguous directory or integer weights
+  are refused with the file's name (never loaded as silent garbage)."""
 
   def test_a_truncated_safetensors_file_is_named(self, tmp_path, random_params):
     models.save_hf(QWEN2, random_params(QWEN2), tmp_path, dtype="float32")

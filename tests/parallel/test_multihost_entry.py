@@ -1,5 +1,5 @@
 """Every training script can join a multi-host run, and only process 0
-writes a run's outputs (issue 14, Deliver 4)."""
+writes a run's outputs (no two processes write one file)."""
 
 import glob
 import json

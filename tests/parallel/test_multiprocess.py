@@ -1,4 +1,4 @@
-"""Two real processes on 127.0.0.1 = one process (issue 14, multi-host).
+"""Two real processes on 127.0.0.1 = one process (multi-host training).
 
 Two processes (`sharded_problem.py`, 4 fake CPU devices each, gloo
 collectives) join through `rljax.distributed` (jax.distributed.initialize)

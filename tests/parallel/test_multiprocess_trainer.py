@@ -1,4 +1,4 @@
-"""Two real processes run the Trainer as one process does (issue 14).
+"""Two real processes run the Trainer as one process does (multi-host).
 
 Two processes (`trainer_problem.py`, 4 fake CPU devices each, gloo
 collectives) join through `rljax.distributed` (jax.distributed.initialize)

@@ -1,4 +1,4 @@
-"""The sharded update step computes the single-device step (issue 14).
+"""The sharded update step computes the single-device step.
 
 One PPO step with a critic, KL and entropy terms and two micro-batches of the
 tiny model, on 8 fake CPU devices (tests/conftest.py) over three meshes,

@@ -1,4 +1,4 @@
-"""A Trainer on a mesh takes the single-device Trainer's steps (issue 14).
+"""A Trainer on a mesh takes the single-device Trainer's steps.
 
 Two GRPO steps of the tiny model with a KL-to-reference term (the reference
 log-prob pass), two PPO epochs (the proximal log-prob pass) and INT8

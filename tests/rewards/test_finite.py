@@ -1,4 +1,5 @@
-"""Non-finite rewards (rljax/rewards/finite.py; issue 43 item 22)."""
+"""Non-finite rewards (rljax/rewards/finite.py): counted, named and their
+groups dropped, so that no NaN reaches the advantages."""
 
 import numpy as np
 import pytest

@@ -173,8 +173,10 @@ class TestPlainNumbers:
 
 
 class TestThousandsSeparatorsAndUnits:
-  """Issue 12 defect 9: answers written as a person writes them. Each row was
-  graded 0.0 before the fix unless marked (was 1.0) in its comment."""
+  """Answers written as a person writes them (spaces as thousands
+  separators, units, "million"). Rows marked (was 1.0) are ones a grader
+  without this normalisation already accepts; every other row needs it
+  (such a grader gives it 0.0)."""
 
   @pytest.mark.parametrize(
     "answer,gold",

@@ -333,8 +333,9 @@ def int8_flip_tolerance(tiny):
   (`quant.quantize_activations_int8`). Another order moves x by float32
   rounding (~1e-7 relative): almost every code stays, but one that sits
   within that distance of a .5 boundary rounds the other way, one step s.
-  That flip is the whole difference (on an AMD EPYC it moved one log-prob
-  by 7.6e-5, issue 43), so the allowance is its effect: the largest move of
+  That flip is the whole difference (on an AMD EPYC CI machine it moved
+  one log-prob by 7.6e-5; recorded 2026-11-27, commit 5f0f3b3), so the
+  allowance is its effect: the largest move of
   a log-prob when, in every token's input to every quantized matmul, the
   code nearest a boundary is flipped (`_flip_nearest_code`) — one flip per
   matmul and token, far more than a reordering makes (0.08 on the tiny
@@ -640,7 +641,7 @@ class TestJaxSamplerWeights:
     assert sampler.params["layers"]["q_proj"]["kernel"].dtype == jnp.int8
 
   def test_update_weights_takes_no_mode(self, tiny):
-    # One engine boundary (#13): the format is fixed when the engine is made;
+    # One engine boundary: the format is fixed when the engine is made;
     # a sync cannot switch it (the trainer passes prepared weights only).
     config, params = tiny
     sampler = JaxSampler(config, max_prompt_len=32)

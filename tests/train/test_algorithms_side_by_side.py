@@ -77,8 +77,9 @@ CASES = {
   # −(3 − 2 + 1.5 − .5)/9 = −2/9.
   "rloo": (_per_seq([1.0, -1.0, 0.5, -0.5]), -2 / 9),
   # Token whitening: ±.5/std on responses 0, 1, 3, 0 on response 2. A
-  # whitened token-mean is 0, so is its loss. (Whitened per sequence, as
-  # before issue 45, [1, 0, .5, 0] would give [1.508, −.905, .302, −.905].)
+  # whitened token-mean is 0, so is its loss. (Whitened per sequence
+  # instead, the mistake this pins down, [1, 0, .5, 0] would give
+  # [1.508, −.905, .302, −.905].)
   "reinforce_pp": (
     _per_seq([0.5 / _S_PP, -0.5 / _S_PP, 0.0, -0.5 / _S_PP]),
     0.0,

@@ -279,3 +279,122 @@ class TestSilentSettings:
       )
       assert [p.field for p in problems] == [field], layer
       assert "8192" in str(problems[0]) or "576" in str(problems[0])
+
+
+class TestSettingsNothingReads:
+  """A setting that the rest of the config leaves unread (a data file of
+  a generated task, a tool field of a task without tools, a critic field
+  where no critic trains) is refused by field and value, with what reads
+  it: accepted, the run's config.json would record what it never did."""
+
+  @pytest.mark.parametrize(
+    "task", ["arithmetic", "countdown", "tool_arithmetic"]
+  )
+  def test_a_data_file_of_a_generated_task(self, task):
+    layer = {"task.name": task, "task.data_path": "/no/such.jsonl"}
+    if task == "tool_arithmetic":
+      layer["task.max_prompt_tokens"] = 128
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.resolve("grpo", layer)
+    assert [p.field for p in e.value.problems] == ["task.data_path"]
+    assert "--task.data_path='/no/such.jsonl'; expected ''" in str(e.value)
+    assert "the task generates its problems" in str(e.value)
+    assert "dataset tasks" in str(e.value) and "gsm8k" in str(e.value)
+    # A dataset task reads it.
+    cfg = config_lib.resolve(
+      "grpo", {"task.name": "gsm8k", "task.data_path": "/x.jsonl"}
+    )
+    assert cfg.task.data_path == "/x.jsonl"
+
+  @pytest.mark.parametrize(
+    "field,value",
+    [
+      ("task.tool", "python"),
+      ("task.tool_format", "qwen"),
+      ("task.tool_prompt", "example"),
+      ("task.tool_choice", "required"),
+      ("task.max_turns", 2),
+      ("task.max_turn_tokens", 16),
+    ],
+  )
+  def test_a_tool_field_of_a_task_without_tools(self, field, value):
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.resolve("grpo", {field: value})
+    assert [p.field for p in e.value.problems] == [field]
+    default = config_lib.field_default(field)
+    assert f"--{field}={value!r}; expected {default!r}" in str(e.value)
+    assert "only tool tasks (tool_arithmetic)" in str(e.value)
+    # The tool task reads it.
+    tool = {
+      "task.name": "tool_arithmetic",
+      "task.max_prompt_tokens": 128,
+      field: value,
+    }
+    assert config_lib.lookup(config_lib.resolve("grpo", tool), field) == value
+
+  @pytest.mark.parametrize(
+    "field,value",
+    [
+      ("critic.pretrain_steps", 5),
+      ("critic.learning_rate", 1e-3),
+      ("critic.gae_lambda", 0.9),
+      ("critic.value_clip", 0.3),
+      ("critic.value_coef", 1.0),
+    ],
+  )
+  def test_a_critic_field_without_a_critic(self, field, value):
+    for algorithm in ("grpo", "dapo", "rloo"):
+      with pytest.raises(config_lib.ConfigError) as e:
+        config_lib.resolve(algorithm, {field: value})
+      assert [p.field for p in e.value.problems] == [field]
+      assert f"--{field}={value!r}; expected" in str(e.value)
+      assert "an algorithm with a critic (ppo, vapo, orz)" in str(e.value)
+    for algorithm in ("ppo", "vapo", "orz"):
+      cfg = config_lib.resolve(algorithm, {field: value})
+      assert config_lib.lookup(cfg, field) == value
+
+  def test_a_critic_presets_values_are_not_typed_values(self):
+    # PPO's preset sets critic.gae_lambda=0.95; without its critic that
+    # value was not typed, and is not refused.
+    cfg = config_lib.resolve("ppo", {"advantage.estimator": "grpo"})
+    assert not cfg.uses_critic and cfg.critic.gae_lambda == 0.95
+
+
+class TestBoundsBeforeAnythingLoads:
+  """Values that would fail late (an allocation in the first rollout, a
+  held-out set prepared for minutes) are bounded by the config."""
+
+  def test_a_kv_page_no_longer_than_a_row(self):
+    layer = {
+      "rollout.batching": "continuous",
+      "task.max_prompt_tokens": 100,
+      "rollout.max_new_tokens": 60,
+    }
+    ok = config_lib.resolve("grpo", layer, {"rollout.kv_page_size": 160})
+    assert ok.rollout.kv_page_size == 160
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.resolve("grpo", layer, {"rollout.kv_page_size": 10**9})
+    assert [p.field for p in e.value.problems] == ["rollout.kv_page_size"]
+    assert "--rollout.kv_page_size=1000000000; expected <= 160" in str(e.value)
+    assert "task.max_prompt_tokens=100 + rollout.max_new_tokens=60" in str(
+      e.value
+    )
+
+  @pytest.mark.parametrize(
+    "task", ["arithmetic", "countdown", "tool_arithmetic"]
+  )
+  def test_a_generated_held_out_set_within_the_training_pool(self, task):
+    from rljax.train.tasks import GENERATED_POOL
+
+    layer = {"task.name": task, "task.max_prompt_tokens": 128}
+    cfg = config_lib.resolve("grpo", layer, {"task.eval_size": GENERATED_POOL})
+    assert cfg.task.eval_size == GENERATED_POOL
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.resolve("grpo", layer, {"task.eval_size": 10**6})
+    assert [p.field for p in e.value.problems] == ["task.eval_size"]
+    assert f"--task.eval_size=1000000; expected <= {GENERATED_POOL}" in str(
+      e.value
+    )
+    # A dataset's held-out rows are bounded by its file (read at start).
+    big = {"task.name": "gsm8k", "task.data_path": "/x.jsonl"}
+    assert config_lib.resolve("grpo", big, {"task.eval_size": 10**6})

@@ -6,6 +6,7 @@ inside pretraining."""
 
 import jax
 import numpy as np
+import pytest
 
 from rljax.train import build_batch as build_batch_lib
 from rljax.train import critic_pretrain
@@ -93,9 +94,12 @@ def test_pretraining_fits_the_critic_only_and_a_killed_run_resumes(tmp_path):
 
 
 def test_no_critic_means_no_pretraining_steps():
-  from rljax.train.config import apply_preset
+  from rljax.train.config import ConfigError, apply_preset
 
-  cfg = apply_preset("grpo", {"critic.pretrain_steps": 3, "run.steps": 4})
+  # Without a critic there is nothing to pretrain: refused, not ignored.
+  with pytest.raises(ConfigError, match=r"--critic.pretrain_steps=3"):
+    apply_preset("grpo", {"critic.pretrain_steps": 3, "run.steps": 4})
+  cfg = apply_preset("grpo", {"run.steps": 4})
   assert critic_pretrain.total_steps(cfg) == 4
   cfg = apply_preset("vapo", {"critic.pretrain_steps": 3, "run.steps": 4})
   assert critic_pretrain.total_steps(cfg) == 7

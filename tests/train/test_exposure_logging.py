@@ -1,6 +1,6 @@
 """The update step logs ACR's exposure (rljax.core.exposure) for every
-correction, from the same tokens its loss sees (issue 44, item 3), and the
-run's summary line reports it (item 8)."""
+correction, from the same tokens its loss sees (so the exposure describes the
+batch the run actually trained on), and the run's summary line reports it."""
 
 import jax
 import jax.numpy as jnp

@@ -1,7 +1,7 @@
 """Every training flag says what it does and what it accepts, from one
-source (`rljax.train.config.help`), and `--help` lists the sections
-(issue 43, item 9: the help was the dataclass path, 'PolicyLossConfig.
-correction', and `main.py --help` showed no training flag)."""
+source (`rljax.train.config.help`), rather than naming its dataclass path
+('PolicyLossConfig.correction'), and `main.py --help` lists the training
+flags section by section."""
 
 import os
 import re

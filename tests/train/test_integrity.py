@@ -1,4 +1,4 @@
-"""Issue 12: the code that trains is the code that is tested.
+"""The code that trains is the code that is tested.
 
 Each test drives the real `Trainer` (tiny random model, real tokenizer,
 real task plumbing) or the real batch code, and checks one quantity
@@ -123,11 +123,11 @@ def _per_sequence(advantages, mask):
   return np.array(out)
 
 
-# ------------------------------------------------------- defect 7: overlong
+# ------------------------------------------------ DAPO overlong shaping
 
 
 def test_dapo_preset_has_soft_overlong_punishment():
-  # Issue 12, defect 7: DAPO's four parts include overlong reward shaping.
+  # DAPO's four parts include overlong reward shaping.
   cfg = apply_preset("dapo", {"rollout.max_new_tokens": 10})
   assert cfg.advantage.overlong_shaping
   assert cfg.overlong_lengths() == (10, 2)  # L_max = budget, L_cache = 1/5
@@ -174,7 +174,7 @@ def test_a_size_alone_turns_shaping_on():
 
 
 def test_dapo_trainer_penalizes_a_too_long_response(tmp_path):
-  # Issue 12, defect 7, through the trainer: the advantage the update step
+  # Overlong shaping through the trainer: the advantage the update step
   # gets is the task reward plus the kernel's penalty. advantage="reinforce"
   # (A = r) makes the shaped reward visible; everything else is DAPO's.
   cfg = _config("dapo", tmp_path, max_new_tokens=10, advantage="reinforce")
@@ -307,8 +307,9 @@ def _other_reference(trainer):
 
 
 def test_kl_reward_penalty_uses_k3_for_outcome_rewards(tmp_path):
-  # Issue 12, defect 4: the KL reward penalty was always k1. Outcome path:
-  # A = r − β Σ_t k3_t (advantage="reinforce" shows it unbaselined).
+  # The KL reward penalty uses the configured estimator (k3 here), not
+  # always k1. Outcome path: A = r − β Σ_t k3_t (advantage="reinforce"
+  # shows it unbaselined).
   beta = 0.5
   cfg = _config(
     "grpo",
@@ -381,10 +382,10 @@ def test_kl_reward_penalty_uses_k3_per_token_with_a_critic(tmp_path):
 
 
 def test_reinforce_pp_baseline_whitens_over_valid_groups_only():
-  # Issue 12, defect 6, at the batch level. Group 0 = [1, 0] is kept; group
-  # 1 = [3, 3] is dynamic-sampling filler. Over the kept group: centred
-  # [.5, −.5], mean 0, std .5 → [1, −1]. Counting the filler's zeros, the
-  # std would be √.125 and the advantages ±1.414.
+  # Filler groups are left out of the whitening, at the batch level. Group
+  # 0 = [1, 0] is kept; group 1 = [3, 3] is dynamic-sampling filler. Over
+  # the kept group: centred [.5, −.5], mean 0, std .5 → [1, −1]. Counting
+  # the filler's zeros, the std would be √.125 and the advantages ±1.414.
   cfg = apply_preset(
     "reinforce_pp",
     {

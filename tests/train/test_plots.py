@@ -105,8 +105,9 @@ def _two_identical_runs(tmp_path):
 
 
 def test_what_the_figure_says(tmp_path, monkeypatch):
-  # Issue 43 item 10: smoothing unsaid, identical runs hidden, no y labels,
-  # legends over the data, two phases in one solid style.
+  # A figure says what it draws: the smoothing is named, identical runs
+  # stay visible (own marker, offset x), every axis has a y label, legends
+  # sit off the data and each phase has its own dash style.
   runs = _two_identical_runs(tmp_path)
   fig = _figure(monkeypatch, runs, str(tmp_path / "p.png"), smooth=3)
   axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}

@@ -1,4 +1,4 @@
-"""Mixed precision (issue 14, docs/precision.md): master weights in
+"""Mixed precision (docs/precision.md): master weights in
 `model.param_dtype`, forward passes in `model.compute_dtype`, log-probs and
 the loss in float32, the default float32 program unchanged."""
 
@@ -319,9 +319,10 @@ class TestTrainerPrecision:
 
 class TestReferenceArm:
   """`rollout.quant=none` under bf16 compute is a reference: the sampler runs
-  the function the trainer's proximal pass runs, after every sync (issue 43:
-  the float32 sampler saw updates below a bf16 ulp that the bf16 proximal
-  pass did not, and SmolLM2's behav_prox_kl went 1e-4 -> 1e-2 in 3 steps)."""
+  the function the trainer's proximal pass runs, after every sync. Sampling
+  the float32 weights instead let updates below a bf16 ulp reach the sampler
+  but not the bf16 proximal pass: SmolLM2's behav_prox_kl went 1e-4 -> 1e-2
+  in 3 steps (recorded 2026-11-27, commit 5f0f3b3)."""
 
   def test_none_samples_the_compute_dtype_weights(self, tmp_path):
     from rljax.train import actor as actor_lib
@@ -352,8 +353,9 @@ class TestReferenceArm:
       t.close()
     for i, row in enumerate(rows):
       assert row["applied"] == 1.0
-      # The issue's bound, and the same function: ρ = π_prox/π_behav is 1 up
-      # to float32 accumulation order (the float32 sampler of the old code:
-      # max ρ 1.0015-1.0025 from step 2 on, a bf16 weight rounding).
+      # A reference arm's behaviour is its proximal policy: KL below 1e-3,
+      # and ρ = π_prox/π_behav is 1 up to float32 accumulation order (a
+      # float32 sampler gave max ρ 1.0015-1.0025 from step 2 on, a bf16
+      # weight rounding; recorded 2026-11-27, commit 5f0f3b3).
       assert row["behav_prox_kl"] < 1e-3, (i, row["behav_prox_kl"])
       assert abs(row["max_prox_behav_ratio"] - 1.0) < 2e-4, (i, row)

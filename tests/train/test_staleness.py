@@ -1,4 +1,4 @@
-"""Per-token policy versions (issue 47 item 3): `RolloutBatch.policy_version`,
+"""Per-token policy versions: `RolloutBatch.policy_version`,
 the actor's stamp, the version-lag metrics, their checkpointing, and
 `--run.async_mode` with `--run.pipelined` as its alias."""
 

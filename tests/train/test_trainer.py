@@ -201,8 +201,8 @@ def _nan_trainer(cfg, nan_at):
 
 
 def test_a_nan_reward_drops_its_group_counted_and_named(tmp_path, capsys):
-  """Issue 43 item 22: a NaN reward no longer turns its group's advantages
-  (and the step) into NaN: the group is dropped, counted and named."""
+  """A NaN reward does not turn its group's advantages (and the step) into
+  NaN: the group is dropped, counted and named."""
   cfg = small_config("grpo", tmp_path, steps=1, rollout_quant="none")
   trainer = _nan_trainer(cfg, (1,))
   try:
@@ -227,7 +227,7 @@ def test_a_step_whose_every_reward_is_nan_is_refused(tmp_path):
 
 
 def test_pipelined_resume_keeps_the_qurl_diagnostics_series(tmp_path):
-  """Issue 43 item 14: after a pipelined resume the first sync's QuRL
+  """After a pipelined resume the first sync's QuRL
   diagnostics compare θ against the θ the uninterrupted run synced last
   (saved with the checkpoint), so they equal the uninterrupted run's
   instead of reading 0 (θ against itself)."""
@@ -267,7 +267,7 @@ def test_pipelined_resume_keeps_the_qurl_diagnostics_series(tmp_path):
 
 
 def test_allowed_optimizer_changes_apply_on_resume(tmp_path):
-  """Issue 43 item 19: --run.allow_config_change=optim.b1,optim.b2,
+  """--run.allow_config_change=optim.b1,optim.b2,
   optim.weight_decay is recorded in config_changes.jsonl, and the resumed
   optimizer uses the new values (inject_hyperparams kept the old ones)."""
   import optax
@@ -305,8 +305,9 @@ def test_allowed_optimizer_changes_apply_on_resume(tmp_path):
 
 
 def test_a_huge_question_is_dropped_without_being_tokenized():
-  """Issue 43 item 23: a row far longer than any prompt that fits is dropped
-  before tokenizing (a 50 MB line took ~13 GB to tokenize)."""
+  """A row far longer than any prompt that fits is dropped before
+  tokenizing (a 50 MB line took ~13 GB to tokenize; recorded 2026-11-27,
+  commit 5f0f3b3)."""
   from rljax.train import tasks as tasks_lib
 
   tokenizer = testing.tiny_tokenizer()

@@ -171,7 +171,7 @@ def step_grads(config, params, batch, loss_cfg, micro, **spec_kw):
 
 
 class TestStepEqualsKernel:
-  """Issue 12, defect 1: the update step's loss and gradient are those of
+  """The update step's loss and gradient are those of
   `objectives.policy_loss` on the whole minibatch, for every correction and
   aggregation mode, micro-batched. The reference is computed independently:
   the kernel's gradient w.r.t. log-probs, pulled back through the model's

@@ -1,8 +1,10 @@
 """The checks that involve several fields of a TrainConfig (CROSS_CHECKS):
 batch divisibility, group sizes, task and tool-task settings, rewards,
-LoRA, settings another field would make a silent no-op, streaming's
-engines and the vLLM addresses. A check that involves several fields goes
-here; `cross_problems` runs them all.
+LoRA, settings another field would make a silent no-op (a data file of a
+generated task, tool fields without tools, critic fields without a
+critic), the KV page size, streaming's engines and the vLLM addresses. A
+check that involves several fields goes here; `cross_problems` runs them
+all.
 """
 
 from __future__ import annotations
@@ -110,7 +112,40 @@ def _task_checks(cfg: TrainConfig) -> list[Problem]:
   if t.name in data_lib.DATASET_SPECS and not t.data_path:
     expected = f"the file of dataset task.name={t.name!r}"
     out.append(Problem("task.data_path", t.data_path, expected))
-  return out + _tool_task_checks(cfg)
+  return out + _generated_task_checks(cfg) + _tool_task_checks(cfg)
+
+
+def _generated_task_checks(cfg: TrainConfig) -> list[Problem]:
+  """A generated task draws its problems: a data file would be read by
+  nothing, and its held-out split is drawn by the same generator as its
+  training pool (tasks.GENERATED_POOL problems), then removed from it."""
+  from rljax import data as data_lib  # no jax
+  from rljax.train.tasks import GENERATED_POOL, GENERATED_TASKS  # no jax
+
+  t, out = cfg.task, []
+  if t.name not in GENERATED_TASKS:
+    return out
+  if t.data_path:
+    expected = (
+      f"'' with task.name={t.name!r}: the task generates its problems; "
+      "data_path is read only by dataset tasks "
+      f"{tuple(sorted(data_lib.DATASET_SPECS))}"
+    )
+    out.append(Problem("task.data_path", t.data_path, expected))
+  # Every held-out prompt is drawn and tokenized at start, then sampled at
+  # each evaluation (before and after training, every run.eval_every
+  # steps). A held-out set larger than the pool it is held out of is no
+  # split, and a million of them take minutes to prepare, in silence,
+  # before the first evaluation.
+  if t.eval_size > GENERATED_POOL:
+    expected = (
+      f"<= {GENERATED_POOL} with generated task.name={t.name!r}: the "
+      f"held-out split is drawn by the generator that draws the "
+      f"{GENERATED_POOL} training problems and is removed from them (and "
+      "each evaluation samples every held-out prompt)"
+    )
+    out.append(Problem("task.eval_size", t.eval_size, expected))
+  return out
 
 
 def _tool_task_checks(cfg: TrainConfig) -> list[Problem]:
@@ -120,7 +155,7 @@ def _tool_task_checks(cfg: TrainConfig) -> list[Problem]:
 
   t, out = cfg.task, []
   if t.name not in TOOL_TASKS:
-    return out
+    return _tool_fields_unused(cfg, TOOL_TASKS)
   if t.difficulty not in TOOL_LEVELS:
     expected = f"a level of task.name={t.name!r}: one of {tuple(TOOL_LEVELS)}"
     out.append(Problem("task.difficulty", t.difficulty, expected))
@@ -150,6 +185,84 @@ def _tool_task_checks(cfg: TrainConfig) -> list[Problem]:
     expected = f"<= rollout.max_new_tokens={new}, the whole trajectory's ids"
     out.append(Problem("task.max_turn_tokens", t.max_turn_tokens, expected))
   return out
+
+
+# The task fields only a tool task reads (task.python_sandbox too: its
+# own check, tool_task.sandbox_problems, says more than this one would).
+_TOOL_FIELDS = (
+  "tool",
+  "tool_format",
+  "tool_prompt",
+  "tool_choice",
+  "max_turns",
+  "max_turn_tokens",
+)
+
+
+def _tool_fields_unused(cfg: TrainConfig, tool_tasks) -> list[Problem]:
+  """A tool field set on a task without tools would change nothing."""
+  out = []
+  for name in _TOOL_FIELDS:
+    value = getattr(cfg.task, name)
+    default = sections.field_default(f"task.{name}")
+    if value != default:
+      expected = (
+        f"{default!r} with task.name={cfg.task.name!r}: only tool tasks "
+        f"({', '.join(tool_tasks)}) call tools and run multi-turn episodes"
+      )
+      out.append(Problem(f"task.{name}", value, expected))
+  return out
+
+
+def _critic_checks(cfg: TrainConfig) -> list[Problem]:
+  """critic.* set where no critic runs (advantage.estimator != 'gae')
+  would change nothing. A value is compared with what the algorithm's
+  preset leaves there (a critic preset's estimator overridden keeps its
+  critic values: they were not typed)."""
+  if cfg.uses_critic:
+    return []
+  from rljax.train.config.presets import PRESETS  # imports this module
+
+  preset = PRESETS.get(cfg.algorithm, {})
+  with_critic = tuple(
+    name for name, p in PRESETS.items() if p.get("advantage.estimator") == "gae"
+  )
+  out = []
+  for f in sections.fields(sections.CriticConfig):
+    name = f"critic.{f.name}"
+    value = getattr(cfg.critic, f.name)
+    baseline = preset.get(name, sections.field_default(name))
+    if value != baseline:
+      expected = (
+        f"{baseline!r} without a critic: algorithm={cfg.algorithm!r} with "
+        f"advantage.estimator={cfg.advantage.estimator!r} trains none; an "
+        f"algorithm with a critic ({', '.join(with_critic)}) or "
+        "--advantage.estimator=gae trains one"
+      )
+      out.append(Problem(name, value, expected))
+  return out
+
+
+def _kv_page_checks(cfg: TrainConfig) -> list[Problem]:
+  """A KV page no longer than the longest sequence a row holds: its
+  prompt (task.max_prompt_tokens) and its response
+  (rollout.max_new_tokens). A longer page holds slots no token is ever
+  written to, and every live row takes at least one page, so a huge page
+  sizes the pool past any memory (an anonymous RESOURCE_EXHAUSTED in the
+  first rollout, where this names the field)."""
+  r = cfg.rollout
+  if not r.kv_page_size or r.batching != "continuous":
+    return []  # 0 is off; with static batching _silent_no_op_checks says so
+  longest = cfg.task.max_prompt_tokens + r.max_new_tokens
+  if r.kv_page_size <= longest:
+    return []
+  expected = (
+    f"<= {longest}, the longest sequence a row holds (task.max_prompt_tokens"
+    f"={cfg.task.max_prompt_tokens} + rollout.max_new_tokens="
+    f"{r.max_new_tokens}): a longer page holds slots no token is written "
+    "to, and every live row takes one"
+  )
+  return [Problem("rollout.kv_page_size", r.kv_page_size, expected)]
 
 
 def _reward_checks(cfg: TrainConfig) -> list[Problem]:
@@ -302,6 +415,8 @@ CROSS_CHECKS: list[Callable[[TrainConfig], list[Problem]]] = [
   _reward_checks,
   _lora_checks,
   _silent_no_op_checks,
+  _critic_checks,
+  _kv_page_checks,
   _streaming_checks,
   _engine_url_checks,
 ]

@@ -50,10 +50,14 @@ FIELD_HELP: dict[str, str] = {
     "Generated tasks: a level (easy, medium, hard) or a spec such as "
     "steps=2_digits=2."
   ),
-  "task.data_path": "Dataset tasks: the local .jsonl or .parquet file.",
+  "task.data_path": (
+    "Dataset tasks: the local .jsonl or .parquet file (refused with a "
+    "generated task, which reads none)."
+  ),
   "task.eval_size": (
     "Held-out prompts (never trained on) for the accuracy before/after; 0 "
-    "turns held-out evaluation off."
+    "turns held-out evaluation off. Generated tasks: at most their training "
+    "pool's size, and fewer than the distinct problems they draw."
   ),
   "task.max_prompt_tokens": (
     "Longer prompts are dropped from the pool. Tool tasks: the context of "
@@ -141,7 +145,8 @@ FIELD_HELP: dict[str, str] = {
   "rollout.kv_page_size": (
     "batching=continuous: 0 gives every slot an own KV cache as long as the "
     "longest live row; P > 0 keeps the rows' KV in P-token pages of one pool "
-    "that grows with the live tokens (less memory on long tails)."
+    "that grows with the live tokens (less memory on long tails); at most "
+    "task.max_prompt_tokens + rollout.max_new_tokens."
   ),
   "rollout.inflight_kv": (
     "async_mode=streaming: a weight update taken mid-generation keeps the "
@@ -210,7 +215,8 @@ FIELD_HELP: dict[str, str] = {
   "critic.value_clip": "PPO value clipping range.",
   "critic.value_coef": "Weight of the value loss.",
   "critic.pretrain_steps": (
-    "VC-PPO: first steps that train the critic alone on Monte-Carlo returns."
+    "VC-PPO: first steps that train the critic alone on Monte-Carlo returns. "
+    "Every critic.* field is refused where no critic trains."
   ),
   # update
   "update.ppo_epochs": "Passes over each rollout batch.",
