@@ -292,10 +292,11 @@ def _flag_values() -> tuple[dict, set]:
   """{flag: value} of every flag (--data resolved to its default file),
   and the flags typed: what `flag_checks.check` reads."""
   values = flags.FLAGS.flag_values_dict()
-  if values["workloads"] and not values["data"]:
+  if values["workloads"]:
     import bench_workloads  # pylint: disable=g-import-not-at-top
 
-    values["data"] = bench_workloads.GSM8K
+    values["data"] = values["data"] or bench_workloads.GSM8K
+    values["math_data"] = values["math_data"] or bench_workloads.MATH500
   return values, {name for name in values if flags.FLAGS[name].present}
 
 

@@ -40,6 +40,10 @@ from rljax.data import prompts as prompts_lib
 from rljax.rollout import base
 from rljax.rollout.jax_sampler import JaxSampler
 
+from bench_rollout_lib.vllm_engine import (
+  _process_tree_cpu_s as process_tree_cpu_s,
+)
+
 # The table, the ratios and the plot (re-exported: bench_rollout prints them).
 from bench_rollout_lib.workload_report import format_rows  # noqa: F401
 from bench_rollout_lib.workload_report import plot_occupancy  # noqa: F401
@@ -135,7 +139,9 @@ def bench_jax(
   sampler.warmup(prompts, sampling)
   compile_s = time.perf_counter() - start
   load = os.getloadavg()[0]
+  cpu0 = time.process_time()
   batch = sampler.generate(prompts, sampling, max_new_tokens_per_sample=limits)
+  cpu_s = time.process_time() - cpu0
   if batching == "static":
     # Rows x decode steps of each chunk (`generate` counts the steps).
     per_chunk = min(len(prompts), max(1, slots // sampling.n)) * sampling.n
@@ -151,8 +157,10 @@ def bench_jax(
     "num_compiles": sampler.num_compiles,
     "load_before": load,
     "load_after": os.getloadavg()[0],
+    "cpu_s": cpu_s,
     **_figures(batch, slots),
   }
+  row["tokens_per_cpu_s"] = row["tokens"] / max(cpu_s, 1e-9)
   stats = sampler.last_stats if batching == "continuous" else {}
   row["bucket_steps"] = stats.get("bucket_steps", {})
   row["attention"] = stats.get("attention")
@@ -167,14 +175,19 @@ def bench_vllm(engine, quant: str, prompts, sampling, limits=None) -> dict:
   `generate`, or with `limits` one request per sample with its own
   `max_tokens` (and `ignore_eos`, as every rljax request)."""
   load = os.getloadavg()[0]
+  cpu0 = process_tree_cpu_s(engine.pid)
   if limits is None:
     batch = engine.generate(prompts, sampling)
+    cpu_s = process_tree_cpu_s(engine.pid) - cpu0
+    row = _figures(batch, 0)
     return {
       "engine": "vllm",
       "quant": quant,
       "load_before": load,
       "load_after": os.getloadavg()[0],
-      **_figures(batch, 0),
+      "cpu_s": cpu_s,
+      "tokens_per_cpu_s": row["tokens"] / max(cpu_s, 1e-9),
+      **row,
     }
   from rljax.rollout.vllm import api  # pylint: disable=g-import-not-at-top
 
@@ -199,9 +212,12 @@ def bench_vllm(engine, quant: str, prompts, sampling, limits=None) -> dict:
   with concurrent.futures.ThreadPoolExecutor(max_workers=len(bodies)) as pool:
     results = list(pool.map(client.http.complete, bodies))
   seconds = time.perf_counter() - start
+  cpu_s = process_tree_cpu_s(engine.pid) - cpu0
   rows = [api.parse_completion(r, 1)[0] for r in results]
   tokens = int(sum(len(ids) for ids, _, _ in rows))
   return {
+    "cpu_s": cpu_s,
+    "tokens_per_cpu_s": tokens / max(cpu_s, 1e-9),
     "engine": "vllm",
     "quant": quant,
     "tokens": tokens,

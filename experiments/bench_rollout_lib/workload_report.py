@@ -19,11 +19,14 @@ import statistics
 TARGETS = {"longtail": 1.5, "real": 1.2, "math500": 1.2}
 
 
-def _median(rows: list[dict], key: tuple) -> float | None:
+def _median(
+  rows: list[dict], key: tuple, field: str = "useful_tokens_per_s"
+) -> float | None:
   values = [
-    r["useful_tokens_per_s"]
+    r[field]
     for r in rows
     if (r["workload"], r["engine"], r.get("batching"), r["quant"]) == key
+    and r.get(field) is not None
   ]
   return statistics.median(values) if values else None
 
@@ -32,10 +35,10 @@ def format_rows(rows: list[dict]) -> list[str]:
   """A Markdown table of the rows, then the ratios (module doc)."""
   lines = [
     "| workload | rep | engine | batching | quant | useful tok/s | "
-    "occupancy | KV peak MiB | KV held MiB | KV written MiB | compiles | "
-    "compile s | mean len | at limit | s | load |",
+    "tok/CPU-s | occupancy | KV peak MiB | KV held MiB | KV written MiB | "
+    "compiles | compile s | mean len | at limit | s | load |",
     "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    "---:|---:|",
+    "---:|---:|---:|",
   ]
   fmt = lambda v, f: "–" if v is None else format(v, f)
   mib = lambda r, k: None if r.get(k) is None else r[k] / 2**20
@@ -43,7 +46,9 @@ def format_rows(rows: list[dict]) -> list[str]:
     lines.append(
       f"| {r['workload']} | {r.get('repeat', 0)} | {r['engine']} | "
       f"{r.get('batching', '–')} | {r['quant']} | "
-      f"{r['useful_tokens_per_s']:.1f} | {fmt(r.get('occupancy'), '.2f')} | "
+      f"{r['useful_tokens_per_s']:.1f} | "
+      f"{fmt(r.get('tokens_per_cpu_s'), '.1f')} | "
+      f"{fmt(r.get('occupancy'), '.2f')} | "
       f"{fmt(mib(r, 'kv_bytes_peak'), '.1f')} | "
       f"{fmt(mib(r, 'kv_bytes_held_peak'), '.1f')} | "
       f"{fmt(mib(r, 'kv_bytes_written_peak'), '.1f')} | "
@@ -103,6 +108,14 @@ def ratios(rows: list[dict]) -> list[str]:
           f"{w} {q}: JAX {best[0]} / vLLM = {best[1] / vllm:.2f}x"
           + (f" (target >= {target})" if target else "")
         )
+        field = "tokens_per_cpu_s"
+        mine = _median(rows, (w, "jax", best[0], q), field)
+        theirs = _median(rows, (w, "vllm", None, q), field)
+        if mine and theirs:
+          out.append(
+            f"{w} {q}: per CPU-second, JAX {best[0]} / vLLM = "
+            f"{mine / theirs:.2f}x"
+          )
   return out
 
 

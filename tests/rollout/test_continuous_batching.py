@@ -323,3 +323,47 @@ class TestErrors:
   def test_bad_settings_name_the_field(self, kw, field):
     with pytest.raises(ValueError, match=field):
       JaxSampler(_CONFIG, **kw)
+
+
+class TestCachePrecision:
+  def test_bf16_pool_logp_within_the_rounding_of_its_keys(self):
+    """bf16 weights run with a bf16 pool (`paged_cache_dtype`): keys and
+    values rounded once to bf16 (relative error <= 2^-9), every product and
+    sum in f32. The behaviour log-probs stay within 2e-3 of the policy's
+    own forward pass (f32 activations over unrounded keys), the bound the
+    static engine's bf16 test argues (8e-4 here; an f32 pool: 2e-5); a
+    pool read at the wrong slot or not widened exactly would move them by
+    far more. Weights at their initial scale: the sharp model's 10x
+    weights make attention logits 100x larger, and the rounding with them."""
+    bf16 = jax.tree.map(
+      lambda x: x.astype(jnp.bfloat16),
+      models.init_params(_CONFIG, jax.random.key(0)),
+    )
+    engine = JaxSampler(
+      _CONFIG,
+      bf16,
+      max_prompt_len=16,
+      batching="continuous",
+      decode_slots=4,
+      chunk_steps=8,
+    )
+    batch = engine.generate(
+      PROMPTS, base.SamplingConfig(n=2, max_new_tokens=12, seed=3)
+    )
+    assert engine._slot_plan(PROMPTS, base.SamplingConfig(n=2)).cache_dtype == (
+      jnp.bfloat16
+    )
+    packed = batch.pack()
+    logits = models.forward(
+      _CONFIG,
+      bf16,
+      jnp.asarray(packed["tokens"]),
+      jnp.asarray(packed["attention_mask"]),
+      activation_dtype=jnp.float32,
+    )
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    ref = np.take_along_axis(
+      np.asarray(logp), packed["tokens"][:, 1:, None], axis=-1
+    )[..., 0]
+    mask = packed["response_mask"] > 0
+    np.testing.assert_allclose(packed["behav_logp"][mask], ref[mask], atol=2e-3)

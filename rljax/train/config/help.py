@@ -143,10 +143,9 @@ FIELD_HELP: dict[str, str] = {
     "prompts between chunks of decode steps); JAX engine only."
   ),
   "rollout.kv_page_size": (
-    "batching=continuous: 0 gives every slot an own KV cache as long as the "
-    "longest live row; P > 0 keeps the rows' KV in P-token pages of one pool "
-    "that grows with the live tokens (less memory on long tails); at most "
-    "task.max_prompt_tokens + rollout.max_new_tokens."
+    "batching=continuous: token slots a page of the KV pool that holds "
+    "every prompt's and row's keys and values (0: the default, 16); at "
+    "most task.max_prompt_tokens + rollout.max_new_tokens."
   ),
   "rollout.speculative": (
     "batching=continuous: off, or suffix (speculative decoding: drafts "
