@@ -68,6 +68,8 @@ def _command(run_dir: str, data: str, speculative: str) -> list[str]:
     f"--rollout.group_size={_GROUP.value}",
     f"--rollout.max_new_tokens={_MAX_NEW.value}",
     "--rollout.temperature=1.0",
+    # Micro-batches of 4 sequences (the default job's 6 divide its 48).
+    f"--update.micro_batches={_PER_STEP.value * _GROUP.value // 4}",
     f"--run.steps={_STEPS.value}",
     f"--run.checkpoint_every={_STEPS.value}",
     "--run.export_hf=False",

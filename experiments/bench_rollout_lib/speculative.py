@@ -1,8 +1,10 @@
 """bench_rollout.py --workloads=... --speculative=...: the RL-shaped
 workloads with and without speculative decoding, JAX and vLLM-CPU.
 
-Arms, interleaved in each repeat (every arm of a workload runs before the
-next repeat, so a machine whose load changes biases none of them):
+Arms, in each repeat: the JAX arms of a workload one after another, then
+each vLLM arm over the workloads with its own sidecar (one sidecar alive
+at a time: two with their KV space and workers beside the JAX engine
+exhausted the 24 GiB machine):
 
   jax off             the continuous engine, plain decoding;
   jax suffix          speculation with drafts from the row's own text and
@@ -107,6 +109,24 @@ def _jax_row(sampler, quant, prompts, sampling, arm, history) -> tuple:
   return row, batch
 
 
+@contextlib.contextmanager
+def _vllm(model, quant, settings, requests, arm):
+  """A started sidecar of `arm` (vLLM's n-gram speculation for
+  vllm_ngram), closed on exit."""
+  import bench_workloads  # pylint: disable=g-import-not-at-top
+
+  config = bench_workloads.vllm_config(settings, requests)
+  if arm == "vllm_ngram":
+    config = dataclasses.replace(
+      config,
+      extra_args=config.extra_args
+      + ("--speculative-config", json.dumps(VLLM_NGRAM)),
+    )
+  with tempfile.TemporaryDirectory() as workdir:
+    with bench_workloads._sidecar(model, quant, workdir, config) as engine:  # pylint: disable=protected-access
+      yield engine
+
+
 def _history(batch: base.RolloutBatch) -> dict:
   n = batch.n
   return {
@@ -155,43 +175,31 @@ def run(model, settings: dict, machine: dict) -> list[dict]:
         sampler.warmup(prompts, other)
         sampler.draft_store = None
         history[workload] = _history(sampler.generate(prompts, other))
-    with contextlib.ExitStack() as stack:
-      sidecars = {}
-      for arm in arms:
-        if arm in VLLM_ARMS and quant in ("bf16", "int8"):
-          config = bench_workloads.vllm_config(settings, requests)
-          if arm == "vllm_ngram":
-            config = dataclasses.replace(
-              config,
-              extra_args=config.extra_args
-              + ("--speculative-config", json.dumps(VLLM_NGRAM)),
+    for repeat in range(settings.get("repeats", 1)):
+      for workload, (prompts, sampling, _) in requests.items():
+        plain = None
+        for arm in (a for a in arms if a in samplers):
+          row, batch = _jax_row(
+            samplers[arm], quant, prompts, sampling, arm,
+            history.get(workload) if arm == "suffix_history" else None,
+          )  # fmt: skip
+          if arm == "off":
+            plain = batch.response_ids
+          if plain is not None:
+            same = sum(a == b for a, b in zip(plain, batch.response_ids))
+            row["identical_rows"] = f"{same}/{len(plain)}"
+          keep(row, workload, repeat)
+      # One sidecar at a time (each holds its own KV space and workers).
+      for arm in (a for a in arms if a in VLLM_ARMS):
+        if quant not in ("bf16", "int8"):
+          continue
+        with _vllm(model, quant, settings, requests, arm) as engine:
+          for workload, (prompts, sampling, limits) in requests.items():
+            row = bench_workloads.bench_vllm(
+              engine, quant, prompts, sampling, limits
             )
-          workdir = stack.enter_context(tempfile.TemporaryDirectory())
-          sidecars[arm] = stack.enter_context(
-            bench_workloads._sidecar(model, quant, workdir, config)  # pylint: disable=protected-access
-          )
-      for repeat in range(settings.get("repeats", 1)):
-        for workload, (prompts, sampling, limits) in requests.items():
-          plain = None
-          for arm in arms:
-            if arm in samplers:
-              row, batch = _jax_row(
-                samplers[arm], quant, prompts, sampling, arm,
-                history.get(workload) if arm == "suffix_history" else None,
-              )  # fmt: skip
-              if arm == "off":
-                plain = batch.response_ids
-              if plain is not None:
-                same = sum(a == b for a, b in zip(plain, batch.response_ids))
-                row["identical_rows"] = f"{same}/{len(plain)}"
-            elif arm in sidecars:
-              row = bench_workloads.bench_vllm(
-                sidecars[arm], quant, prompts, sampling, limits
-              )
-              row["speculative"] = arm
-              row["vllm_settings"] = bench_workloads.settings_label(settings)
-            else:
-              continue
+            row["speculative"] = arm
+            row["vllm_settings"] = bench_workloads.settings_label(settings)
             keep(row, workload, repeat)
   return rows
 

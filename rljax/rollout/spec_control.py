@@ -60,6 +60,8 @@ class SpecConfig:
     prior_acceptance, prior_weight: the Beta prior of a source's
       acceptance (mean, pseudo-drafts) before the run has drafted from it.
     history: `PromptStore` bounds: prompts kept, responses per prompt.
+    budget: a verify step's most tokens in units of the slot count S
+      (`spec_verify.verify_shapes`); 1: never more than a full plain step.
   """
 
   mode: str = "suffix"
@@ -69,6 +71,7 @@ class SpecConfig:
   prior_weight: float = 8.0
   history_prompts: int = 4096
   history_per_prompt: int = 8
+  budget: int = 1
 
   def __post_init__(self):
     if self.mode not in MODES:
@@ -78,6 +81,10 @@ class SpecConfig:
     if not self.step_token_cost >= 0:
       raise ValueError(
         f"SpecConfig: step_token_cost={self.step_token_cost!r}; expected >= 0"
+      )
+    if isinstance(self.budget, bool) or self.budget not in (1, 2, 4):
+      raise ValueError(
+        f"SpecConfig: budget={self.budget!r}; expected 1, 2 or 4"
       )
     if not 0 <= self.prior_acceptance < 1 or not self.prior_weight > 0:
       raise ValueError(
@@ -225,7 +232,8 @@ class Speculator:
     """T maximising expected tokens per cost (module doc); 1: plain."""
     beta = self.config.step_token_cost
     best, best_rate = 1, (len(lengths)) / (1 + beta * size)
-    for b, t in spec_verify.verify_shapes(self.plan.slots):
+    shapes = spec_verify.verify_shapes(self.plan.slots, self.config.budget)
+    for b, t in shapes:
       if b != size:
         continue
       rate = expected_tokens(alpha, lengths, t) / (1 + beta * b * t)
@@ -336,7 +344,7 @@ def warm(
   pool = slot_program.init_pool(config, plan)
   prefix = slot_plan.empty_prefix(plan)
   d = spec.drafts.max_len
-  for rows, width in spec_verify.verify_shapes(plan.slots):
+  for rows, width in spec_verify.verify_shapes(plan.slots, spec.budget):
     note_program(("verify", plan, rows, width))
     pool, *_ = spec_verify.verify_chunk(
       config, plan, width, params, pool, slot_plan.empty_rows(plan, rows),

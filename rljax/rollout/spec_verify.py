@@ -26,10 +26,11 @@ rows fall to `exit_on_track` (the host drafts again), or live rows to
 `exit_live`, or after `step_limit` steps.
 
 Shapes (`verify_shapes`): B a row bucket and T a power of two with
-B·T <= S, so that a verify step runs its matmuls at the row counts plain
-decoding runs (the same kernels, bit-identical rows where a kernel sums a
-row the same way at each of them; `spec_accept`'s float note) and costs
-at most a full decode step.
+B·T <= S by default, so that a verify step runs its matmuls at the row
+counts plain decoding runs (the same kernels, bit-identical rows where a
+kernel sums a row the same way at each of them; `spec_accept`'s float
+note) and costs at most a full decode step. A larger budget lets a full
+batch verify too, at row counts plain decoding never runs.
 """
 
 from __future__ import annotations
@@ -48,13 +49,20 @@ from rljax.rollout import slot_program
 from rljax.rollout import spec_accept
 
 
-def verify_shapes(slots: int) -> tuple[tuple[int, int], ...]:
+# Most positions a row: the drafts' value falls off geometrically with
+# their depth, a position's cost does not.
+MAX_WIDTH = 8
+
+
+def verify_shapes(slots: int, budget: int = 1) -> tuple[tuple[int, int], ...]:
   """(B, T) of the verify programs of a plan with `slots` rows: every row
-  bucket B < S with T = 2, 4, ... while B·T <= S."""
+  bucket B with T = 2, 4, ..., MAX_WIDTH while B·T <= budget·S (budget 1:
+  a verify step holds at most a full plain step's tokens, and none runs
+  when every slot is live)."""
   out = []
   for b in slot_program.row_buckets(slots):
     t = 2
-    while b * t <= slots:
+    while b * t <= budget * slots and t <= MAX_WIDTH:
       out.append((b, t))
       t *= 2
   return tuple(out)

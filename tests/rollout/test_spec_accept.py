@@ -19,6 +19,12 @@ from rljax.rollout.token_sampling import sample_next_token
 _V = 6  # a small vocabulary: drafts are often right, stops often hit
 
 
+@jax.jit
+def _rule(samples, drafts, k, stops, room):
+  m = spec_accept.accepted_drafts(samples, drafts, k)
+  return m, spec_accept.emitted_count(samples, m, stops, room)
+
+
 class TestRule:
   @settings(max_examples=150, deadline=None)
   @given(t=st.sampled_from([2, 5]), data=st.data())
@@ -44,8 +50,7 @@ class TestRule:
     stop_set = data.draw(st.sets(st.integers(0, 3), max_size=3))
     stops = np.full((3,), -1, np.int32)
     stops[: len(stop_set)] = sorted(stop_set)
-    m = spec_accept.accepted_drafts(samples, drafts, k)
-    e = spec_accept.emitted_count(samples, m, stops, room)
+    m, e = _rule(samples, drafts, k, stops, room)
     for i in range(b):
       want = spec_accept.emitted_reference(
         samples[i], drafts[i], int(k[i]), stop_set, int(room[i])
@@ -54,37 +59,43 @@ class TestRule:
       assert 0 <= int(m[i]) <= int(k[i])
 
 
-def _toy_logits(prefix_hash):
+def _toy_logits(prefix) -> np.ndarray:
   """A policy whose next-token logits are a fixed pseudo-random function
-  of the whole prefix (its hash): a wrong draft changes every later
-  position's distribution, as a language model's."""
-  key = jax.random.fold_in(jax.random.key(123), prefix_hash)
-  return 2.0 * jax.random.normal(key, (_V,))
-
-
-def _hash(tokens):
+  of the whole prefix: a wrong draft changes every later position's
+  distribution, as a language model's."""
   h = 17
-  for t in tokens:
+  for t in prefix:
     h = (h * 31 + int(t) + 1) % (2**31 - 1)
-  return h
+  return 2.0 * np.random.default_rng(h).standard_normal(_V).astype(np.float32)
 
 
-@functools.lru_cache(maxsize=None)
-def _sampler(greedy: bool):
-  return jax.jit(
-    functools.partial(
-      sample_next_token, temperature=1.0, top_p=0.9, greedy=greedy
-    )
+def _sample(greedy: bool):
+  return functools.partial(
+    sample_next_token, temperature=1.0, top_p=0.9, greedy=greedy
   )
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _plain_step(greedy, logits, key_data, t):
+  key = jax.random.fold_in(jax.random.wrap_key_data(key_data), t)
+  return _sample(greedy)(logits[None], key[None])
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _verify(greedy, logits, key_data, first, drafts, k, room):
+  tok, logp = spec_accept.sample_positions(
+    _sample(greedy), logits[None], key_data[None], first[None]
+  )
+  m = spec_accept.accepted_drafts(tok, drafts[None], k[None])
+  e = spec_accept.emitted_count(tok, m, jnp.asarray([-1]), room[None])
+  return tok[0], logp[0], e[0]
 
 
 def _plain(key_data, steps, greedy):
   """Plain decoding: token t from fold_in(key, t) on the prefix's logits."""
   out, logps = [], []
   for t in range(steps):
-    logits = _toy_logits(_hash(out))[None]
-    key = jax.random.fold_in(jax.random.wrap_key_data(key_data), t)
-    tok, logp = _sampler(greedy)(logits, key[None])
+    tok, logp = _plain_step(greedy, _toy_logits(out), key_data, t)
     out.append(int(tok[0]))
     logps.append(float(logp[0]))
   return out, logps
@@ -94,28 +105,17 @@ def _speculative(key_data, steps, greedy, draft_fn, width):
   """Verify steps of `width` positions: the drafts from `draft_fn`, the
   logits of each position on the prefix it was fed, the coupled rule."""
   out, logps = [], []
-  sample = _sampler(greedy)
   while len(out) < steps:
-    k = width - 1
-    drafts = [int(d) for d in draft_fn(out, k)]
+    drafts = [int(d) for d in draft_fn(out, width - 1)]
     fed = out + drafts
-    logits = jnp.stack(
-      [_toy_logits(_hash(fed[: len(out) + j])) for j in range(width)]
-    )[None]
-    tok, logp = spec_accept.sample_positions(
-      sample, logits, key_data[None], jnp.asarray([len(out)], jnp.int32)
-    )
-    m = spec_accept.accepted_drafts(
-      tok, jnp.asarray([drafts], jnp.int32), jnp.asarray([k], jnp.int32)
-    )
-    e = spec_accept.emitted_count(
-      tok,
-      m,
-      jnp.asarray([-1], jnp.int32),
-      jnp.asarray([steps - len(out)], jnp.int32),
-    )
-    out.extend(int(x) for x in tok[0, : int(e[0])])
-    logps.extend(float(x) for x in logp[0, : int(e[0])])
+    logits = np.stack([_toy_logits(fed[: len(out) + j]) for j in range(width)])
+    tok, logp, e = _verify(
+      greedy, logits, key_data, np.int32(len(out)),
+      np.asarray(drafts, np.int32), np.int32(width - 1),
+      np.int32(steps - len(out)),
+    )  # fmt: skip
+    out.extend(int(x) for x in tok[: int(e)])
+    logps.extend(float(x) for x in logp[: int(e)])
   return out, logps
 
 

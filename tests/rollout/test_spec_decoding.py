@@ -163,6 +163,11 @@ class TestWidth:
     )  # fmt: skip
     for b, t in spec_verify.verify_shapes(32):
       assert 4 <= b * t <= 32
+    # A budget of two full steps lets a full batch verify two positions.
+    wide = spec_verify.verify_shapes(32, budget=2)
+    assert (32, 2) in wide and all(b * t <= 64 and t <= 8 for b, t in wide)
+    with pytest.raises(ValueError, match="budget=3"):
+      spec_control.SpecConfig(budget=3)
 
   def test_expected_tokens(self):
     alpha = np.asarray([0.0, 0.5, 0.9])
