@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from rljax.train import actor as actor_lib
 from rljax.train import critic_pretrain
 from rljax.train import group_stream
 from rljax.train import stream_pick
+
+if TYPE_CHECKING:  # collect imports this module (its mixin)
+  from rljax.train import collect
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +67,13 @@ class Mailbox:
 class StreamCollecting:
   """The streaming methods of a `Collector` (see the module doc)."""
 
-  def _collect_streamed(self, step: int) -> Collected:
+  def _collect_streamed(self, step: int) -> collect.Collected:
     """Streaming: the step's P groups from the stream (scored as they
     arrived, through `_score`; refills admitted as the stream asks)."""
+    # collect.py imports this module for the mixin; its step record and
+    # non-finite check are read here, once both modules are loaded.
+    from rljax.train import collect  # pylint: disable=g-import-not-at-top
+
     cfg = self.cfg
     self._streamed_step = step
     taken = self._stream.take(
@@ -76,12 +83,14 @@ class StreamCollecting:
     )
     timing = dict(taken.metrics)
     sampled = timing.pop("reward_sampled")
-    _refuse_all_nonfinite(step, cfg, sampled, timing["reward_nonfinite"])
+    collect._refuse_all_nonfinite(
+      step, cfg, sampled, timing["reward_nonfinite"]
+    )
     timing["time_rollout"] = timing["time_rollout_wait"]
     timing["rollout_tokens_per_s"] = timing["rollout_tokens"] / max(
       timing["time_rollout"], 1e-9
     )
-    return Collected(
+    return collect.Collected(
       batch=taken.batch,
       valid=taken.valid,
       rewards=taken.rewards,
