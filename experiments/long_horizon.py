@@ -120,6 +120,31 @@ def pretrain(shared: dict) -> dict:
   return record
 
 
+# A run's `model.name` of `instrument#order=<k>` in a config file: this
+# study's instrument with its training prompts in data order k (a perturbed
+# A/A arm, rljax.instrument.parse_name); the directory is --instrument_dir.
+PLACEHOLDER = "instrument#"
+
+
+def with_instrument(run: dict, instrument_dir: str) -> dict:
+  """`run` with a PLACEHOLDER model name (nested or dotted) made concrete:
+  `instrument:<instrument_dir>#order=<k>`."""
+  nested = run.get("model") if isinstance(run.get("model"), dict) else {}
+  name = run.get("model.name", nested.get("name"))
+  if not (isinstance(name, str) and name.startswith(PLACEHOLDER)):
+    return run
+  concrete = f"instrument:{instrument_dir}#{name[len(PLACEHOLDER) :]}"
+  from rljax import instrument
+
+  instrument.parse_name(concrete)  # a bad order fails before any run
+  out = dict(run)
+  if "model.name" in run:
+    out["model.name"] = concrete
+  else:
+    out["model"] = {**nested, "name": concrete}
+  return out
+
+
 def main(argv):
   del argv
   from rljax import distributed
@@ -139,6 +164,7 @@ def main(argv):
   if not runs:
     raise app.UsageError("give --grid and/or --configs for the RL study")
   shared = dict(shared, model=f"instrument:{_DIR.value}")
+  runs = [with_instrument(run, _DIR.value) for run in runs]
   # The QuRL instrument studies run float32 end to end, whatever the CPU:
   # their "fp32" arms mean it, and every archived run was computed so
   # (`--model.compute_dtype` still overrides it).

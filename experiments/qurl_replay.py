@@ -1,4 +1,4 @@
-"""A mechanism replay of ACR against TIS (issue 44, item 4), minutes long.
+"""A mechanism replay of ACR against TIS, minutes long.
 
 QuRL's Adaptive Clipping Range (Eq. 9) differs from TIS only where
 R = π_θ/π_prox leaves 1, i.e. from the second mini-batch update of a
@@ -26,7 +26,9 @@ noisy steps; this replay measures the mechanism directly:
                    trainer's `behav_prox_kl`; kl_before is the same at θ;
   4. a table (mean ± std over batches, the paired ACR − TIS difference with
      a bootstrap interval over batches, the exposure beside the verdict),
-     <out_dir>/replay.json and <out_dir>/replay.png (matplotlib, if any).
+     <out_dir>/replay.json and <out_dir>/replay.png (matplotlib, if any);
+     the analysis is qurl_report_lib/replay.py, which also renders the
+     archived replay.json files into docs/qurl_results.md.
 
   python experiments/qurl_replay.py --instrument_dir=runs/instrument \\
       --quant=int8 --batches=20 --minibatches=4 --out_dir=runs/qurl_replay
@@ -54,6 +56,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import long_horizon  # noqa: E402  (trainer, study and instrument flags)
 import ablate  # noqa: E402
 from qurl_report_lib import stats  # noqa: E402
+from qurl_report_lib.replay import (  # noqa: E402
+  CORRECTIONS,
+  EXPOSURE,
+  plot,
+  summarize,
+  table,
+  verdicts,
+)
 
 from rljax import hostmem  # noqa: E402
 from rljax.train import config as config_lib  # noqa: E402
@@ -87,19 +97,6 @@ _DRY = flags.DEFINE_bool(
   "dry", False, "Tiny instrument and batches (< 1 min on a CPU)."
 )
 
-CORRECTIONS = ("tis", "acr")
-EXPOSURE = ("acr_grad_share", "acr_would_change_fraction")
-METRICS = (
-  "acr_grad_share",
-  "acr_would_change_fraction",
-  "acr_active_given_eligible",
-  "clip_fraction_high",
-  "dlogp_eligible",
-  "dlogp_all",
-  "kl_after",
-)
-# Below this mean gradient share ACR is not exercised (q6's readout rule).
-EXPOSED_SHARE = 1e-3
 _DRY_INSTRUMENT = {
   "hidden_size": 32,
   "num_layers": 1,
@@ -361,125 +358,6 @@ def replay_batch(steps, state0, batch, probe, cap, seeds, k) -> dict:
   return out
 
 
-def summarize(per_batch: list[dict]) -> dict:
-  """Per metric: mean ± std over batches per correction, and the paired
-  ACR − TIS difference with a 95% bootstrap interval over batches."""
-  summary = {}
-  for m in METRICS:
-    pairs = [
-      (b["tis"][m], b["acr"][m])
-      for b in per_batch
-      if b["tis"][m] is not None and b["acr"][m] is not None
-    ]
-    entry = {}
-    for i, corr in enumerate(CORRECTIONS):
-      mean, sd, n = stats.sample_mean_std([p[i] for p in pairs])
-      entry[corr] = {"mean": mean, "std": sd, "n": n}
-    d = [a - t for t, a in pairs]
-    mean, sd, n = stats.sample_mean_std(d)
-    low = high = mean
-    if n > 1:
-      t = np.asarray([[p[0] for p in pairs]])
-      a = np.asarray([[p[1] for p in pairs]])
-      mean, low, high = stats.paired_bootstrap(t, a)
-    entry["acr_minus_tis"] = {
-      "mean": mean,
-      "std": sd,
-      "low": low,
-      "high": high,
-      "n": n,
-    }
-    summary[m] = entry
-  return summary
-
-
-def verdicts(summary: dict) -> dict:
-  """The mechanism's reading, gated by ACR's exposure."""
-  share = summary["acr_grad_share"]["acr"]["mean"] or 0.0
-  out = {"acr_grad_share": share, "exposed": share >= EXPOSED_SHARE}
-  for m, what in (
-    ("dlogp_eligible", "ACR raises log π on (ρ > C, A > 0) tokens"),
-    ("kl_after", "ACR raises the re-quantized behaviour–proximal KL"),
-  ):
-    d = summary[m]["acr_minus_tis"]
-    if not out["exposed"]:
-      v = f"not exercised at this scale (ACR grad share {share:.2e})"
-    elif d["n"] < 2:
-      v = "not resolved (fewer than 2 batches)"
-    elif d["low"] > 0:
-      v = "supported (interval above 0)"
-    elif d["high"] < 0:
-      v = "reversed (interval below 0)"
-    else:
-      v = "not resolved (interval holds 0)"
-    out[m] = {"claim": what, "verdict": v}
-  return out
-
-
-def table(result: dict) -> str:
-  f = stats.fmt
-  lines = [
-    "| metric | TIS mean ± std | ACR mean ± std | ACR − TIS [95% CI] |",
-    "|---|---|---|---|",
-  ]
-  for m, e in result["summary"].items():
-    t, a, d = e["tis"], e["acr"], e["acr_minus_tis"]
-    lines.append(
-      f"| {m} | {f(t['mean'])} ± {f(t['std'])} | {f(a['mean'])} ± "
-      f"{f(a['std'])} | {f(d['mean'])} [{f(d['low'])}, {f(d['high'])}] |"
-    )
-  pb = result["per_batch"]
-  lines.append("")
-  for key, what in (
-    ("kl_rollout", "the rollouts' behav_prox_kl: engine vs θ"),
-    ("kl_before", "at θ, computed as kl_after"),
-  ):
-    mean, sd, _ = stats.sample_mean_std([b[key] for b in pb])
-    lines.append(f"{key} ({what}): {f(mean)} ± {f(sd)}")
-  share = [b["n_eligible"] / max(b["n_valid"], 1) for b in pb]
-  lines.append(
-    f"eligible tokens (ρ > C, A > 0) / valid: {f(float(np.mean(share)))}"
-  )
-  v = result["verdict"]
-  lines.append(
-    f"exposure: ACR grad share {v['acr_grad_share']:.3e} "
-    f"({'at or above' if v['exposed'] else 'below'} the {EXPOSED_SHARE:g} gate)"
-  )
-  for m in ("dlogp_eligible", "kl_after"):
-    lines.append(f"{v[m]['claim']}: {v[m]['verdict']}")
-  return "\n".join(lines)
-
-
-def plot(result: dict, path: str) -> bool:
-  try:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    return False
-  pts = [
-    (
-      b["acr"]["acr_grad_share"],
-      b["acr"]["dlogp_eligible"] - b["tis"]["dlogp_eligible"],
-    )
-    for b in result["per_batch"]
-    if b["acr"]["dlogp_eligible"] is not None
-  ]
-  fig, ax = plt.subplots(figsize=(5, 3.5))
-  if pts:
-    ax.scatter(*zip(*pts), s=18)
-  ax.axhline(0.0, color="grey", lw=0.8)
-  ax.set_xlabel("ACR gradient share (mean over K updates)")
-  ax.set_ylabel("ACR − TIS: Δ log π on ρ > C, A > 0")
-  c = result["config"]
-  ax.set_title(f"{c['quant']}, C = {c['cap']:g}, K = {c['minibatches']}")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return True
-
-
 def main(argv):
   del argv
   import dataclasses
@@ -492,6 +370,7 @@ def main(argv):
   from rljax.train import batch as batch_lib
   from rljax.train import loop
   from rljax.train import optim as optim_lib
+  from rljax.quant import cpu as cpu_lib
   from rljax.train import update
 
   t0 = time.perf_counter()
@@ -585,7 +464,17 @@ def main(argv):
       k: record.get(k) for k in ("steps", "accuracy", "parameters", "shape")
     },
     "theta": theta,
-    "machine": {"backend": jax.default_backend(), "cpus": os.cpu_count()},
+    "machine": {
+      "backend": jax.default_backend(),
+      "cpus": os.cpu_count(),
+      "cpu": cpu_lib.host_cpu().model,
+      "dot_flags": [
+        f
+        for f in ("avx2", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+        if cpu_lib.host_cpu().has(f)
+      ],
+    },
+    "date": time.strftime("%Y-%m-%d", time.gmtime()),
     "seconds": {
       "collect": t_collect,
       "total": time.perf_counter() - t0,

@@ -28,8 +28,11 @@ import sys
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from qurl_report_lib.claim_list import QUESTIONS  # noqa: E402
-from qurl_report_lib.claims import claims_section  # noqa: E402
+from qurl_report_lib import family  # noqa: E402
+from qurl_report_lib import gates  # noqa: E402
+from qurl_report_lib import replay as replay_lib  # noqa: E402
+from qurl_report_lib.claim_list import DEVIATIONS, QUESTIONS  # noqa: E402
+from qurl_report_lib.claims import json_row, render  # noqa: E402
 from qurl_report_lib.fair_test import fair_test_section  # noqa: E402
 from qurl_report_lib.sections import (  # noqa: E402
   ablation_section,
@@ -40,7 +43,7 @@ from qurl_report_lib.sections import (  # noqa: E402
   study_figure,
   study_table,
 )
-from qurl_report_lib.stats import fmt  # noqa: E402
+from qurl_report_lib.stats import fmt, rule_lines  # noqa: E402
 from qurl_report_lib.studies import (  # noqa: E402
   archive_study,
   load_study,
@@ -102,6 +105,12 @@ _BASE_RATES = flags.DEFINE_list(
 _SMOOTH = flags.DEFINE_integer(
   "smooth", 1, "Moving-average window of the study figures."
 )
+_REPLAYS = flags.DEFINE_list(
+  "replays",
+  [],
+  "replay.json files of experiments/qurl_replay.py (archived under "
+  "docs/qurl/replay/), rendered as the mechanism replay section.",
+)
 _ARCHIVE = flags.DEFINE_string(
   "archive",
   "docs/qurl/runs",
@@ -111,8 +120,22 @@ _ARCHIVE = flags.DEFINE_string(
 )
 
 
+_CALIBRATE = flags.DEFINE_string(
+  "calibrate",
+  "",
+  "A calibration study's out_dir (q9_acr_long_calibration.json): print "
+  "each cap's TIS truncation and the C the registered rule picks, and exit.",
+)
+
+
 def main(argv):
   del argv
+  if _CALIBRATE.value:
+    caps = gates.calibration_caps(load_study(_CALIBRATE.value))
+    for cap, v in sorted(caps.items()):
+      print(f"C = {cap:g}: tis_truncated_fraction {v:.4f}")
+    print(f"picked C = {gates.pick_cap(caps):g}")
+    return
   out = _OUT.value
   os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
   archive = _ARCHIVE.value
@@ -169,6 +192,7 @@ def main(argv):
     + machine_lines()
     + [""]
   )
+  lines += ["## Verdict rules", ""] + rule_lines() + [""]
   lines += [
     "## Command",
     "",
@@ -221,7 +245,7 @@ def main(argv):
       "",
       "Greedy held-out accuracy of the untrained model "
       "(`experiments/base_rate.py`, the trainer's evaluation path); "
-      "the issue asks for a start between 15% and 40%.",
+      "a start between 15% and 40% leaves RL room to learn.",
       "",
       "| model | difficulty | problems | max new tokens | accuracy | wall s |",
       "|---|---|---|---|---|---|",
@@ -233,26 +257,28 @@ def main(argv):
         f"{fmt(r['wall_s'])} |"
       )
     lines.append("")
-  claim_lines, claims = claims_section(studies)
+  result = family.page(studies)
+  claims = result["claims"]
   lines += ["## Verdicts", ""]
   for q, text in QUESTIONS.items():
     lines.append(f"- **Q{q}.** {text}")
-  lines += [""] + claim_lines + [""]
-  fair = fair_test_section(studies, claims)
+  lines += [""] + render(claims, result["tests"]) + [""]
+  lines += ["## Deviations from the registered plans", ""]
+  lines += [f"- {d}" for d in DEVIATIONS] + [""]
+  fair = fair_test_section(studies, claims, result["slopes"])
   if fair:
     lines += [
-      "## Questions 6 and 7: each verdict beside its exposure",
+      "## Questions 6, 7 and 9: each verdict beside its exposure",
       "",
-      "Q6's readouts were fixed before the runs "
+      "Q6's and Q9's readouts were fixed before their runs "
       "(`experiments/configs/q6_acr_fair.json`, `_comment`; "
-      "`experiments/qurl_report_lib/fair_test.py`): per format, ACR − TIS "
-      "in the least-squares slope over steps of `behav_prox_kl` (mean over "
-      "seeds; bootstrap over seeds; supported if the interval lies below "
-      "0: no margin was pre-registered) and in final held-out accuracy "
-      "(the rule above). ACR can act only with several updates per "
-      "rollout; its exposure is printed beside each verdict. Q7's exposure "
-      "is UAQ's: the share of quantized codes a sync changes and the "
-      "update / quantization-error ratio.",
+      "docs/qurl/prereg_q9_acr_long.md): per format, ACR − TIS in the "
+      "least-squares slope over steps of `behav_prox_kl` (one difference "
+      "per seed, tested as a decrease below 0: no margin was registered) "
+      "and in the held-out readout, both under the rules above. ACR can "
+      "act only with several updates per rollout; its exposure is printed "
+      "beside each verdict. Q7's exposure is UAQ's: the share of quantized "
+      "codes a sync changes and the update / quantization-error ratio.",
       "",
     ] + fair
   if _READING.value:
@@ -288,7 +314,7 @@ def main(argv):
         f"![{name}]({rel})",
         "",
         "Lines: mean over seeds (over the steps every seed reached; "
-        "runs the session did not finish are labelled partial); "
+        "runs not finished yet are labelled partial); "
         "bands: min–max over seeds.",
         "",
       ]
@@ -306,6 +332,9 @@ def main(argv):
     ]
     lines += table + [""]
     lines += figures_section(_ABLATION.value, rows, out, _FIGURES.value)
+  if _REPLAYS.value:
+    lines += ["## Mechanism replay (ACR against TIS on frozen batches)", ""]
+    lines += replay_lib.page_section(_REPLAYS.value) + [""]
   if bench:
     lines += ["## Rollout speed", ""] + bench_section(bench) + [""]
   if archive:
@@ -320,7 +349,16 @@ def main(argv):
   with open(out, "w") as f:
     f.write("\n".join(lines).rstrip() + "\n")
   with open(os.path.splitext(out)[0] + ".json", "w") as f:
-    json.dump({"claims": claims, "cpu_s": total_cpu}, f, indent=1)
+    json.dump(
+      {
+        "claims": [json_row(c) for c in claims],
+        "slopes": [json_row(r) for r in result["slopes"]],
+        "tests": result["tests"],
+        "cpu_s": total_cpu,
+      },
+      f,
+      indent=1,
+    )
   print(f"wrote {out}")
 
 

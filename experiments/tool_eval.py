@@ -1,5 +1,6 @@
-"""Held-out accuracy on tool_arithmetic with and without the tool, and the
-throughput of multi-turn against single-turn rollouts.
+"""Held-out accuracy on a tool task (--task: tool_arithmetic or
+tool_word_problems) with and without the tool, and the throughput of
+multi-turn against single-turn rollouts.
 
   python experiments/tool_eval.py --model=smollm2-135m-instruct \\
       --out_dir=runs/tool_eval/base
@@ -60,6 +61,12 @@ _N = flags.DEFINE_integer("n", 256, "Held-out problems.")
 _SEED = flags.DEFINE_integer(
   "seed", 0, "The training run's run.seed (problems: seed 10_000 + this)."
 )
+_TASK = flags.DEFINE_enum(
+  "task",
+  "tool_arithmetic",
+  ["tool_arithmetic", "tool_word_problems"],
+  "The trainer's tool task whose held-out problems are measured.",
+)
 _DIFFICULTY = flags.DEFINE_enum(
   "difficulty", "easy", ["easy", "medium", "hard"], "Operations per problem."
 )
@@ -98,6 +105,7 @@ class ToolEvalConfig:
 
   n: int = 256
   seed: int = 0
+  task: str = "tool_arithmetic"
   difficulty: str = "easy"
   tool: str = "calculator"
   tool_format: str = "tags"
@@ -346,15 +354,13 @@ def evaluate(
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
 
   setup = _Setup(model.tokenizer, cfg)
-  examples = tool_task.held_out_problems(cfg.n, cfg.seed, cfg.difficulty)
-  train_q = {
-    e.question
-    for e in envs.generate_tool_arithmetic(
-      tool_task.TOOL_POOL,
-      seed=cfg.seed,
-      config=tool_task.arithmetic_level(cfg.difficulty),
-    )
-  }
+  examples = tool_task.held_out_problems(
+    cfg.n, cfg.seed, cfg.difficulty, cfg.task
+  )
+  pool = tool_task.generate_problems(
+    cfg.task, tool_task.TOOL_POOL, cfg.seed, cfg.difficulty
+  )
+  train_q = {e.question for e in pool}
   bar = tqdm(total=2 * cfg.n, desc="tool_eval", disable=not progress)
   try:
     bar.set_description("with tools")
@@ -438,6 +444,7 @@ def main(argv):
     cfg = ToolEvalConfig(
       n=_N.value,
       seed=_SEED.value,
+      task=_TASK.value,
       difficulty=_DIFFICULTY.value,
       tool=_TOOL.value,
       tool_format=_FORMAT.value,

@@ -1,5 +1,5 @@
 """A small decoder trained from scratch on generated arithmetic: the cheap
-instrument for long-horizon quantized-rollout RL (issue 17, question 4).
+instrument for long-horizon quantized-rollout RL.
 
 QuRL's long-horizon collapse (Fig. 3: TIS drifts, ACR holds) takes hundreds
 of RL steps; a 135M model takes ~40 s per step on a 2-core CPU. This module
@@ -445,12 +445,47 @@ def load_model(out_dir: str):
   return models.Model(config=config, params=params, tokenizer=CharTokenizer())
 
 
-def build_task(cfg, tokenizer: CharTokenizer):
+# A run's model is `instrument:<dir>`, or `instrument:<dir>#order=<k>`: the
+# same instrument and problems, the training prompts drawn in another order
+# (a perturbed A/A arm: the harmless change that measures a study's noise).
+ORDER_KEY = "#order="
+# Order k > 0 shuffles the training prompts with seed run.seed + k * this
+# (far from every run seed, so no two (seed, order) pairs share an order).
+ORDER_STRIDE = 1_000_003
+
+
+def parse_name(spec: str) -> tuple[str, int]:
+  """(instrument dir, data order) of a model spec `<dir>` or
+  `<dir>#order=<k>` (the part of `model.name` after `instrument:`)."""
+  spec = (
+    spec.split("instrument:", 1)[1] if spec.startswith("instrument:") else spec
+  )
+  path, sep, order = spec.partition(ORDER_KEY)
+  if not sep:
+    return spec, 0
+  if not order.isdigit():
+    raise ValueError(
+      f"instrument model {spec!r}: data order {order!r}; expected "
+      f"'<dir>{ORDER_KEY}<k>' with an integer k >= 0"
+    )
+  return path, int(order)
+
+
+def order_seed(run_seed: int, order: int) -> int:
+  """The seed of the training prompts' order: the run's seed at order 0."""
+  if order < 0:
+    raise ValueError(f"data order {order}; expected >= 0")
+  return run_seed + order * ORDER_STRIDE
+
+
+def build_task(cfg, tokenizer: CharTokenizer, order: int = 0):
   """The generated-arithmetic `Task` of `cfg` in the instrument's format.
 
   The same problem streams as `rljax.train.tasks.build_task` (train: seed
   cfg.run.seed, held-out: 10_000 + cfg.run.seed), rendered bare ('12+5-9=') and
-  scored by the same verifier (the completion is a plain number).
+  scored by the same verifier (the completion is a plain number). `order`
+  > 0 keeps both sets and draws the training prompts in another order
+  (`order_seed`).
   """
   from rljax import data as data_lib
   from rljax.train import tasks as tasks_lib
@@ -477,7 +512,7 @@ def build_task(cfg, tokenizer: CharTokenizer):
     tokenizer,
     render_prompt,
     cfg.rollout.prompts_per_step,
-    cfg.run.seed,
+    order_seed(cfg.run.seed, order),
     cfg.task.max_prompt_tokens,
     cfg.task.reward_workers,
     last_number_fallback=True,
@@ -488,13 +523,15 @@ def run_experiment(
   cfg, instrument_dir: str, show_progress: bool = True
 ) -> dict:
   """One RL run of the pre-trained instrument through the real `Trainer`
-  (`rljax.study.run`: per-problem held-out records before and after)."""
+  (`rljax.study.run`: per-problem held-out records at every evaluation).
+  `instrument_dir` may carry a data order (`parse_name`)."""
   from rljax import study
 
-  model = load_model(instrument_dir)
+  path, order = parse_name(instrument_dir)
+  model = load_model(path)
   return study.run(
     cfg,
     model=model,
-    task=build_task(cfg, model.tokenizer),
+    task=build_task(cfg, model.tokenizer, order=order),
     show_progress=show_progress,
   )

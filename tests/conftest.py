@@ -10,10 +10,16 @@ engine) one device thread can be starved for longer than XLA's default
 collective termination timeout, and XLA then aborts the whole process
 ("Exiting to ensure a consistent program state"): a crashed xdist worker,
 not a wrong number. The timeouts are raised for the tests only.
+
+One persistent compilation cache serves the whole run: every xdist worker
+and every script a test starts loads what another already compiled
+(`compile_cache_util.start_suite_cache`).
 """
 
 import os
 import platform
+import shutil
+import sys
 
 import pytest
 
@@ -39,6 +45,19 @@ if _huge_pages_env is not None:
   os.environ["GLIBC_TUNABLES"] = _huge_pages_env["GLIBC_TUNABLES"]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Made by the process that starts the run (the xdist controller, or pytest
+# without -n), before any worker starts: the workers and every script the
+# tests start inherit it. Removed in `pytest_unconfigure`.
+_SUITE_CACHE_DIR = compile_cache_util.start_suite_cache()
+if _SUITE_CACHE_DIR is not None and "jax" in sys.modules:
+  # JAX reads these variables when it is imported; a plugin was first.
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.config.update(
+    "jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"]
+  )
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
 def _return_freed_memory_to_the_os() -> None:
@@ -61,8 +80,9 @@ def _release_compiled_programs():
   those hold, for the life of the process: a worker grew past 10 GiB RSS by
   the end of the suite, and two such workers with other jobs beside them
   exhausted the 24 GiB machine (the kernel's OOM killer ended a worker at
-  99%). Each file starts from an empty cache: a file that calls a program
-  an earlier file compiled compiles it again; within a file nothing changes.
+  99%). Each file starts from an empty in-memory cache: a program an
+  earlier file compiled is loaded from the run's compilation cache on disk
+  (`compile_cache_util.start_suite_cache`); within a file nothing changes.
   """
   yield
   import gc  # pylint: disable=g-import-not-at-top
@@ -131,6 +151,12 @@ _HEAVIEST_FILES = (
   "experiments/test_qurl_replay.py",
   "experiments/test_count_compiles.py",
 )
+
+
+def pytest_unconfigure(config):
+  del config
+  if _SUITE_CACHE_DIR is not None:
+    shutil.rmtree(_SUITE_CACHE_DIR, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -30,7 +30,7 @@ Legitimate prose the pattern leaves alone: "an issue with", "the first
 item", "item 0" (a zero-based index in an error message: work items count
 from 1), "questions 2 and 3" (the QuRL study's own questions), "step 3",
 upstream URLs such as ".../issues/123", seed suffixes ("fp32_s0", one
-digit) and XLA's integer types ("s32").
+digit, or "_s100", three) and XLA's integer types ("s32").
 """
 
 import os
@@ -56,8 +56,10 @@ CITATION = re.compile(
   | \bdeliver(?:ables?)?\ \d+\b   # Deliver 4
   | (?<![\w\#&])\#\d+\b(?!-)       # (#14), see #13 (not "#2026-11-28-...",
                                   # a Markdown anchor of a dated heading)
-  | (?-i:(?<![A-Za-z0-9])s(?!(?:16|32|64)(?![0-9]))\d{2,}(?![A-Za-z0-9]))
+  | (?-i:(?<![A-Za-z0-9])s(?!(?:16|32|64)(?![0-9]))\d{2}(?![A-Za-z0-9]))
                                   # s48, _s43.json, /tmp/s48/: a session tag
+                                  # (two digits; a run's seed suffix such as
+                                  # _s100 is not one)
   """,
   re.IGNORECASE | re.VERBOSE,
 )
@@ -114,6 +116,7 @@ PROSE = [
   "https://github.com/vllm-project/vllm/issues/12345",
   "docs/qurl/runs/q1_instrument/fp32_s0/metrics.jsonl",
   "int8_acr_s2",
+  "int8_tis_c1.05_s100",
   "s32[4,8] dot(s8[4,16], s8[16,8])",
   "a session-scoped fixture",
   '@pytest.fixture(scope="session")',

@@ -1,5 +1,5 @@
-"""Issue 44's GPU studies in one call of the device tool: the fair ACR test
-(items 5 and 9) and Q4's TIS arm with UAQ off (item 6).
+"""The QuRL GPU studies in one call of the device tool: the fair ACR test
+with its A/A arm (Q6) and Q4's TIS arm with UAQ off (Q7).
 
   python experiments/gpu/qurl_study.py          # on the GPU, into $OUT
   python experiments/gpu/qurl_study.py --dry    # tiny, on this CPU
@@ -9,8 +9,10 @@ pick reductions with atomics), which is why the archived Q4 read a -0.117
 TIS-vs-ACR gap while ACR was provably inert. Every process here runs with
 `--xla_gpu_deterministic_ops=true` and autotuning off, so that two runs of
 one config are equal, and the study carries an A/A arm (`int8_tis_aa`, the
-`int8_tis` config under another name) that measures what is left of the
-floor: the report states it beside every GPU comparison.
+`int8_tis` config under another name) that checks it. A bit-identical A/A
+pair is not a noise floor: it says nothing about how far two harmlessly
+perturbed runs drift apart (a perturbed A/A arm, `instrument#order=1` in a
+config, measures that; docs/qurl_results.md's rules).
 
 `--mode=calibrated` runs Q6's pre-registered calibration of the cap C
 instead (the first study's C = 1.02 / 1.05 made TIS truncate ~10 % of

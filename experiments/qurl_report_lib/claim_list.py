@@ -13,9 +13,10 @@ LR = "optim.learning_rate"
 # every token s versions behind θ_old; `pipelined` is async_mode's alias).
 LAG = ("run.async_mode", "run.pipelined", "run.max_staleness")
 
-# (question, study, claim, A, B, kind, named fields): B − A of final held-out
-# accuracy. The quantized arms of the archived studies ran with UAQ 1.5 and
-# fp32 without (issue 44): claims across them name UAQ, in field and text.
+# (question, study, claim, A, B, kind, named fields): B − A of the held-out
+# readout. The quantized arms of the archived studies ran with UAQ 1.5 and
+# fp32 without (the trainer of the time): claims across them name UAQ, in
+# field and text.
 CLAIMS = (
   [
     (
@@ -69,8 +70,8 @@ CLAIMS = (
     for s in ("1.5", "2", "3")
   ]
   + [
-    # Issue 44 item 7: UAQ beside the learning-rate change it amounts to
-    # under Adam (QuRL Table 4's control), on one instrument and code.
+    # UAQ beside the learning-rate change it amounts to under Adam (QuRL
+    # Table 4's control), on one instrument and code.
     claim
     for s in ("2", "3")
     for claim in (
@@ -242,7 +243,7 @@ CLAIMS += [
   if study == "q4_long_horizon"
 ]
 
-# Question 6: the fair test of ACR (issue 44 item 5, pre-registered in
+# Question 6: the fair test of ACR (pre-registered in
 # experiments/configs/q6_acr_fair.json): several updates per rollout, UAQ off
 # in every arm. `_calibrated`: the same with C from the pre-registered
 # calibration (experiments/gpu/qurl_study.py --mode=calibrated; no fp32 arm).
@@ -273,7 +274,7 @@ CLAIMS += [
   for q, fmt_name in FORMATS
   for c in ("tis", "acr")
 ]
-# Question 7 (issue 44 item 6): Q4's setting (one update per rollout, 1,000
+# Question 7: Q4's setting (one update per rollout, 1,000
 # steps) with INT8 + TIS at UAQ off and at Q4's UAQ 1.5, beside fp32.
 CLAIMS += [
   (
@@ -295,7 +296,7 @@ CLAIMS += [
     (U,),
   ),
 ]
-# Question 8 (issue 47, reduced; pre-registered in
+# Question 8 (reduced; pre-registered in
 # experiments/configs/q8_staleness.json): rollouts max_staleness versions
 # behind θ_old, one update per rollout. At lag 0 (fp32) π_behav = π_prox, so
 # naive and decoupled are the same run and the lag-0 arm stands for both.
@@ -378,6 +379,69 @@ CLAIMS += [
     LAG,
   ),
 ]
+# Question 9 (pre-registered: experiments/configs/q9_acr_long.json,
+# docs/qurl/prereg_q9_acr_long.md): TIS vs ACR with 4 x 2 updates per
+# rollout over 1,000 steps, UAQ off, C fixed by the registered calibration;
+# int8_tis_aa is int8_tis with another training-data order (the noise
+# floor). fair_test.py adds the KL-slope readout.
+CLAIMS += [
+  (
+    "9",
+    "q9_acr_long",
+    "INT8: ACR beats TIS over 1,000 steps (4 x 2 updates per rollout, UAQ off)",
+    "int8_tis",
+    "int8_acr",
+    "superiority",
+    (C,),
+  ),
+  (
+    "9",
+    "q9_acr_long",
+    "INT8 + TIS falls behind fp32 over 1,000 steps (TIS collapse)",
+    "int8_tis",
+    "fp32",
+    "superiority",
+    (Q, C, "loss.tis_cap"),
+  ),
+  (
+    "9",
+    "q9_acr_long",
+    "INT8 + ACR is no worse than fp32 over 1,000 steps",
+    "fp32",
+    "int8_acr",
+    "non_inferiority",
+    (Q, C, "loss.tis_cap"),
+  ),
+]
+# Question 10 (pre-registered: experiments/configs/q10_uaq_table4.json,
+# docs/qurl/prereg_q10_uaq_table4.md): UAQ s against s = 1 at lr x s, the
+# rest equal; int8_tis_aa is the s = 1 arm with another data order.
+CLAIMS += [
+  claim
+  for s in ("1.5", "2")
+  for claim in (
+    (
+      "10",
+      "q10_uaq_table4",
+      f"UAQ s={s} beats its learning-rate control (s = 1, lr × {s})",
+      f"int8_tis_lr{s}x",
+      f"int8_tis_uaq{s}",
+      "superiority",
+      (U, LR),
+    ),
+    (
+      "10",
+      "q10_uaq_table4",
+      f"UAQ s={s} beats UAQ off at the same learning rate",
+      "int8_tis",
+      f"int8_tis_uaq{s}",
+      "superiority",
+      (U,),
+    ),
+  )
+]
+# Studies whose verdicts include a KL-slope readout (fair_test.py).
+SLOPE_QUESTIONS = ("6", "9")
 # Studies under Q6's pre-registered calibration (gates.calibration): a TIS
 # arm outside its truncation range marks its format's verdicts.
 PREREGISTERED = ("q6_acr_fair", "q6_acr_fair_calibrated")
@@ -396,9 +460,54 @@ QUESTIONS = {
   "4": "Is there a long-horizon collapse (QuRL Fig. 3), and does ACR prevent it?",
   "5": "FP8 (emulated on CPU) for questions 1-2.",
   "6": "The fair test of ACR: several updates per rollout, UAQ off "
-  "(pre-registered; issue 44): does ACR slow the behavior–proximal drift "
-  "and beat TIS?",
+  "(pre-registered): does ACR slow the behavior–proximal drift and beat "
+  "TIS?",
   "7": "Is Q4's long-horizon gap quantization, or Q4's UAQ 1.5?",
   "8": "Does staleness hurt before lag 8, and does importance sampling "
-  "(decoupled) help? (issue 47, reduced)",
+  "(decoupled) help? (one-step pipelining, reduced)",
+  "9": "ACR where the paper says it matters: 4 x 2 updates per rollout, "
+  "1,000 steps, answers longer than 3 tokens, UAQ off, C by a fixed rule "
+  "(pre-registered): does ACR beat TIS and slow the drift?",
+  "10": "QuRL Table 4 at a learning rate where the instrument keeps "
+  "improving: does UAQ s = 1.5 or 2 beat the learning-rate change it "
+  "amounts to (pre-registered)?",
+}
+
+# Where a study departed from what it registered (the page lists them).
+DEVIATIONS = (
+  "`q6_acr_fair` was registered for the deterministic CPU only (its "
+  "config's `_comment`, committed in 5f0f3b3 before any run) and ran on an "
+  "H100 with deterministic XLA ops (2026-11-27).",
+  "`q6_acr_fair`'s registered calibration (over seed 0's first 30 steps, "
+  "TIS must truncate 1–3% of tokens, else C moves before the study goes on) "
+  "was not applied before the study ran: every arm ran 300 steps at C = "
+  "1.02 (INT8) / 1.05 (FP8), truncating ~10%, and the study was read out "
+  "uncalibrated; `q6_acr_fair_calibrated` ran afterwards with the caps the "
+  "rule picks.",
+  "`q6_acr_fair_calibrated` and `q7_uaq_long_horizon` (a84a22f), "
+  "`q3_lr_control` (4521475) and `q8_staleness` (6962069) were committed "
+  "in the same commit as their results, so that their plans preceded their "
+  "runs cannot be checked from the history. `q8_staleness` also gained its "
+  "lag-1 and lag-4 arms after its first readout.",
+  "`q9_acr_long`'s instrument was SFT'd to the registered target of 0.3, "
+  "checked every 100 steps; its held-out accuracy jumped from 0.25 (step "
+  "700) to 0.61 (step 800), where the SFT stopped, so Q9's RL starts near "
+  "0.6 rather than 0.3 (its calibration seed started at 0.585).",
+  "Every archived study's readout is its final evaluation on 256 problems "
+  "(the per-problem records of earlier evaluations were not kept), not the "
+  "mean of the last evaluations on >= 1,024 problems the rules ask of new "
+  "studies.",
+)
+
+# What each study registered (seeds × steps × arms), beside what ran
+# (sections.status_section prints both).
+REGISTERED = {
+  "q9_acr_long": "8 seeds × 1,000 steps × 4 arms (fp32, INT8 TIS, INT8 ACR, "
+  "INT8 TIS A/A)",
+  "q10_uaq_table4": "8 seeds × 300 steps × 6 arms (s = 1, 1.5, 2; lr × 1.5, "
+  "× 2; A/A)",
+  "q9_acr_long_calibration": "seed 100 × 30 steps × 7 caps (INT8 TIS): the "
+  "rule that fixes Q9's C",
+  "q11_streaming_probe": "1 seed × 20 steps × 4 lags (fp32 streaming, TIS): "
+  "does any response span a weight swap? No verdicts",
 }

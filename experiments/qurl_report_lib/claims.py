@@ -1,40 +1,44 @@
-"""The claims table: the claims each question makes (which configs of which
-study, superiority or non-inferiority), and the verdict of each from the
-paired bootstrap of final held-out accuracy."""
+"""The claims table: each claim's paired readout difference (`compare`),
+its tests (`evaluate`, before the page-wide Holm adjustment of family.py),
+and its verdict after the adjustment and the gates (`finish`)."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
 from qurl_report_lib import gates
+from qurl_report_lib import stats
 from qurl_report_lib.claim_list import (
   AA_FROM,
   CLAIMS,
-  LAG,
-  LR,
   PREREGISTERED,
   U,
   UNCALIBRATED,
 )
-from qurl_report_lib.stats import (
-  CONFIDENCE,
-  MARGIN,
-  MIN_SEEDS,
-  N_BOOT,
-  paired_bootstrap,
-  verdict,
-)
-from qurl_report_lib.studies import final_scores, run_quant_curves
+from qurl_report_lib.exposures import exposure
+from qurl_report_lib.studies import readout_scores
 
 
-def compare(study: dict, a: str, b: str) -> dict | None:
-  """Paired bootstrap of final accuracy B − A over the seeds both finished
-  (problems matched by uid); None if there is no such seed. `per_seed`:
-  each seed's mean B − A."""
+def compare(
+  study: dict, a: str, b: str, k: int = stats.READOUT_K
+) -> dict | None:
+  """The paired readout difference B − A over the seeds both arms finished
+  (problems matched by uid; readout: the mean of each run's last k
+  evaluations, `studies.readout_scores`); None if there is no such seed.
+
+  Returns {seeds, problems, evals (evaluations averaged), readout (its
+  label), per_seed {seed: B − A}, acc_a, acc_b, delta, method, low, high
+  (the seed-level interval; None below 2 seeds), boot_low, boot_high (the
+  bootstrap over seeds then problems)}."""
   ra, rb = study["runs"].get(a, {}), study["runs"].get(b, {})
-  rows_a, rows_b, seeds = [], [], []
+  rows_a, rows_b, seeds, evals = [], [], [], []
   for seed in sorted(set(ra) & set(rb)):
-    sa, sb = final_scores(ra[seed]), final_scores(rb[seed])
+    (sa, steps_a), (sb, steps_b) = (
+      readout_scores(ra[seed], k),
+      readout_scores(rb[seed], k),
+    )
     if not sa or not sb:
       continue
     uids = sorted(set(sa) & set(sb))
@@ -43,46 +47,67 @@ def compare(study: dict, a: str, b: str) -> dict | None:
     rows_a.append([sa[u] for u in uids])
     rows_b.append([sb[u] for u in uids])
     seeds.append(seed)
+    evals.append(min(len(steps_a), len(steps_b)))
   if not seeds:
     return None
-  delta, low, high = paired_bootstrap(rows_a, rows_b)
-  per_seed = (np.asarray(rows_b, float) - np.asarray(rows_a, float)).mean(1)
-  return {
+  arr_a, arr_b = np.asarray(rows_a, float), np.asarray(rows_b, float)
+  per_seed = (arr_b - arr_a).mean(1)
+  _, boot_low, boot_high = stats.paired_bootstrap(arr_a, arr_b)
+  n_evals, problems = min(evals), len(rows_a[0])
+  out = {
     "seeds": seeds,
-    "problems": len(rows_a[0]),
-    "delta": delta,
-    "low": low,
-    "high": high,
+    "problems": problems,
+    "evals": n_evals,
+    "readout": (
+      f"final eval × {problems}"
+      if n_evals == 1
+      else f"mean of last {n_evals} evals × {problems}"
+    ),
     "per_seed": dict(zip(seeds, map(float, per_seed))),
+    "acc_a": float(arr_a.mean()),
+    "acc_b": float(arr_b.mean()),
+    "delta": float(per_seed.mean()),
+    "method": None,
+    "low": None,
+    "high": None,
+    "boot_low": boot_low,
+    "boot_high": boot_high,
   }
+  if len(seeds) >= 2:
+    interval = stats.seed_interval(per_seed)
+    out.update(
+      method=interval["method"], low=interval["low"], high=interval["high"]
+    )
+  return out
 
 
-_AA_CACHE: dict[str, tuple[float, str] | None] = {}
+_FLOOR_CACHE: dict[str, tuple | None] = {}
 
 
-def aa_floor(study: dict) -> tuple[float, str] | None:
-  """(largest |B − A|, which pair) over the A/A pairs of the study's GPU
-  seeds: arms that compute the same update (gates.same_update), so every
-  difference between them is the machine's nondeterminism. A study with no
-  such pair uses that of `study["aa_source"]` (AA_FROM), if set."""
-  if study["dir"] not in _AA_CACHE:
-    _AA_CACHE[study["dir"]] = _aa_floor(study)
-  floor = _AA_CACHE[study["dir"]]
+def gpu_floor(study: dict) -> tuple[float, str, bool] | None:
+  """(largest |B − A|, which pair, bit-identical) over the pairs of the
+  study's GPU seeds that compute the same update (gates.same_update): the
+  machine's run-to-run nondeterminism. bit-identical: every such pair gave
+  the same held-out records (deterministic ops), which measures no floor. A
+  study without such a pair uses that of `study["aa_source"]` (AA_FROM)."""
+  if study["dir"] not in _FLOOR_CACHE:
+    _FLOOR_CACHE[study["dir"]] = _gpu_floor(study)
+  floor = _FLOOR_CACHE[study["dir"]]
   source = study.get("aa_source")
   if floor is None and source is not None:
     name, other = source
-    found = aa_floor(other)
+    found = gpu_floor(other)
     if found is not None:
-      return found[0], f"{found[1]} of `{name}` (no A/A arm in this study)"
+      return found[0], f"{found[1]} of `{name}`", found[2]
   return floor
 
 
-def _aa_floor(study: dict) -> tuple[float, str] | None:
+def _gpu_floor(study: dict) -> tuple[float, str, bool] | None:
   names = list(study["runs"])
   found = []
   for i, x in enumerate(names):
     for y in names[i + 1 :]:
-      result = compare(study, x, y)
+      result = compare(study, x, y, k=1)
       if result is None:
         continue
       for seed, d in result["per_seed"].items():
@@ -90,12 +115,59 @@ def _aa_floor(study: dict) -> tuple[float, str] | None:
           continue
         if gates.same_update(study["runs"][x][seed], study["runs"][y][seed]):
           found.append((abs(d), f"`{x}` vs `{y}`, seed {seed}"))
-  return max(found) if found else None
+  if not found:
+    return None
+  gap, pair = max(found)
+  return gap, pair, gap == 0.0
 
 
-def _lr_control(
-  study: dict, a: str, b: str, seed: int, scale: float
-) -> str | None:
+def aa_noise(study: dict) -> dict | None:
+  """The study's perturbed A/A spread (stats.aa_spread) from its pairs of
+  arms that differ in their data order alone (gates.perturbed_twins):
+  {"spread", "largest", "pair", "seeds"}; None without such a pair."""
+  names = list(study["runs"])
+  for i, x in enumerate(names):
+    for y in names[i + 1 :]:
+      common = sorted(set(study["runs"][x]) & set(study["runs"][y]))
+      if not common or not all(
+        gates.perturbed_twins(study["runs"][x][s], study["runs"][y][s])
+        for s in common
+      ):
+        continue
+      twin, aa = sorted(
+        (x, y), key=lambda n: gates.data_order(study["runs"][n][common[0]])
+      )
+      result = compare(study, twin, aa)
+      if result is None:
+        continue
+      d = list(result["per_seed"].values())
+      return {
+        "spread": stats.aa_spread(d),
+        "largest": float(np.max(np.abs(d))),
+        "pair": (twin, aa),
+        "seeds": len(d),
+      }
+  return None
+
+
+def noise_cell(study: dict) -> str:
+  """What the claims table prints as a study's noise floor."""
+  noise = aa_noise(study)
+  if noise is not None:
+    twin, aa = noise["pair"]
+    return (
+      f"{noise['spread']:.3f} (`{aa}` − `{twin}`, RMS over "
+      f"{noise['seeds']} seeds; largest {noise['largest']:.3f})"
+    )
+  floor = gpu_floor(study) if study["gpu_seeds"] else None
+  if floor is not None and not floor[2]:
+    return f"GPU run-to-run {floor[0]:.3f} ({floor[1]}; one pair)"
+  if floor is not None:
+    return "no noise floor measured (its A/A pair is bit-identical)"
+  return "no noise floor measured"
+
+
+def _lr_control(study: dict, a: str, b: str, seed: int, scale: float):
   """An arm of the study that differs from A (UAQ off) only in a learning
   rate × s (within 10%; QuRL Table 4's control): what tells UAQ at scale s
   from the learning-rate change it amounts to under Adam."""
@@ -122,260 +194,250 @@ def _uaq(study: dict, name: str, seeds) -> str:
   return "/".join(f"{v:g}" for v in vals)
 
 
-def _visibility(study: dict, a: str, b: str, seeds) -> str:
-  """UAQ's exposure beside a claim about it or its learning-rate control:
-  the share of INT8/FP8 codes a sync changes and the update-to-quant-error
-  ratio (QuRL Fig. 9), arm A → arm B, means over seeds; '' if not logged."""
-  keys = (
-    ("quant/quantized_change_fraction", "codes changed / sync"),
-    ("quant/update_to_quant_error", "update / quant error"),
+def label(claim: str, configs: list[dict]) -> str:
+  """The claim's text, with an ACR arm trained at one update per rollout
+  named for what it computed: TIS (R ≡ 1, so ACR is TIS for every C)."""
+  one_update = configs and all(
+    gates.updates_per_rollout(c) == 1 for c in configs
   )
-  parts = []
-  for key, label in keys:
-    means = []
-    for arm in (a, b):
-      vals = [run_quant_curves(study["runs"][arm][s])[key] for s in seeds]
-      vals = [x for x in vals if x is not None]
-      means.append(float(np.mean(vals)) if vals else None)
-    if None not in means:
-      parts.append(f"{label} {means[0]:.2e} → {means[1]:.2e}")
-  return "; exposure (A → B): " + ", ".join(parts) if parts else ""
-
-
-# π_behav = π_prox up to float rounding: the fp32 engine's cached decode and the
-# trainer's full forward pass of the same weights differ only in rounding.
-RHO_ONE_KL, RHO_ONE_TOL = 1e-9, 1e-4
-
-
-def _arm_lag(study: dict, name: str, seeds) -> dict:
-  """One arm's staleness exposure, over the seeds: the version lag (mean
-  over steps of each step's mean, largest max), how far π_behav is from
-  π_prox (mean behav–prox KL, largest ρ = π_prox/π_behav) and the share of
-  tokens clipped (where naive's ratio against π_behav cuts the gradient)."""
-  keys = ("version_lag_mean", "version_lag_max", "behav_prox_kl")
-  keys += ("max_prox_behav_ratio", "clip_fraction")
-  vals = {
-    k: [
-      x for s in seeds for _, x in gates.metric_rows(study["runs"][name][s], k)
-    ]
-    for k in keys
-  }
-  if not vals["version_lag_max"]:
-    return {}
-  return {
-    "lag_mean": float(np.mean(vals["version_lag_mean"])),
-    "lag_max": max(vals["version_lag_max"]),
-    "kl": float(np.mean(vals["behav_prox_kl"] or [0.0])),
-    "max_rho": max(vals["max_prox_behav_ratio"] or [1.0]),
-    "clip": float(np.mean(vals["clip_fraction"] or [0.0])),
-  }
-
-
-def _lag_exposure(study: dict, a: str, b: str, seeds) -> str:
-  """Staleness exposure beside a claim whose arms ran pipelined (issue 47):
-  each arm's version lag and behav–prox distance, A → B; '' when neither
-  arm ran stale or the runs did not log the lag. An arm at lag 0 with
-  π_behav = π_prox (ρ ≡ 1) and one update per rollout (R ≡ 1) gives a
-  correction nothing to act on: said so."""
-  configs = [
-    gates.effective_config(study["runs"][n][s]) for n in (a, b) for s in seeds
-  ]
-  if all(c.get("run.async_mode", "off") == "off" for c in configs):
-    return ""
-  arms = [_arm_lag(study, n, seeds) for n in (a, b)]
-  if not all(arms):
-    return ""
-  x, y = arms
-  text = (
-    f"; exposure (A → B): version lag mean/max {x['lag_mean']:.2f}/"
-    f"{x['lag_max']:g} → {y['lag_mean']:.2f}/{y['lag_max']:g}, behav–prox "
-    f"KL {x['kl']:.1e} → {y['kl']:.1e}, max ρ {x['max_rho']:.3g} → "
-    f"{y['max_rho']:.3g}, clipped tokens {x['clip']:.1e} → {y['clip']:.1e}"
+  if not one_update or "acr" not in {c.get("loss.correction") for c in configs}:
+    return claim
+  if "tis" in {c.get("loss.correction") for c in configs}:
+    return claim  # ACR vs TIS itself: "not tested", said by the verdict
+  return (
+    re.sub(r"\bACR\b", "TIS", claim)
+    + " [its `acr` arm: at one update per rollout ACR is TIS]"
   )
-  one_update = all(gates.updates_per_rollout(c) == 1 for c in configs)
-  idle = [
-    n
-    for n, arm in zip((a, b), arms)
-    if arm["lag_max"] == 0
-    and arm["kl"] < RHO_ONE_KL
-    and arm["max_rho"] < 1.0 + RHO_ONE_TOL
-  ]
-  if idle and one_update:
-    text += (
-      f"; `{'`, `'.join(idle)}` at lag 0: ρ = 1 to float precision and one "
-      "update per rollout (R ≡ 1), so no correction can act there"
-    )
-  return text
 
 
-def gate_claim(
-  study: dict, claim: str, a: str, b: str, named, result: dict, v: str, why: str
-) -> tuple[str, str]:
-  """The verdict after issue 44's gates (gates module docstring): refuses a
-  confounded comparison; an ACR-vs-TIS claim must have been testable and
-  exposed; a GPU comparison must exceed the machine's A/A floor."""
-  runs = []
-  for seed in result["seeds"]:
-    ra, rb = study["runs"][a][seed], study["runs"][b][seed]
-    gates.check_named(claim, a, b, ra, rb, named)
-    runs += [(ra, gates.effective_config(ra)), (rb, gates.effective_config(rb))]
-  corrections = {c.get("loss.correction") for _, c in runs}
-  if tuple(named) == ("loss.correction",) and corrections == {"tis", "acr"}:
-    gated = gates.acr_gate(runs)
-    if gated is not None:
-      return gated
-    acr = [gates.exposure(d) for d, c in runs if c["loss.correction"] == "acr"]
-    why += (
-      "; ACR exposed: gradient share "
-      f"{np.mean([e['grad_share'] for e in acr]):.1e} ≥ "
-      f"{gates.EXPOSURE_GATE:g}, ACR-active "
-      f"{np.mean([e['acr_active'] or 0.0 for e in acr]):.1e} of tokens"
-    )
-  elif corrections > {"acr"} and any(
-    gates.updates_per_rollout(c) == 1 for _, c in runs
-  ):
-    why += "; ACR ≡ TIS in these runs (one update per rollout: R ≡ 1)"
-  if U in named or LR in named:
-    why += _visibility(study, a, b, result["seeds"])
-  if set(named) & (set(LAG) | {"loss.correction"}):
-    why += _lag_exposure(study, a, b, result["seeds"])
-  if tuple(named) == ("rollout.uaq_scale",) and v == "supported":
-    scale = gates.effective_config(study["runs"][b][result["seeds"][0]])[
-      "rollout.uaq_scale"
-    ]
-    control = _lr_control(study, a, b, result["seeds"][0], scale)
-    if control is None:
-      return gates.NOT_ATTRIBUTABLE, (
-        why + "; but under Adam a fold by s is a per-tensor learning rate "
-        "(×s on q/k/v/gate/up, ×1/s on the norm gains: rljax/quant/uaq.py) "
-        "and no arm at s = 1 with a larger learning rate tells the two apart"
-      )
-    # Credited to UAQ only if it also beats the control, the learning-rate
-    # change it amounts to under Adam.
-    against = compare(study, control, b)
-    if against is not None:
-      v_c, _ = verdict(
-        against["low"], against["high"], "superiority", len(against["seeds"])
-      )
-      shown = (
-        f"UAQ − `{control}` = {against['delta']:+.3f} "
-        f"[{against['low']:+.3f}, {against['high']:+.3f}]"
-      )
-      if v_c != "supported":
-        return gates.NOT_ATTRIBUTABLE, (
-          f"{why}; but its learning-rate control gains as much ({shown}: {v_c})"
-        )
-      why += f"; beats its learning-rate control too ({shown})"
-    else:
-      why += f"; learning-rate control `{control}` has no finished seed"
-  gpu = [s for s in result["seeds"] if s in study["gpu_seeds"]]
-  if gpu and v in ("supported", "not supported"):
-    floor = aa_floor(study)
-    gap = abs(float(np.mean([result["per_seed"][s] for s in gpu])))
-    if floor is None:
-      return gates.NOT_ATTRIBUTABLE, (
-        f"GPU seeds {gpu} and no A/A pair on that machine: its run-to-run "
-        "nondeterminism is unmeasured"
-      )
-    if gap <= floor[0]:
-      return gates.NOT_ATTRIBUTABLE, (
-        f"the GPU seeds' gap {gap:.3f} (absolute B − A) is within the A/A floor "
-        f"{floor[0]:.3f} ({floor[1]})"
-      )
-    why += (
-      f"; the GPU seeds' gap {gap:.3f} (absolute B − A) exceeds the A/A "
-      f"floor {floor[0]:.3f} ({floor[1]})"
-    )
-  return v, why
-
-
-def with_aa_sources(studies: dict[str, dict]) -> dict[str, dict]:
-  """The studies, each one of AA_FROM (when its source is there too) as a
-  copy with `aa_source` = (source name, source study) for `aa_floor`."""
-  out = dict(studies)
-  for name, source in AA_FROM.items():
-    if name in studies and source in studies:
-      out[name] = {**studies[name], "aa_source": (source, studies[source])}
-  return out
-
-
-def claims_section(studies: dict[str, dict]) -> tuple[list[str], list[dict]]:
-  lines = [
-    f"Rule: {int(CONFIDENCE * 100)}% paired bootstrap interval of B − A "
-    f"(final held-out accuracy; resampling seeds, then problems; "
-    f"{N_BOOT:,} draws, fixed RNG). Superiority claims: supported if the "
-    f"interval is above 0, not supported if it lies below +{MARGIN:g}; "
-    f"non-inferiority claims: supported if it lies above −{MARGIN:g}, "
-    f"not supported if below −{MARGIN:g}; otherwise, or with fewer than "
-    f"{MIN_SEEDS} paired seeds, not resolved at this scale.",
-    "",
-    "Gates, read from each run's `config.json` and `metrics.jsonl` "
-    "(`experiments/qurl_report_lib/gates.py`): two arms may differ only in "
-    "the fields the claim names (else the page is not built); a claim "
-    f"that ACR beats TIS is **{gates.NOT_TESTED}** when the runs had "
-    "`update.ppo_epochs × update.minibatches == 1`, **not exercised** "
-    f"when ACR's gradient share is below {gates.EXPOSURE_GATE:g}, and "
-    "**not attributable** when the runs did not log it; a verdict from GPU "
-    "runs is **not attributable** unless the gap exceeds the A/A floor "
-    "(two arms computing the same update) of that machine. UAQ A/B: the "
-    "scale each arm's trainer applied.",
-    "",
-    "| Q | study | claim | A | B | UAQ A/B | updates/rollout | seeds | "
-    f"problems/seed | B − A | {int(CONFIDENCE * 100)}% CI | verdict | why |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-  ]
-  out = []
+def evaluate(studies: dict[str, dict]) -> list[dict]:
+  """Every claim of CLAIMS with its readout difference and, where the rule
+  tests it, its two raw one-sided p-values (`p_raw`); a claim that the
+  gates decide without a test (ACR not testable or not exposed) carries its
+  verdict already."""
   studies = with_aa_sources(studies)
+  rows = []
   for q, study_name, claim, a, b, kind, named in CLAIMS:
     study = studies.get(study_name)
     result = compare(study, a, b) if study else None
-    ids = {"question": q, "study": study_name, "claim": claim, "a": a, "b": b}
+    row = {
+      "question": q,
+      "study": study_name,
+      "claim": claim,
+      "a": a,
+      "b": b,
+      "kind": kind,
+      "named": list(named),
+      "p_raw": None,
+    }
+    rows.append(row)
     if result is None:
-      why = (
+      row["verdict"] = stats.NOT_RESOLVED
+      row["why"] = (
         "no runs of this study are archived"
         if study is None
         else "no seed finished by both configs"
       )
-      row = {**ids, "verdict": "not resolved at this scale", "why": why}
-      lines.append(
-        f"| {q} | {study_name} | {claim} | `{a}` | `{b}` | – | – | 0 | – | "
-        f"– | – | **not resolved at this scale** | {why} |"
+      continue
+    row.update(result)
+    runs = []
+    for seed in result["seeds"]:
+      ra, rb = study["runs"][a][seed], study["runs"][b][seed]
+      gates.check_named(claim, a, b, ra, rb, named)
+      runs += [
+        (ra, gates.effective_config(ra)),
+        (rb, gates.effective_config(rb)),
+      ]
+    configs = [c for _, c in runs]
+    row["claim"] = label(claim, configs)
+    row["uaq"] = (
+      f"{_uaq(study, a, row['seeds'])} / {_uaq(study, b, row['seeds'])}"
+    )
+    row["updates_per_rollout"] = sorted(
+      {gates.updates_per_rollout(c) for c in configs}
+    )
+    row["exposure"] = exposure(study, row, named)
+    row["noise"] = noise_cell(study)
+    corrections = {c.get("loss.correction") for c in configs}
+    if tuple(named) == ("loss.correction",) and corrections == {"tis", "acr"}:
+      gated = gates.acr_gate(runs)
+      if gated is not None:
+        row["verdict"], row["why"] = gated
+        continue
+    if len(result["seeds"]) >= stats.MIN_SEEDS:
+      row["p_raw"] = stats.claim_tests(list(result["per_seed"].values()), kind)
+  return rows
+
+
+def finish(row: dict, studies: dict[str, dict], by_key: dict) -> None:
+  """Sets the verdict of an evaluated claim from its Holm-adjusted p-values
+  (`row["p"]`), then the gates: a UAQ gain needs to beat its learning-rate
+  control, a GPU comparison its machine's floor, and a superiority claim
+  inside its study's A/A spread reads "within noise"."""
+  if "verdict" in row:
+    return
+  study = with_aa_sources(studies)[row["study"]]
+  p = row.get("p") or {}
+  v, why = stats.verdict_from_tests(
+    p.get("for"), p.get("against"), row["kind"], len(row["seeds"])
+  )
+  a, b, seeds = row["a"], row["b"], row["seeds"]
+  if tuple(row["named"]) == (U,) and v == stats.SUPPORTED:
+    scale = gates.effective_config(study["runs"][b][seeds[0]])[
+      "rollout.uaq_scale"
+    ]
+    control = _lr_control(study, a, b, seeds[0], scale)
+    if control is None:
+      v, why = (
+        gates.NOT_ATTRIBUTABLE,
+        (
+          f"{why}; but under Adam a fold by s is a per-tensor learning rate "
+          "(×s on q/k/v/gate/up, ×1/s on the norm gains: rljax/quant/uaq.py) "
+          "and no arm at s = 1 with a larger learning rate tells the two apart"
+        ),
       )
     else:
-      v, why = verdict(
-        result["low"], result["high"], kind, len(result["seeds"])
+      against = by_key.get((row["study"], control, b))
+      if against is not None and "p" in against:
+        finish(against, studies, by_key)
+        control_verdict = against["verdict"]
+      else:
+        # Not a claim on the page: its own two tests, unadjusted (the
+        # control can only take a credit away).
+        against = compare(study, control, b)
+        p_c = stats.claim_tests(
+          list(against["per_seed"].values()), "superiority"
+        )
+        control_verdict = (
+          stats.verdict_from_tests(
+            p_c["for"], p_c["against"], "superiority", len(against["seeds"])
+          )[0]
+          + " (unadjusted)"
+        )
+      shown = f"UAQ − `{control}` = {against['delta']:+.3f}"
+      if not control_verdict.startswith(stats.SUPPORTED):
+        v, why = (
+          gates.NOT_ATTRIBUTABLE,
+          (
+            f"{why}; but its learning-rate control gains as much ({shown}: "
+            f"{control_verdict})"
+          ),
+        )
+      else:
+        why += f"; beats its learning-rate control too ({shown})"
+  gpu = [s for s in seeds if s in study["gpu_seeds"]]
+  if gpu and v in (stats.SUPPORTED, stats.NOT_SUPPORTED):
+    floor = gpu_floor(study)
+    gap = abs(float(np.mean([row["per_seed"][s] for s in gpu])))
+    if floor is None:
+      v, why = (
+        gates.NOT_ATTRIBUTABLE,
+        (
+          f"GPU seeds {gpu} and no A/A pair on that machine: its run-to-run "
+          "nondeterminism is unmeasured"
+        ),
       )
-      v, why = gate_claim(study, claim, a, b, named, result, v, why)
-      note = (
-        gates.calibration_note(study, a, b)
-        if study_name in PREREGISTERED
-        else None
+    elif floor[2]:
+      why += (
+        f"; no noise floor measured: the GPU's A/A pair ({floor[1]}) is "
+        "bit-identical under deterministic ops"
       )
-      if note:
-        v, why = v + UNCALIBRATED, f"{why}; C uncalibrated: {note}"
-      seeds = result["seeds"]
-      uaq = f"{_uaq(study, a, seeds)} / {_uaq(study, b, seeds)}"
-      updates = sorted(
-        {
-          gates.updates_per_rollout(gates.effective_config(study["runs"][n][s]))
-          for n in (a, b)
-          for s in seeds
-        }
+    elif gap <= floor[0]:
+      v, why = (
+        gates.NOT_ATTRIBUTABLE,
+        (
+          f"the GPU seeds' gap {gap:.3f} (absolute B − A) is within the GPU "
+          f"run-to-run floor {floor[0]:.3f} ({floor[1]})"
+        ),
       )
-      row = {
-        **ids,
-        "verdict": v,
-        "why": why,
-        "uaq": uaq,
-        "updates_per_rollout": updates,
-        **{k: x for k, x in result.items() if k != "per_seed"},
-      }
+    else:
+      why += (
+        f"; the GPU seeds' gap {gap:.3f} (absolute B − A) exceeds the GPU "
+        f"run-to-run floor {floor[0]:.3f} ({floor[1]})"
+      )
+  noise = aa_noise(study)
+  if (
+    noise is not None
+    and v in (stats.SUPPORTED, stats.NOT_SUPPORTED)
+    and stats.within_noise(row["delta"], noise["spread"], row["kind"])
+  ):
+    why = (
+      f"{why}, but |B − A| = {abs(row['delta']):.3f} is inside the A/A "
+      f"spread {noise['spread']:.3f}"
+    )
+    v = stats.WITHIN_NOISE
+  if row["study"] in PREREGISTERED:
+    note = gates.calibration_note(study, a, b)
+    if note:
+      v, why = v + UNCALIBRATED, f"{why}; C uncalibrated: {note}"
+  row["verdict"], row["why"] = v, why
+
+
+def with_aa_sources(studies: dict[str, dict]) -> dict[str, dict]:
+  """The studies, each one of AA_FROM (when its source is there too) as a
+  copy with `aa_source` = (source name, source study) for `gpu_floor`."""
+  out = dict(studies)
+  for name, source in AA_FROM.items():
+    if (
+      name in studies and source in studies and "aa_source" not in studies[name]
+    ):
+      out[name] = {**studies[name], "aa_source": (source, studies[source])}
+  return out
+
+
+def _ci(row: dict) -> str:
+  if row.get("low") is None:
+    return "–"
+  return f"[{row['low']:+.3f}, {row['high']:+.3f}] ({row['method']})"
+
+
+def _holm(row: dict) -> str:
+  p = row.get("p")
+  if not p:
+    return "–"
+  return f"{p['for']:.2g} / {p['against']:.2g}"
+
+
+def render(rows: list[dict], tests: int) -> list[str]:
+  """The claims table (rules: stats.rule_lines, printed once above it)."""
+  lines = [
+    f"{len(rows)} claims; {tests} one-sided tests in the Holm family (the "
+    "claims below and the KL-slope readouts of Q6). Holm p: the adjusted p "
+    "of the test for the claim / against it. Exposure: the mechanism each "
+    "claim is about, arm A → arm B.",
+    "",
+    "| Q | study | claim | A | B | UAQ A/B | updates/rollout | seeds | "
+    "readout (problems) | B − A | 95% CI (seeds) | bootstrap seeds × problems "
+    "| Holm p for / against | A/A spread | verdict | why | exposure (A → B) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    if r.get("delta") is None:
       lines.append(
-        f"| {q} | {study_name} | {claim} | `{a}` | `{b}` | {uaq} | "
-        f"{'/'.join(map(str, updates))} | "
-        f"{len(result['seeds'])} | {result['problems']} | "
-        f"{result['delta']:+.3f} | [{result['low']:+.3f}, "
-        f"{result['high']:+.3f}] | **{v}** | {why} |"
+        f"| {r['question']} | {r['study']} | {r['claim']} | `{r['a']}` | "
+        f"`{r['b']}` | – | – | 0 | – | – | – | – | – | – | "
+        f"**{r['verdict']}** | {r['why']} | – |"
       )
-    out.append(row)
-  return lines, out
+      continue
+    lines.append(
+      f"| {r['question']} | {r['study']} | {r['claim']} | `{r['a']}` | "
+      f"`{r['b']}` | {r['uaq']} | "
+      f"{'/'.join(map(str, r['updates_per_rollout']))} | {len(r['seeds'])} | "
+      f"{r['readout']} | {r['delta']:+.3f} | {_ci(r)} | "
+      f"[{r['boot_low']:+.3f}, {r['boot_high']:+.3f}] | {_holm(r)} | "
+      f"{r['noise']} | **{r['verdict']}** | {r['why']} | {r['exposure']} |"
+    )
+  return lines
+
+
+def json_row(row: dict) -> dict:
+  """The row as docs/qurl_results.json keeps it."""
+  keep = (
+    "question study claim a b kind verdict why uaq updates_per_rollout seeds "
+    "problems evals readout delta method low high boot_low boot_high p p_raw "
+    "noise exposure"
+  ).split()
+  out = {k: row[k] for k in keep if k in row}
+  if "per_seed" in row:
+    out["per_seed"] = {str(s): d for s, d in row["per_seed"].items()}
+  return out

@@ -1,21 +1,21 @@
-"""Questions 6 and 7 beside the claims table (issue 44): every verdict with
-the exposure of the mechanism it is about, the A/A floor of the machine, and
+"""Questions 6 and 7 beside the claims table: every verdict with the
+exposure of the mechanism it is about, the noise floor of the machine, and
 the pre-registered calibration of Q6.
 
 Q6's readout was fixed before the runs (experiments/configs/q6_acr_fair.json,
 `_comment`): per format, ACR − TIS in
   (1) the slope over steps of `behav_prox_kl` (least squares over the run's
-      steps 1..run.steps, `kl_slope`), averaged over seeds, with a bootstrap
-      interval resampling seeds (`stats.seed_bootstrap`);
-  (2) final held-out accuracy (the claims table: `stats.paired_bootstrap`
-      and `stats.verdict`);
+      steps 1..run.steps, `kl_slope`), one difference per seed;
+  (2) held-out accuracy (the claims table);
 each gated by exposure: ACR's mean `acr_grad_share` below
 gates.EXPOSURE_GATE reads "not exercised at this scale", with the share.
-Readout (1) had no margin pre-registered, so its verdict takes none
-(`stats.decrease_verdict`). The calibration the same comment fixed (first
-30 steps of seed 0: fp32's clip_fraction_high in [0.2%, 2%], every TIS arm's
-tis_truncated_fraction in [1%, 3%]) is recomputed from the run files; a TIS
-arm outside its range marks its format's verdicts "C uncalibrated".
+Both are read with the page's rule (stats: a seed-level interval, one-sided
+tests Holm-adjusted with every other test on the page); readout (1) had no
+margin pre-registered, so it is tested as a decrease below 0. The
+calibration the same comment fixed (first 30 steps of seed 0: fp32's
+clip_fraction_high in [0.2%, 2%], every TIS arm's tis_truncated_fraction
+in [1%, 3%]) is recomputed from the run files; a TIS arm outside its range
+marks its format's verdicts "C uncalibrated".
 
 Q7's exposure is UAQ's: the fraction of quantized codes a weight sync
 changes (`quant/quantized_change_fraction`) and the update / quantization
@@ -29,21 +29,16 @@ import os
 import numpy as np
 
 from qurl_report_lib import gates
-from qurl_report_lib.claim_list import UNCALIBRATED
-from qurl_report_lib.claims import aa_floor, with_aa_sources
+from qurl_report_lib import stats
+from qurl_report_lib.claim_list import SLOPE_QUESTIONS, UNCALIBRATED
+from qurl_report_lib.claims import gpu_floor, noise_cell, with_aa_sources
 from qurl_report_lib.gates import (
   CALIBRATION_STEPS,
   FP32_CLIP_HIGH,
   TIS_TRUNCATED,
   calibration,
 )
-from qurl_report_lib.stats import (
-  CONFIDENCE,
-  decrease_verdict,
-  fmt,
-  ls_slope,
-  seed_bootstrap,
-)
+from qurl_report_lib.stats import CONFIDENCE, fmt, ls_slope
 from qurl_report_lib.studies import read_json
 
 KL_KEY = "behav_prox_kl"
@@ -99,8 +94,10 @@ def slope_aa_floor(study: dict) -> tuple[float, str] | None:
 
 
 def slope_readout(study: dict, a: str, b: str) -> dict | None:
-  """Readout (1) of B − A (module docstring), gated; None if no seed has
-  both runs finished with a slope."""
+  """Readout (1) of B − A (module docstring), before the page's Holm
+  adjustment: the per-seed slope differences, their seed-level interval
+  and raw one-sided tests (kind "decrease"), or the gate's verdict when
+  ACR could not act; None if no seed has both runs finished with a slope."""
   seeds, per_seed, slopes_a, slopes_b = [], [], [], []
   for seed in _pairs(study, a, b):
     sa = kl_slope(study["runs"][a][seed])
@@ -113,8 +110,25 @@ def slope_readout(study: dict, a: str, b: str) -> dict | None:
     per_seed.append(sb - sa)
   if not seeds:
     return None
-  delta, low, high = seed_bootstrap(per_seed)
-  v, why = decrease_verdict(low, high, len(seeds))
+  row = {
+    "a": a,
+    "b": b,
+    "kind": "decrease",
+    "seeds": seeds,
+    "per_seed": dict(zip(seeds, per_seed)),
+    "slope_a": float(np.mean(slopes_a)),
+    "slope_b": float(np.mean(slopes_b)),
+    "delta": float(np.mean(per_seed)),
+    "low": None,
+    "high": None,
+    "method": None,
+    "p_raw": None,
+  }
+  if len(seeds) >= 2:
+    interval = stats.seed_interval(per_seed)
+    row.update(
+      low=interval["low"], high=interval["high"], method=interval["method"]
+    )
   runs = [
     (d, gates.effective_config(d))
     for seed in seeds
@@ -122,11 +136,43 @@ def slope_readout(study: dict, a: str, b: str) -> dict | None:
   ]
   gated = gates.acr_gate(runs)
   if gated is not None:
-    v, why = gated
-  gpu = [s for s in seeds if s in study["gpu_seeds"]]
-  if gated is None and gpu and v in ("supported", "not supported"):
+    row["verdict"], row["why"] = gated
+  elif len(seeds) >= stats.MIN_SEEDS:
+    row["p_raw"] = stats.claim_tests(per_seed, "decrease")
+  return row
+
+
+def slope_results(studies: dict, claims: list[dict]) -> list[dict]:
+  """Readout (1) of every format of a study with one (a `<fmt>_tis` vs
+  `<fmt>_acr` claim of a question in SLOPE_QUESTIONS), with its study."""
+  out = []
+  for name, study in with_aa_sources(studies).items():
+    for c in claims:
+      a, b = c["a"], c["b"]
+      if c["study"] != name or c["question"] not in SLOPE_QUESTIONS:
+        continue
+      if not (a.endswith("_tis") and b.endswith("_acr")):
+        continue
+      row = slope_readout(study, a, b)
+      if row is not None:
+        out.append({**row, "study": name, "question": c["question"]})
+  return out
+
+
+def finish_slope(row: dict, studies: dict) -> None:
+  """The slope readout's verdict from its Holm-adjusted p (`row["p"]`),
+  then the GPU floor (a bit-identical A/A pair measures none)."""
+  if "verdict" in row:
+    return
+  study = with_aa_sources(studies)[row["study"]]
+  p = row.get("p") or {}
+  v, why = stats.verdict_from_tests(
+    p.get("for"), p.get("against"), "decrease", len(row["seeds"])
+  )
+  gpu = [s for s in row["seeds"] if s in study["gpu_seeds"]]
+  if gpu and v in (stats.SUPPORTED, stats.NOT_SUPPORTED):
     floor = slope_aa_floor(study)
-    gap = abs(float(np.mean([d for s, d in zip(seeds, per_seed) if s in gpu])))
+    gap = abs(float(np.mean([row["per_seed"][s] for s in gpu])))
     if floor is None:
       v, why = (
         gates.NOT_ATTRIBUTABLE,
@@ -135,30 +181,28 @@ def slope_readout(study: dict, a: str, b: str) -> dict | None:
           "nondeterminism is unmeasured"
         ),
       )
+    elif floor[0] == 0.0:
+      why += (
+        f"; no noise floor measured: the A/A pair ({floor[1]}) is "
+        "bit-identical under deterministic ops"
+      )
     elif gap <= floor[0]:
       v, why = (
         gates.NOT_ATTRIBUTABLE,
         (
-          f"the gap {gap:.1e} (absolute B − A) is within the A/A floor "
-          f"{floor[0]:.1e} "
-          f"({floor[1]})"
+          f"the gap {gap:.1e} (absolute B − A) is within the GPU run-to-run "
+          f"floor {floor[0]:.1e} ({floor[1]})"
         ),
       )
     else:
       why += (
-        f"; the gap {gap:.1e} (absolute B − A) exceeds the A/A floor "
-        f"{floor[0]:.1e} ({floor[1]})"
+        f"; the gap {gap:.1e} (absolute B − A) exceeds the GPU run-to-run "
+        f"floor {floor[0]:.1e} ({floor[1]})"
       )
-  return {
-    "seeds": seeds,
-    "slope_a": float(np.mean(slopes_a)),
-    "slope_b": float(np.mean(slopes_b)),
-    "delta": delta,
-    "low": low,
-    "high": high,
-    "verdict": v,
-    "why": why,
-  }
+  note = gates.calibration_note(study, row["a"])
+  if note:
+    v, why = v + UNCALIBRATED, f"{why}; C uncalibrated: {note}"
+  row["verdict"], row["why"] = v, why
 
 
 def _exposure_cells(study: dict, name: str, seeds) -> tuple[str, str]:
@@ -191,13 +235,19 @@ def _instrument_line(study: dict) -> list[str]:
 
 
 def _floor_line(study: dict) -> str:
-  acc = aa_floor(study)
-  slope = slope_aa_floor(study)
   if not study["gpu_seeds"]:
-    return "Machine: CPU (bit-reproducible); no A/A floor is needed."
+    return "Machine: CPU (bit-reproducible)."
+  acc = gpu_floor(study)
+  slope = slope_aa_floor(study)
+  if acc is not None and acc[2] and slope is not None and slope[0] == 0.0:
+    return (
+      "No noise floor measured: the A/A pair of this machine "
+      f"({acc[1]}) is bit-identical under deterministic ops, which says "
+      "nothing about how far two harmlessly perturbed runs drift apart."
+    )
   return (
-    "A/A floor (arms computing the same update on this machine): final "
-    "held-out accuracy, absolute B − A: "
+    "GPU run-to-run floor (arms computing the same update on this "
+    "machine): held-out accuracy, absolute B − A: "
     + (f"{acc[0]:.3f} ({acc[1]})" if acc else "**unmeasured**")
     + "; KL slope, absolute B − A: "
     + (f"{slope[0]:.1e} ({slope[1]})" if slope else "**unmeasured**")
@@ -205,10 +255,123 @@ def _floor_line(study: dict) -> str:
   )
 
 
-def _q6_block(name: str, study: dict, rows: list[dict]) -> list[str]:
-  cal = calibration(study)
-  lines = [f"### Q6 readout: `{name}`", ""]
+def _ci(row: dict, spec: str) -> str:
+  if row.get("low") is None:
+    return "–"
+  return f"[{row['low']:{spec}}, {row['high']:{spec}}] ({row['method']})"
+
+
+def _holm(row: dict) -> str:
+  p = row.get("p")
+  return f"{p['for']:.2g} / {p['against']:.2g}" if p else "–"
+
+
+# Exposure over time (Q9): per window of steps, the mean of each metric over
+# the arm's seeds and steps (`ratio_mean` as its range over steps: the step
+# mean of R inside the clip; max ρ as the largest).
+_OVER_TIME = (
+  ("behav_prox_kl", "behav–prox KL"),
+  ("max_prox_behav_ratio", "max ρ"),
+  ("tis_truncated_fraction", "ρ > C share"),
+  ("acr_eligible_fraction", "eligible (ρ > C, A > 0)"),
+  ("acr_grad_share", "ACR grad share"),
+  ("acr_active_fraction", "ACR-active"),
+  ("clip_fraction_high", "clip high"),
+  ("ratio_mean", "R (step mean) range"),
+)
+
+
+def exposure_over_time(study: dict, arms, windows: int = 4) -> list[str]:
+  """A table of each arm's exposure in `windows` equal windows of steps."""
+  lines = [
+    "| arm | steps | " + " | ".join(t for _, t in _OVER_TIME) + " |",
+    "|---|---|" + "---|" * len(_OVER_TIME),
+  ]
+  for arm in arms:
+    by_seed = study["runs"].get(arm, {})
+    last = max(
+      (s for d in by_seed.values() for s, _ in _rows(d, "behav_prox_kl")),
+      default=0,
+    )
+    if not last:
+      continue
+    edges = np.linspace(0, last, windows + 1).round().astype(int)
+    for lo, hi in zip(edges[:-1], edges[1:]):
+      cells = []
+      for key, _ in _OVER_TIME:
+        vals = [
+          v for d in by_seed.values() for s, v in _rows(d, key) if lo < s <= hi
+        ]
+        if not vals:
+          cells.append("–")
+        elif key == "ratio_mean":
+          cells.append(f"{min(vals):.4f}–{max(vals):.4f}")
+        elif key.startswith("max_"):
+          cells.append(fmt(max(vals)))
+        else:
+          cells.append(fmt(float(np.mean(vals))))
+      lines.append(f"| `{arm}` | {lo + 1}–{hi} | " + " | ".join(cells) + " |")
+  return lines
+
+
+def regime_check(study: dict, arm: str = "fp32") -> str:
+  """Q9's registered check that fp32 kept improving: its readout (the
+  mean of its last 4 evaluations) against its mean held-out accuracy at
+  steps 400-500 of the run's 1,000, over the seeds that finished."""
+  runs = study["runs"].get(arm, {})
+  late, mid = [], []
+  for run in runs.values():
+    if not os.path.exists(os.path.join(run, "summary.json")):
+      continue
+    evals = [(r["step"], r["eval_accuracy"]) for r in _eval_rows(run)]
+    middle = [a for s, a in evals if 400 <= s <= 500]
+    last = [a for s, a in evals if s > 0][-stats.READOUT_K :]
+    if middle and last:
+      mid.append(float(np.mean(middle)))
+      late.append(float(np.mean(last)))
+  if not late:
+    return f"Regime check (registered): no `{arm}` seed has finished."
+  verdict = (
+    "kept improving"
+    if np.mean(late) > np.mean(mid)
+    else "did not keep improving: the learning rate left the registered regime"
+  )
+  return (
+    f"Regime check (registered): `{arm}` readout {np.mean(late):.3f} "
+    f"against {np.mean(mid):.3f} at steps 400–500 ({len(late)} seeds): "
+    f"{verdict}."
+  )
+
+
+def _q6_block(
+  name: str, study: dict, rows: list[dict], slopes: list[dict], q: str = "6"
+) -> list[str]:
+  lines = [f"### Q{q} readout: `{name}`", ""]
   lines += _instrument_line(study)
+  if q != "6":
+    caps = sorted(
+      {
+        f"`{n}` C = {gates.effective_config(d).get('loss.tis_cap'):g}"
+        for n, by_seed in study["runs"].items()
+        for d in by_seed.values()
+        if gates.effective_config(d).get("loss.correction") in ("tis", "acr")
+      }
+    )
+    lines += [
+      f"C fixed by the registered calibration before the study ran: "
+      f"{', '.join(caps) or '–'}. Noise floor: {noise_cell(study)}. "
+      + regime_check(study),
+      "",
+    ]
+    lines += _rows_table(name, study, rows, slopes)
+    lines += [
+      "",
+      f"Exposure over time ({', '.join(f'`{n}`' for n in study['runs'])}):",
+      "",
+    ]
+    lines += exposure_over_time(study, list(study["runs"]))
+    return lines + [""]
+  cal = calibration(study)
   pre = (
     f"Calibration (pre-registered; first {CALIBRATION_STEPS} steps of "
     "the first seed): "
@@ -227,21 +390,26 @@ def _q6_block(name: str, study: dict, rows: list[dict]) -> list[str]:
     for arm, (v, ok, cap) in cal["tis"].items()
   )
   lines += [pre + ".", "", _floor_line(study), ""]
-  lines += [
+  return lines + _rows_table(name, study, rows, slopes) + [""]
+
+
+def _rows_table(
+  name: str, study: dict, rows: list[dict], slopes: list[dict]
+) -> list[str]:
+  lines = [
     "| format | readout | A | B | seeds | slope A | slope B | B − A | "
-    f"{int(CONFIDENCE * 100)}% CI | verdict | why | ACR grad share | "
-    "ACR-active | TIS-truncated (A, all steps) |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    f"{int(CONFIDENCE * 100)}% CI (seeds) | Holm p for / against | verdict "
+    "| why | ACR grad share | ACR-active | TIS-truncated (A, all steps) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for row in rows:
     a, b = row["a"], row["b"]
     if not (a.endswith("_tis") and b.endswith("_acr")):
       continue
     fmt_name = a.rpartition("_")[0]
-    # The claims table marks its own rows (claim_list.PREREGISTERED).
-    note = gates.calibration_note(study, a)
-    mark = UNCALIBRATED if note else ""
-    readout = slope_readout(study, a, b)
+    readout = next(
+      (r for r in slopes if (r["study"], r["a"], r["b"]) == (name, a, b)), None
+    )
     seeds = row.get("seeds") or (readout or {}).get("seeds") or []
     share, active = _exposure_cells(study, b, seeds) if seeds else ("–", "–")
     truncated = fmt(_mean_metric(study, a, seeds, "tis_truncated_fraction"))
@@ -251,19 +419,17 @@ def _q6_block(name: str, study: dict, rows: list[dict]) -> list[str]:
         f"| {fmt_name} | KL slope /step | `{a}` | `{b}` | "
         f"{len(readout['seeds'])} | {readout['slope_a']:.2e} | "
         f"{readout['slope_b']:.2e} | {readout['delta']:+.2e} | "
-        f"[{readout['low']:+.2e}, {readout['high']:+.2e}] | "
-        f"**{readout['verdict']}{mark}** | {readout['why']}"
-        + (f"; C uncalibrated: {note}" if note else "")
-        + tail
+        f"{_ci(readout, '+.2e')} | {_holm(readout)} | "
+        f"**{readout['verdict']}** | {readout['why']}" + tail
       )
     if row.get("delta") is not None:
       lines.append(
-        f"| {fmt_name} | final held-out | `{a}` | `{b}` | "
+        f"| {fmt_name} | held-out ({row['readout']}) | `{a}` | `{b}` | "
         f"{len(row['seeds'])} | – | – | {row['delta']:+.3f} | "
-        f"[{row['low']:+.3f}, {row['high']:+.3f}] | "
-        f"**{row['verdict']}** | {row['why']}" + tail
+        f"{_ci(row, '+.3f')} | {_holm(row)} | **{row['verdict']}** | "
+        f"{row['why']}" + tail
       )
-  return lines + [""]
+  return lines
 
 
 def _q7_block(name: str, study: dict, rows: list[dict]) -> list[str]:
@@ -272,7 +438,7 @@ def _q7_block(name: str, study: dict, rows: list[dict]) -> list[str]:
   lines += [_floor_line(study), ""]
   lines += [
     "| claim | A | B | seeds | B − A | "
-    f"{int(CONFIDENCE * 100)}% CI | verdict | UAQ s A/B | "
+    f"{int(CONFIDENCE * 100)}% CI (seeds) | verdict | UAQ s A/B | "
     "codes changed / sync A/B | update / quant error A/B | "
     "held-out before → final A/B |",
     "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -304,7 +470,7 @@ def _q7_block(name: str, study: dict, rows: list[dict]) -> list[str]:
 
     lines.append(
       f"| {row['claim']} | `{a}` | `{b}` | {len(seeds)} | "
-      f"{row['delta']:+.3f} | [{row['low']:+.3f}, {row['high']:+.3f}] | "
+      f"{row['delta']:+.3f} | {_ci(row, '+.3f')} | "
       f"**{row['verdict']}** ({row['why']}) | {row['uaq']} | "
       f"{pair('quant/quantized_change_fraction')} | "
       f"{pair('quant/update_to_quant_error')} | {held(a)} / {held(b)} |"
@@ -318,15 +484,21 @@ def _eval_rows(run_dir: str) -> list[dict]:
   return [r for r in read_metrics(run_dir) if "eval_accuracy" in r]
 
 
-def fair_test_section(studies: dict, claims: list[dict]) -> list[str]:
+def fair_test_section(
+  studies: dict, claims: list[dict], slopes: list[dict]
+) -> list[str]:
   """Q6's and Q7's readouts, one block per study that has claims of theirs
-  (claims: the rows of claims.claims_section)."""
+  (claims, slopes: the finished rows of family.page)."""
   lines = []
   for name, study in with_aa_sources(studies).items():
     rows = [c for c in claims if c["study"] == name]
     questions = {c["question"] for c in rows}
     if "6" in questions:
-      lines += _q6_block(name, study, [c for c in rows if c["question"] == "6"])
+      q6 = [c for c in rows if c["question"] == "6"]
+      lines += _q6_block(name, study, q6, slopes)
+    if "9" in questions:
+      q9 = [c for c in rows if c["question"] == "9"]
+      lines += _q6_block(name, study, q9, slopes, q="9")
     if "7" in questions:
       lines += _q7_block(name, study, [c for c in rows if c["question"] == "7"])
   return lines

@@ -1,14 +1,14 @@
-"""What a claim may say about the runs it compares (issue 44).
+"""What a claim may say about the runs it compares.
 
 Before a verdict is read off an interval, three questions are asked of the
 run files themselves, never of the config's name:
 
   * What ran? `effective_config(run_dir)`: the run's `config.json`, flat, with
-    `rollout.uaq_scale` replaced by the scale the trainer applied. Until
-    issue 44 the trainer folded UAQ only into quantized rollouts while
-    `config.json` recorded the field's value (1.5 by default) for every run;
-    those runs are recognised by the absence of the ACR exposure metrics that
-    the same change added to every update (`acr_grad_share`).
+    `rollout.uaq_scale` replaced by the scale the trainer applied. An older
+    trainer folded UAQ only into quantized rollouts while `config.json`
+    recorded the field's value (1.5 by default) for every run; its runs are
+    recognised by the absence of the ACR exposure metrics that the same
+    change added to every update (`acr_grad_share`).
   * Do the two arms differ only where the claim says? `differing_fields`:
     a claim names the fields it compares (e.g. `loss.correction`); two arms
     that also differ in an unnamed field (a UAQ scale, a learning rate) are a
@@ -22,17 +22,20 @@ run files themselves, never of the config's name:
     below EXPOSURE_GATE; runs that did not log it cannot show exposure:
     "not attributable". A comparison of GPU runs is "not attributable"
     unless it exceeds the nondeterminism floor an A/A pair of the same
-    machine measured (`aa_pairs`): two arms that compute the same update
-    (the same config, or TIS and ACR with R ≡ 1).
+    machine measured (`same_update`): two arms that compute the same update
+    (the same config, or TIS and ACR with R ≡ 1). A bit-identical pair
+    (deterministic ops) measures no floor at all.
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
 import os
 
 import numpy as np
 
+from rljax import instrument
 from rljax.train import config as config_lib
 from rljax.train.metrics import read_metrics
 from rljax.train.rundir import RUN_CONTROL_FIELDS
@@ -117,11 +120,17 @@ def differing_fields(a: dict, b: dict) -> dict[str, tuple]:
 
 
 def _step0_records(run_dir: str) -> str | None:
-  path = os.path.join(run_dir, "eval_step0.jsonl")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return f.read()
+  """The text of the run's held-out records at step 0, from the live
+  `eval_step0.jsonl` or the archived `eval_step0.jsonl.gz`."""
+  for name, opener in (
+    ("eval_step0.jsonl", open),
+    ("eval_step0.jsonl.gz", gzip.open),
+  ):
+    path = os.path.join(run_dir, name)
+    if os.path.exists(path):
+      with opener(path, "rt") as f:
+        return f.read()
+  return None
 
 
 def same_start(run_a: str, run_b: str) -> bool:
@@ -132,18 +141,39 @@ def same_start(run_a: str, run_b: str) -> bool:
   return a is not None and a == b
 
 
+# The pseudo-field two instrument runs differ in when one draws its
+# training prompts in another order (rljax.instrument.parse_name): the
+# perturbation of a perturbed A/A arm.
+DATA_ORDER = "instrument.data_order"
+
+
 def run_differences(run_a: str, run_b: str) -> dict[str, tuple]:
-  """`differing_fields` of two runs' effective configs, less an instrument
-  path (`model.name` = `instrument:<dir>`) when `same_start` holds."""
+  """`differing_fields` of two runs' effective configs. Two instrument runs
+  (`model.name` = `instrument:<dir>[#order=<k>]`) differ in DATA_ORDER when
+  their orders differ, and in `model.name` only when their directories do
+  and `same_start` does not hold."""
   diff = differing_fields(effective_config(run_a), effective_config(run_b))
   name = diff.get("model.name")
-  if (
-    name
-    and all(str(x).startswith("instrument:") for x in name)
-    and same_start(run_a, run_b)
-  ):
+  if name and all(str(x).startswith("instrument:") for x in name):
+    (dir_a, order_a), (dir_b, order_b) = map(instrument.parse_name, name)
     del diff["model.name"]
+    if dir_a != dir_b and not same_start(run_a, run_b):
+      diff["model.name"] = name
+    if order_a != order_b:
+      diff[DATA_ORDER] = (order_a, order_b)
   return diff
+
+
+def perturbed_twins(run_a: str, run_b: str) -> bool:
+  """True if two runs differ in their training data order alone: a
+  perturbed A/A pair."""
+  return set(run_differences(run_a, run_b)) == {DATA_ORDER}
+
+
+def data_order(run_dir: str) -> int:
+  """The run's training data order (0 unless a perturbed A/A arm)."""
+  name = str(effective_config(run_dir).get("model.name", ""))
+  return instrument.parse_name(name)[1] if name.startswith("instrument:") else 0
 
 
 def check_named(
@@ -292,3 +322,31 @@ def same_update(run_a: str, run_b: str) -> bool:
   return set(diff["loss.correction"]) == {"tis", "acr"} and (
     updates_per_rollout(effective_config(run_a)) == 1
   )
+
+
+def pick_cap(truncated: dict[float, float], target=TIS_TRUNCATED) -> float:
+  """The registered rule for C (q9_acr_long_calibration.json): among the
+  candidate caps {C: mean tis_truncated_fraction over the first steps},
+  the one inside `target` nearest its middle, else the one nearest the
+  middle overall (ties: the larger C, the gentler truncation)."""
+  if not truncated:
+    raise ValueError("pick_cap: no candidate caps")
+  mid = (target[0] + target[1]) / 2.0
+  inside = {c: v for c, v in truncated.items() if target[0] <= v <= target[1]}
+  pool = inside or truncated
+  return min(pool, key=lambda c: (abs(pool[c] - mid), -c))
+
+
+def calibration_caps(study: dict) -> dict[float, float]:
+  """{C: mean tis_truncated_fraction over the first CALIBRATION_STEPS
+  steps} of every finished TIS run of a calibration study (one seed)."""
+  out = {}
+  for by_seed in study["runs"].values():
+    for run in by_seed.values():
+      cfg = effective_config(run)
+      if cfg.get("loss.correction") != "tis":
+        continue
+      v = _early_mean(run, "tis_truncated_fraction")
+      if v is not None:
+        out[float(cfg["loss.tis_cap"])] = v
+  return out

@@ -18,6 +18,7 @@ from rljax.train import config as config_lib
 from rljax.train.metrics import read_metrics
 
 from qurl_report_lib import gates
+from qurl_report_lib.claim_list import REGISTERED
 from qurl_report_lib.stats import fmt, mean_std, sample_mean_std
 from qurl_report_lib.studies import run_quant_curves, run_summary, train_rows
 
@@ -188,6 +189,8 @@ def study_table(study: dict) -> list[str]:
     ("acr_grad_share", "ACR grad share"),
     ("changed_codes", "codes changed / sync"),
     ("update_to_error", "update / quant error"),
+    ("version_lag", "version lag"),
+    ("version_mixed", "mixed-version responses"),
     ("s_per_step", "s/step"),
   ]
   lines = [
@@ -320,9 +323,9 @@ def study_figure(study: dict, png: str, smooth: int = 1) -> bool:
 
 def status_section(studies: dict[str, dict]) -> list[str]:
   lines = [
-    "| study | scale | runs done | partial (steps so far) | not started | "
-    "CPU s logged | wall s logged |",
-    "|---|---|---|---|---|---|---|",
+    "| study | scale | registered | runs done | partial (steps so far) | "
+    "not started | CPU s logged | wall s logged |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for name, st in studies.items():
     setup = st["setup"]
@@ -353,7 +356,7 @@ def status_section(studies: dict[str, dict]) -> list[str]:
     elif machine:
       scale += f"; {machine.split(',')[0]}"
     lines.append(
-      f"| {name} | {scale} | {done}/{planned} | "
+      f"| {name} | {scale} | {REGISTERED.get(name, '–')} | {done}/{planned} | "
       f"{', '.join(partial) or '–'} | {planned - done - len(partial)} | "
       f"{st['cpu_s']:.0f} | {st['wall_s']:.0f} |"
     )

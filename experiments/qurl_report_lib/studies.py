@@ -4,6 +4,7 @@ of disjoint seeds, archiving the small files, and per-run summaries of
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -111,8 +112,10 @@ def pool_studies(parts: list[dict]) -> dict:
         f"pool_studies: {part['dir']} runs configs {sorted(part_names)}; "
         f"expected those of {parts[0]['dir']}: {sorted(names)}"
       )
+    # The seeds the part planned (its ablation.json) and those on disk.
     part_seeds = sorted(
       {s for by_seed in part["runs"].values() for s in by_seed}
+      | {int(s) for s in part["setup"].get("seeds", [])}
     )
     for name, by_seed in part["runs"].items():
       for seed, run_dir in by_seed.items():
@@ -149,17 +152,42 @@ def pool_studies(parts: list[dict]) -> dict:
   }
 
 
-def final_scores(run_dir: str) -> dict[str, int] | None:
-  """{problem uid: correct} of a finished run's last held-out records."""
+@functools.lru_cache(maxsize=None)
+def _readout(run_dir: str, k: int) -> tuple[tuple, tuple]:
+  scores, steps = _readout_scores(run_dir, k)
+  return tuple(sorted(scores.items())), tuple(steps)
+
+
+def readout_scores(run_dir: str, k: int) -> tuple[dict[str, float], list[int]]:
+  """`_readout_scores`, cached: every claim on a run reads the same files."""
+  scores, steps = _readout(run_dir, k)
+  return dict(scores), list(steps)
+
+
+def _readout_scores(run_dir: str, k: int) -> tuple[dict[str, float], list[int]]:
+  """({problem uid: mean of `correct` over the run's last k held-out
+  evaluations}, their steps) of a finished run; ({}, []) if it is not
+  finished or kept no records. A run that kept fewer than k evaluations
+  (the archived runs kept only the final one) uses those it has: the
+  steps say which."""
   if not os.path.exists(os.path.join(run_dir, "summary.json")):
-    return None
+    return {}, []
   from rljax.study import read_eval_records
 
   recs = read_eval_records(run_dir)
-  if not recs:
-    return None
-  last = recs[max(recs)]
-  return {r["uid"]: int(r["correct"]) for r in last}
+  steps = [s for s in sorted(recs) if s > 0][-k:]
+  if not steps:
+    return {}, []
+  per_step = [{r["uid"]: float(r["correct"]) for r in recs[s]} for s in steps]
+  uids = set.intersection(*(set(p) for p in per_step))
+  scores = {u: float(np.mean([p[u] for p in per_step])) for u in uids}
+  return scores, steps
+
+
+def final_scores(run_dir: str) -> dict[str, float] | None:
+  """{problem uid: correct} of a finished run's last held-out records."""
+  scores, _ = readout_scores(run_dir, 1)
+  return scores or None
 
 
 def train_rows(run_dir: str) -> list[dict]:
@@ -191,6 +219,8 @@ def run_summary(run_dir: str) -> dict:
     "acr_grad_share": mean("acr_grad_share", train),
     "changed_codes": mean("quant/quantized_change_fraction", train),
     "update_to_error": mean("quant/update_to_quant_error", train),
+    "version_lag": mean("version_lag_mean", train),
+    "version_mixed": mean("version_mixed_fraction", train),
     "s_per_step": mean("time_step", train),
   }
 
@@ -274,11 +304,18 @@ def archive_study(study_dir: str, dest: str) -> None:
     os.makedirs(os.path.join(dest, entry), exist_ok=True)
     for name in os.listdir(run):
       if name == "metrics.jsonl":
-        # Stored compressed (~10x): read_metrics reads either form.
+        # Stored compressed (~10x): read_metrics reads either form. A run
+        # still training may be mid-line: only whole lines are archived.
+        with open(os.path.join(run, name), "rb") as src:
+          data = src.read()
+        with gzip.open(os.path.join(dest, entry, name + ".gz"), "wb") as out:
+          out.write(data[: data.rfind(b"\n") + 1])
+      elif name.startswith("eval_step") and name.endswith(".jsonl"):
+        # Per-problem records, compressed too (rljax.study reads both).
         with open(os.path.join(run, name), "rb") as src:
           with gzip.open(os.path.join(dest, entry, name + ".gz"), "wb") as out:
             shutil.copyfileobj(src, out)
       elif name in ("metrics.jsonl.gz", "config.json", "summary.json") or (
-        name.startswith("eval_step") and name.endswith(".jsonl")
+        name.startswith("eval_step") and name.endswith(".jsonl.gz")
       ):
         shutil.copy(os.path.join(run, name), os.path.join(dest, entry, name))

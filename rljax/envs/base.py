@@ -39,12 +39,16 @@ class StepResult:
     reward: this turn's reward (the final answer's score on the last turn).
     done: the episode is over.
     info: counters of the episode so far (see ``ToolEnv.step``).
+    observation_ids: the observation's own token ids where the environment
+      gives them (a remote environment's tokenizer, a chat template's
+      rendering); None: the driver encodes ``observation`` on its own.
   """
 
   observation: str
   reward: float
   done: bool
   info: Mapping[str, Any]
+  observation_ids: tuple[int, ...] | None = None
 
 
 @runtime_checkable

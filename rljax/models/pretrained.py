@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import jax
@@ -19,6 +21,11 @@ from rljax.models.tokenizer import load_tokenizer
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# A directory where `tiny_tokenizer` keeps the tokenizer in its saved (HF)
+# form: loading that takes a fraction of a second, rebuilding it from the
+# GGUF file's metadata ~4 s of CPU. The test suite sets it for its run, in
+# which many processes and scripts load the tiny model.
+TOKENIZER_CACHE_ENV = "RLJAX_TOKENIZER_CACHE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +61,34 @@ def tiny_tokenizer():
   """The real SmolLM2 tokenizer, shared by the tiny random test models."""
   global _TINY_TOKENIZER
   if _TINY_TOKENIZER is None:
-    _TINY_TOKENIZER = load_tokenizer(default_gguf_path())
+    _TINY_TOKENIZER = _default_tokenizer(os.environ.get(TOKENIZER_CACHE_ENV))
   return _TINY_TOKENIZER
+
+
+def _default_tokenizer(cache: str | None):
+  """The embedded GGUF file's tokenizer; with `cache`, read from (or, the
+  first time, saved to) a directory under it named for that file's size
+  and modification time, so a changed file is read afresh."""
+  gguf = default_gguf_path()
+  if not cache:
+    return load_tokenizer(gguf)
+  stat = os.stat(gguf)
+  saved = os.path.join(
+    cache, f"{os.path.basename(gguf)}-{stat.st_size}-{stat.st_mtime_ns}"
+  )
+  if os.path.isdir(saved):
+    return load_tokenizer(saved)
+  tokenizer = load_tokenizer(gguf)
+  os.makedirs(cache, exist_ok=True)
+  # Written aside and renamed, so that a reader never sees half a save;
+  # when another process renamed its copy first, this one is dropped.
+  partial = tempfile.mkdtemp(dir=cache, prefix=".partial-")
+  tokenizer.save_pretrained(partial)
+  try:
+    os.rename(partial, saved)
+  except OSError:
+    shutil.rmtree(partial, ignore_errors=True)
+  return tokenizer
 
 
 def load_named(name: str, seed: int = 0, dtype=jnp.float32) -> Model:

@@ -14,25 +14,38 @@ input was scaled by s. An optimizer that normalises gradients (Adam) then takes
 the same-sized steps on a matrix s times smaller: relative to the quantization
 grid, updates grow by s and the ratio update² / quantization-error² by s².
 
-Under Adam this is exactly a per-tensor learning rate (issue 44). A leaf
-folded by s^k (k = −1 for the q/k/v/gate/up kernels, +1 for the two norm
-gains) has gradient s^(−k)·g in the folded coordinates; Adam's step
-m̂/(√v̂ + ε) does not change when every gradient of a tensor is scaled by the
-same constant (for ε ≪ √v̂), so the folded leaf moves by the plain step, and
-mapped back (× s^(−k)) the plain leaf moves by s^(−k) times it:
+Under Adam, UAQ is a learning-rate change, and nothing more. A leaf folded
+by s^k (k = −1 for the q/k/v/gate/up kernels, +1 for the two norm gains)
+has gradient s^(−k)·g in the folded coordinates; Adam's step
+m̂/(√v̂ + ε) does not change when every gradient of a tensor is scaled by
+the same constant (for ε ≪ √v̂), so the folded leaf moves by the plain
+step, and mapped back (× s^(−k)) the plain leaf moves by s^(−k) times it:
 
   Adam(lr) on fold_uaq(θ, s)  ≡  Adam with lr·s on q/k/v/gate/up kernels and
                                  lr/s on attn_norm.γ, mlp_norm.γ, on θ,
 
-with weight decay 0 (decoupled decay λ·θ is not rescaled with the step) and
-while a global-norm clip does not bind (it mixes tensors' gradients).
-`tests/quant/test_uaq.py::AdamEquivalenceTest` checks it over several optax
-steps to ~1e-6. So an accuracy gain from UAQ at one learning rate cannot be
-told from a gain from a larger learning rate without a control at s = 1 and
-lr × s (QuRL Table 4 has one); what UAQ adds beyond that is the grid: the
-quantized copy sees updates s times larger relative to its rounding step.
-An unquantized run with s ≠ 1 (`--rollout.quant=none --rollout.uaq_scale=s`)
-is that control's other half: the same optimizer geometry without rounding.
+with weight decay 0 (decoupled decay λ·θ is not rescaled with the step).
+The quantized engine sees the same thing too: per-output-channel absmax
+quantization gives Q(W/s) = Q(W)/s (the same codes, the scales / s), and
+the norm gains carry the s back, so the engine of the UAQ run computes the
+function of the engine of the per-tensor-learning-rate run.
+`tests/quant/test_uaq_equivalence.py` checks it on two real Trainers with
+INT8 rollout, step for step: the same θ (unfolded), the same INT8 codes,
+the same sampled tokens. "Updates s times larger relative to the rounding
+step" is therefore the same statement as "a learning rate s times larger
+on those kernels": an accuracy gain from UAQ is a gain from that
+learning-rate change, and QuRL Table 4's control (s = 1, lr × s) differs
+from UAQ only in which tensors get the larger rate.
+
+Two conditions. (1) Adam's ε: the folded run adds ε to s^(−k)·√v̂, so
+where √v̂ is within a few orders of ε (1e-8) of it the steps differ
+slightly. (2) Gradient clipping: a global-norm clip (the trainer's
+`optim.max_grad_norm`, 1.0 by default) measures the folded gradient
+g·s^(−k), so on every step where it binds the UAQ run is clipped by
+another factor than the plain run with per-tensor learning rates; the two
+are the same again when the plain run's clip measures g·s^(−k) (the test
+checks both). An unquantized run with s ≠ 1 (`--rollout.quant=none
+--rollout.uaq_scale=s`) is the same learning-rate change without rounding.
 
 Optional further folds through linear paths inside a block:
   * v → o: attention output is Σ_j softmax_ij v_j, linear in v, so scaling v's

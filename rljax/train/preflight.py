@@ -81,14 +81,11 @@ def _generated_problems(name: str, difficulty: str, eval_size: int, seed: int):
   from rljax.train import tasks  # pylint: disable=g-import-not-at-top
 
   if name in tasks.TOOL_TASKS:
-    from rljax import envs  # pylint: disable=g-import-not-at-top
     from rljax.train import tool_task  # pylint: disable=g-import-not-at-top
 
-    held = tool_task.held_out_problems(eval_size, seed, difficulty)
-    pool = envs.generate_tool_arithmetic(
-      tool_task.TOOL_POOL,
-      seed=seed,
-      config=tool_task.arithmetic_level(difficulty),
+    held = tool_task.held_out_problems(eval_size, seed, difficulty, name)
+    pool = tool_task.generate_problems(
+      name, tool_task.TOOL_POOL, seed, difficulty
     )
   else:
     generate = (

@@ -24,11 +24,11 @@ from rljax.train.config import TrainConfig
 JUDGE_API_KEY_ENV = "RLJAX_JUDGE_API_KEY"
 
 # Tasks whose rollouts are multi-turn tool episodes (tool_task.py).
-TOOL_TASKS = ("tool_arithmetic",)
+TOOL_TASKS = ("tool_arithmetic", "tool_word_problems")
 GENERATED_TASKS = ("arithmetic", "countdown") + TOOL_TASKS
 # --task.difficulty of tool_arithmetic: (min, max) operations per problem on
 # 4-6 digit operands. "easy" needs one tool call; "hard" is the generator's
-# own default. Plain tuples: the config's validation reads them without
+# own default. tool_word_problems takes the same names (its sizes' scale). Plain tuples: the config's validation reads them without
 # importing the environments.
 TOOL_LEVELS = {"easy": (1, 1), "medium": (2, 2), "hard": (2, 4)}
 # Training examples drawn for a generated task; far more than any CPU run uses.

@@ -1,7 +1,9 @@
 """Tool tasks: the trainer's prompts are multi-turn episodes with a tool.
 
 `--task.name=tool_arithmetic` trains on `rljax.envs.generate_tool_arithmetic`
-(4-6 digit operands, exact answers a 135M model does not know by heart):
+(4-6 digit operands, exact answers a 135M model does not know by heart),
+`--task.name=tool_word_problems` on `rljax.envs.generate_tool_word_problems`
+(multi-step word problems a short program answers; `--task.tool=python`):
 each rollout row is an episode of `rljax.rollout.multiturn.rollout_multiturn`
 in a fresh `ToolEnv` (`--task.tool=calculator|python`,
 `--task.tool_format=tags|qwen`), its reward the environment's verdict on the
@@ -224,6 +226,7 @@ class ToolTask(tasks_lib.Task):
     prompt: ToolPrompt = ToolPrompt(),
     prompts_filtered_long: int = 0,
     tool_choice: str = "auto",
+    remote: envs.RemoteEnvFactory | None = None,
   ):
     # The chat template around the environment's first observation.
     render = data_lib.ChatTemplate(tokenizer, user_template=_identity)
@@ -244,13 +247,17 @@ class ToolTask(tasks_lib.Task):
     self.multiturn_config = MultiTurnConfig(max_response_tokens=response_tokens)
     self.turn_tokens = turn_tokens
     self.tool_choice = tool_choice
+    # An environment server's episodes replace the in-process environment.
+    self.remote = remote
     # The prompt ends with a call's opening where the first call is forced.
     self.prefill = (
       call_prefix(tool, env_config.format) if tool_choice == "required" else ""
     )
 
-  def make_env(self) -> envs.ToolEnv:
+  def make_env(self) -> envs.Environment:
     """A fresh environment (one per episode: it holds the episode)."""
+    if self.remote is not None:
+      return self.remote()
     return make_tool_env(
       self.tool, self.env_config, self.prompt, self.tokenizer, self.tool_choice
     )
@@ -260,11 +267,18 @@ class ToolTask(tasks_lib.Task):
       self.tokenizer, self.render, first_observation, self.prefill
     )
 
+  def first_observation(self, example: data_lib.Example) -> str:
+    """The text an episode of `example` starts with (opens no episode on
+    an environment server)."""
+    if self.remote is not None:
+      return self.remote.first_observation(example)
+    return self.make_env().reset(example)
+
   def prompt_text(self, example: data_lib.Example) -> str:
-    return self.render(self.make_env().reset(example)) + self.prefill
+    return self.render(self.first_observation(example)) + self.prefill
 
   def prompt_ids(self, example: data_lib.Example) -> list[int]:
-    ids = self.render_ids(self.make_env().reset(example))
+    ids = self.render_ids(self.first_observation(example))
     if len(ids) > self.max_prompt_tokens:
       raise ValueError(
         f"example {example.uid}: prompt of {len(ids)} tokens exceeds "
@@ -310,28 +324,40 @@ def arithmetic_level(difficulty: str) -> envs.ToolArithmeticConfig:
   return envs.ToolArithmeticConfig(min_steps=low, max_steps=high)
 
 
-def held_out_problems(n: int, run_seed: int, difficulty: str):
+def generate_problems(name: str, n: int, seed: int, difficulty: str):
+  """`n` problems of the tool task `name` (tool_arithmetic: long
+  arithmetic for the calculator; tool_word_problems: word problems that
+  take a program) at `--task.difficulty`."""
+  if name == "tool_word_problems":
+    return envs.generate_tool_word_problems(n, seed=seed, level=difficulty)
+  if name != "tool_arithmetic":
+    raise ValueError(f"task.name={name!r}; expected one of {TOOL_TASKS}")
+  return envs.generate_tool_arithmetic(
+    n, seed=seed, config=arithmetic_level(difficulty)
+  )
+
+
+def held_out_problems(
+  n: int, run_seed: int, difficulty: str, name: str = "tool_arithmetic"
+):
   """The held-out problems of a run with `--run.seed=run_seed`: generated
   with seed HELD_OUT_SEED + run_seed (training draws with run_seed itself,
   and drops any question that is also held out). The first `eval_size` are
   the trainer's own held-out split; more extend it with the same stream."""
-  return envs.generate_tool_arithmetic(
-    n, seed=HELD_OUT_SEED + run_seed, config=arithmetic_level(difficulty)
-  )
+  return generate_problems(name, n, HELD_OUT_SEED + run_seed, difficulty)
 
 
 def build_tool_task(cfg, tokenizer) -> ToolTask:
   """The tool task `cfg.task` names (`tasks.build_task` dispatches here)."""
   t, new = cfg.task, cfg.rollout.max_new_tokens
-  held_out = held_out_problems(t.eval_size, cfg.run.seed, t.difficulty)
-  train = envs.generate_tool_arithmetic(
-    TOOL_POOL, seed=cfg.run.seed, config=arithmetic_level(t.difficulty)
-  )
+  held_out = held_out_problems(t.eval_size, cfg.run.seed, t.difficulty, t.name)
+  train = generate_problems(t.name, TOOL_POOL, cfg.run.seed, t.difficulty)
   held_q = {e.question for e in held_out}
   train = [e for e in train if e.question not in held_q]
   problems = sandbox_problems(t)
   if problems:
     raise ConfigError(problems)
+  remote = envs.connect(t.env_url) if t.env_url else None
   tool = make_tool(t.tool, t.python_sandbox)
   if t.tool == "python":
     # config.json records task.python_sandbox, the mode that runs (there
@@ -364,13 +390,14 @@ def build_tool_task(cfg, tokenizer) -> ToolTask:
       ToolPrompt(example),
       prompts_filtered_long=dropped,
       tool_choice=t.tool_choice,
+      remote=remote,
     )
 
   probe = make(train, held_out)  # renders first prompts for the filter
   limit = probe.max_prompt_tokens
 
   def fits(e):
-    return len(probe.render_ids(probe.make_env().reset(e))) <= limit
+    return len(probe.render_ids(probe.first_observation(e))) <= limit
 
   kept_train = [e for e in train if fits(e)]
   kept_held = [e for e in held_out if fits(e)]

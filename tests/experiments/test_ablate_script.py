@@ -20,21 +20,12 @@ ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
 SCRIPTS = os.path.join(ROOT, "experiments")
-# Filled by `_compile_cache` for this file's script runs.
-_CACHE_ENV: dict[str, str] = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _compile_cache(tmp_path_factory):
-  """The scripts this file starts share one compilation cache: every run
-  here trains the same tiny model (`compile_cache_util`)."""
-  _CACHE_ENV.update(compile_cache_util.env(tmp_path_factory.mktemp("jax")))
-  yield
-  _CACHE_ENV.clear()
 
 
 def _script_env():
-  env = dict(os.environ, JAX_PLATFORMS="cpu", **_CACHE_ENV)
+  # The run's compilation cache is inherited (compile_cache_util): every
+  # script here trains the same tiny model.
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
   # One device is enough, and compiles fast (compile_cache_util).
   env["XLA_FLAGS"] = compile_cache_util.FAST_COMPILE_XLA_FLAGS
   return env

@@ -19,8 +19,7 @@ def test_dry_run_writes_every_step(tmp_path):
     os.environ,
     JAX_PLATFORMS="cpu",
     XLA_FLAGS=compile_cache_util.FAST_COMPILE_XLA_FLAGS,
-    **compile_cache_util.env(tmp_path / "cache"),
-  )
+  )  # and the run's compilation cache, inherited
   out = tmp_path / "out"
   proc = subprocess.run(
     [

@@ -1,4 +1,4 @@
-"""The long-horizon instrument (issue 17, question 4): the character
+"""The long-horizon instrument (QuRL question 4): the character
 tokenizer and SFT batches on hand-written examples, and
 experiments/long_horizon.py end to end on a very small decoder (SFT, then an
 INT8 RL run through the real Trainer); resuming is ablate.py's, tested there."""
@@ -46,6 +46,47 @@ def test_sft_batch_masks_answer_and_eos_only():
     instrument.sft_batch(tok, [ex], length=6)
 
 
+def test_data_order_spec():
+  """`instrument:<dir>#order=<k>`: the same instrument, its training prompts
+  in another order (a perturbed A/A arm); order 0 is the run's own."""
+  assert instrument.parse_name("instrument:/a/b") == ("/a/b", 0)
+  assert instrument.parse_name("/a/b#order=2") == ("/a/b", 2)
+  with pytest.raises(ValueError, match="data order 'x'"):
+    instrument.parse_name("instrument:/a#order=x")
+  assert instrument.order_seed(3, 0) == 3
+  assert instrument.order_seed(3, 1) == 3 + instrument.ORDER_STRIDE
+  from rljax.train.config import apply_preset
+
+  cfg = apply_preset(
+    "grpo",
+    {
+      "task.difficulty": "medium",
+      "task.eval_size": 16,
+      "task.max_prompt_tokens": 16,
+      "task.reward_workers": 0,
+      "rollout.prompts_per_step": 8,
+    },
+  )
+  tok = instrument.CharTokenizer()
+  tasks = [instrument.build_task(cfg, tok, order=k) for k in (0, 0, 1)]
+  try:
+    firsts = [[e.uid for e in t.next_train_batch(8)] for t in tasks]
+    held = [[e.uid for e in t.eval_examples()] for t in tasks]
+  finally:
+    for t in tasks:
+      t.close()
+  assert firsts[0] == firsts[1] != firsts[2]  # another order, same pool
+  assert held[0] == held[2]  # the same held-out problems
+  sys.path.insert(0, os.path.join(ROOT, "experiments"))
+  import long_horizon
+
+  run = {"name": "aa", "model": {"name": "instrument#order=1"}}
+  assert long_horizon.with_instrument(run, "/i")["model"] == {
+    "name": "instrument:/i#order=1"
+  }
+  assert long_horizon.with_instrument({"name": "x"}, "/i") == {"name": "x"}
+
+
 def _run(*args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   # One device is enough, and compiles fast (compile_cache_util).
@@ -77,7 +118,7 @@ def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
       "max_new_tokens": 3,
       "max_prompt_tokens": 16,
       "eval_size": 8,
-      "eval_every": 0,
+      "eval_every": 1,
       "reward_workers": 0,
       "tensorboard": False,
       "checkpoint_every": 2,
@@ -85,7 +126,13 @@ def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
     },
     "seeds": [0],
     "runs": [
-      {"name": "int8_acr", "rollout_quant": "int8", "correction": "acr"}
+      {"name": "int8_acr", "rollout_quant": "int8", "correction": "acr"},
+      {
+        "name": "int8_acr_aa",
+        "rollout_quant": "int8",
+        "correction": "acr",
+        "model": {"name": "instrument#order=1"},
+      },
     ],
   }
   path = tmp_path / "q.json"
@@ -108,7 +155,8 @@ def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
   assert "[long_horizon] instrument:" in first.stdout
   table = json.loads((out / "table.json").read_text())
   assert [(r["name"], r["status"], r["steps"]) for r in table] == [
-    ("int8_acr", "done", 3)
+    ("int8_acr", "done", 3),
+    ("int8_acr_aa", "done", 3),
   ]
   run = out / "int8_acr_s0"
   rows = [json.loads(l) for l in open(run / "metrics.jsonl")]
@@ -117,8 +165,9 @@ def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
   assert all("acr_active_fraction" in r and "behav_prox_kl" in r for r in train)
   cfg = json.loads((run / "config.json").read_text())
   assert cfg["model"]["name"] == f"instrument:{inst}"
-  # Per-problem records before and after, agreeing with the logged accuracy.
-  for step in (0, 3):
+  # Per-problem records at every evaluation (the readout averages the last
+  # ones), agreeing with the logged accuracy.
+  for step in (0, 1, 2, 3):
     recs = [json.loads(l) for l in open(run / f"eval_step{step}.jsonl")]
     assert len(recs) == 8
     logged = [
@@ -127,3 +176,25 @@ def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
       if r["step"] == step and "eval_accuracy" in r
     ]
     assert logged[-1] == pytest.approx(np.mean([r["correct"] for r in recs]))
+  # The perturbed A/A arm: the same instrument and held-out problems, its
+  # training prompts in another order, recorded in its config.
+  aa = out / "int8_acr_aa_s0"
+  aa_cfg = json.loads((aa / "config.json").read_text())
+  assert aa_cfg["model"]["name"] == f"instrument:{inst}#order=1"
+  assert (aa / "eval_step0.jsonl").read_text() == (
+    run / "eval_step0.jsonl"
+  ).read_text()
+  uids = lambda d: [json.loads(l)["uid"] for l in open(d / "eval_step3.jsonl")]
+  assert uids(aa) == uids(run)
+
+
+def test_mixed_version_fraction():
+  """A response whose tokens came from two policy versions spanned a weight
+  swap; masked-out rows (dynamic sampling's filler) do not count."""
+  from rljax import study
+
+  versions = [np.array([3, 3, 3]), np.array([3, 4]), np.array([5]), []]
+  assert study.mixed_version_fraction(versions) == pytest.approx(1 / 3)
+  valid = np.array([True, False, True, True])
+  assert study.mixed_version_fraction(versions, valid) == 0.0
+  assert study.mixed_version_fraction(None) is None

@@ -1,4 +1,4 @@
-"""experiments/qurl_replay.py: the ACR-vs-TIS mechanism replay (issue 44).
+"""experiments/qurl_replay.py: the ACR-vs-TIS mechanism replay.
 
 End to end on its --dry path (a tiny instrument SFT'd by long_horizon.py's
 phase 1, the real Trainer, INT8 rollouts): with K = 1 update per batch
@@ -21,9 +21,9 @@ ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import qurl_replay  # noqa: E402
+from qurl_report_lib import replay as replay_lib  # noqa: E402
 
-PER_CORRECTION = set(qurl_replay.METRICS) | {"applied", "params_digest"}
+PER_CORRECTION = set(replay_lib.METRICS) | {"applied", "params_digest"}
 
 
 def _run(*args):
@@ -62,13 +62,19 @@ def test_dry_replay_acr_equals_tis_at_k1_and_reuses_batches(tmp_path):
     assert b["acr"]["acr_grad_share"] == 0.0
   # ... and the updates did move θ, so the equality is not that of no-ops.
   assert any(b["tis"]["dlogp_all"] != 0.0 for b in result["per_batch"])
-  assert set(result["summary"]) == set(qurl_replay.METRICS)
+  assert set(result["summary"]) == set(replay_lib.METRICS)
   for entry in result["summary"].values():
     assert set(entry) == {"tis", "acr", "acr_minus_tis"}
   assert result["summary"]["kl_after"]["acr_minus_tis"]["mean"] == 0.0
   assert not result["verdict"]["exposed"]
   assert "not exercised" in result["verdict"]["dlogp_eligible"]["verdict"]
   assert "| acr_grad_share |" in first.stdout
+  # The page renders the archived file, not numbers typed by hand.
+  page = "\n".join(replay_lib.page_section([str(out / "replay.json")]))
+  assert "### INT8, C = 1.02, K = 1, SFT θ, fresh Adam" in page
+  assert "not in the page's Holm family" in page
+  assert replay_lib.table(result) in page
+  assert result["machine"]["cpu"] and result["date"]
   batches = sorted(p.name for p in (out / "batches" / "int8_s0").iterdir())
   assert batches == ["batch_000.npz", "batch_001.npz", "meta.json"]
 
@@ -153,25 +159,25 @@ def test_summary_pairs_batches_and_gates_on_exposure():
     {"tis": _row(0.0, 0.01, 1e-4), "acr": _row(0.02, 0.03, 1e-4 + d)}
     for d in (1e-6, 2e-6, 3e-6)
   ]
-  s = qurl_replay.summarize(per_batch)
+  s = replay_lib.summarize(per_batch)
   d = s["dlogp_eligible"]["acr_minus_tis"]
   assert d["mean"] == pytest.approx(0.02) and d["n"] == 3
   assert d["low"] == pytest.approx(0.02) and d["high"] == pytest.approx(0.02)
   assert s["kl_after"]["acr_minus_tis"]["mean"] == pytest.approx(2e-6)
   assert s["kl_after"]["acr"]["std"] == pytest.approx(1e-6)
-  v = qurl_replay.verdicts(s)
+  v = replay_lib.verdicts(s)
   assert v["exposed"] and v["acr_grad_share"] == pytest.approx(0.02)
   assert v["dlogp_eligible"]["verdict"].startswith("supported")
   assert v["kl_after"]["verdict"].startswith("supported")
   # A batch without eligible tokens (None) is left out of the pairs.
   per_batch[0]["acr"]["dlogp_eligible"] = None
-  assert qurl_replay.summarize(per_batch)["dlogp_eligible"]["acr"]["n"] == 2
+  assert replay_lib.summarize(per_batch)["dlogp_eligible"]["acr"]["n"] == 2
   # Under the 1e-3 gate nothing is read, whatever the differences.
   quiet = [
     {"tis": _row(0.0, 0.01, 1e-4), "acr": _row(5e-4, 0.05, 2e-4)}
     for _ in range(3)
   ]
-  v = qurl_replay.verdicts(qurl_replay.summarize(quiet))
+  v = replay_lib.verdicts(replay_lib.summarize(quiet))
   assert not v["exposed"]
   assert v["dlogp_eligible"]["verdict"].startswith("not exercised")
   assert np.isclose(v["acr_grad_share"], 5e-4)

@@ -1,4 +1,4 @@
-"""The QuRL page's gates (experiments/qurl_report_lib/gates.py, issue 44):
+"""The QuRL page's gates (experiments/qurl_report_lib/gates.py):
 what ran, confounded comparisons, and claims about a mechanism that could
 not act."""
 
@@ -15,7 +15,7 @@ if os.path.join(ROOT, "experiments") not in sys.path:
   sys.path.append(os.path.join(ROOT, "experiments"))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from qurl_report_lib import claims as claims_lib  # noqa: E402
+from qurl_report_lib import family  # noqa: E402
 from qurl_report_lib import fair_test  # noqa: E402
 from qurl_report_lib import gates  # noqa: E402
 from qurl_report_lib import studies as studies_lib  # noqa: E402
@@ -37,10 +37,15 @@ def _study(path, arms, seeds=(0, 1, 2), machine=None):
 
 
 def _claim(studies, study, a, b):
-  _, claims = claims_lib.claims_section(studies)
+  _, claims = family.claims_section(studies)
   return next(
     c for c in claims if (c["study"], c["a"], c["b"]) == (study, a, b)
   )
+
+
+def _slope(studies, study, a, b):
+  rows = family.page(studies)["slopes"]
+  return next(r for r in rows if (r["study"], r["a"], r["b"]) == (study, a, b))
 
 
 def _acr_claim(tmp_path, minibatches=4, share=0.01, machine=None, extra=()):
@@ -91,11 +96,11 @@ def test_gpu_runs_need_an_aa_floor(tmp_path):
   aa = {"int8_tis_aa": ([0, 1, 1, 1], _fake_config("int8_tis"), 0.01)}
   small = _acr_claim(tmp_path / "b", machine="NVIDIA H100", extra=aa)
   assert small["verdict"] == "supported"
-  assert "exceeds the A/A floor 0.250" in small["why"]
+  assert "exceeds the GPU run-to-run floor 0.250" in small["why"]
   aa = {"int8_tis_aa": ([1, 1, 1, 1], _fake_config("int8_tis"), 0.01)}
   large = _acr_claim(tmp_path / "c", machine="NVIDIA H100", extra=aa)
   assert large["verdict"] == gates.NOT_ATTRIBUTABLE
-  assert "within the A/A floor 0.500" in large["why"]
+  assert "within the GPU run-to-run floor 0.500" in large["why"]
 
 
 def test_arms_differing_in_an_unnamed_field_are_refused(tmp_path):
@@ -111,7 +116,7 @@ def test_arms_differing_in_an_unnamed_field_are_refused(tmp_path):
   }
   study = _study(tmp_path / "q2", arms)
   with pytest.raises(gates.ConfoundedClaimError) as e:
-    claims_lib.claims_section({"q2_instrument": study})
+    family.claims_section({"q2_instrument": study})
   msg = str(e.value)
   assert "optim.learning_rate: int8_tis=" in msg
   assert "int8_acr=0.0003" in msg
@@ -119,7 +124,7 @@ def test_arms_differing_in_an_unnamed_field_are_refused(tmp_path):
 
 
 def test_effective_uaq_scale_is_what_the_trainer_applied(tmp_path):
-  """Before issue 44 an unquantized run recorded uaq_scale 1.5 and ran 1.0;
+  """An older trainer's unquantized run recorded uaq_scale 1.5 and ran 1.0;
   a run that logs the exposure metrics was made by the trainer that applies
   the recorded scale."""
   cfg = _fake_config("fp32", uaq_scale=1.5)
@@ -185,7 +190,7 @@ def test_archived_q4_acr_claim_is_not_tested():
   assert vs_fp32["uaq"] == "1.5 / 1"
 
 
-# Q6's fair test and Q7 (issue 44): the pre-registered KL-slope readout,
+# Q6's fair test and Q7: the pre-registered KL-slope readout,
 # its exposure gate, the A/A floor and the calibration, on tiny studies.
 
 
@@ -254,14 +259,14 @@ def test_kl_slope_readout_on_a_tiny_study(tmp_path):
   study = _q6_study(tmp_path / "q6")
   run = study["runs"]["int8_tis"][0]
   assert fair_test.kl_slope(run) == pytest.approx(2e-5)
-  r = fair_test.slope_readout(study, "int8_tis", "int8_acr")
+  r = _slope({"q6_acr_fair": study}, "q6_acr_fair", "int8_tis", "int8_acr")
   assert r["seeds"] == [0, 1, 2]
   assert (r["slope_a"], r["slope_b"]) == pytest.approx((2e-5, 1e-5))
   assert (r["delta"], r["low"], r["high"]) == pytest.approx((-1e-5,) * 3)
   assert r["verdict"] == "supported"
   # A faster drift under ACR is the opposite finding.
   faster = _q6_study(tmp_path / "faster", acr_slope=3e-5)
-  r = fair_test.slope_readout(faster, "int8_tis", "int8_acr")
+  r = _slope({"q6_acr_fair": faster}, "q6_acr_fair", "int8_tis", "int8_acr")
   assert r["verdict"] == "not supported"
 
 
@@ -276,10 +281,10 @@ def test_kl_slope_readout_is_gated_by_exposure(tmp_path):
   one = _q6_study(tmp_path / "one", minibatches=1)
   r = fair_test.slope_readout(one, "int8_tis", "int8_acr")
   assert r["verdict"] == gates.NOT_TESTED
+  result = family.page({"q6_acr_fair": low})
   page = "\n".join(
     fair_test.fair_test_section(
-      {"q6_acr_fair": low},
-      claims_lib.claims_section({"q6_acr_fair": low})[1],
+      {"q6_acr_fair": low}, result["claims"], result["slopes"]
     )
   )
   assert "not exercised (gradient share 2.0e-04)" in page
@@ -289,18 +294,17 @@ def test_kl_slope_readout_is_gated_by_exposure(tmp_path):
 
 def test_kl_slope_on_a_gpu_needs_the_aa_floor(tmp_path):
   """GPU seeds: without an A/A arm the slope readout is not attributable;
-  with one that reproduces int8_tis exactly, the floor is 0 and the verdict
-  stands, with the floor named."""
+  with one that reproduces int8_tis exactly the verdict stands, and the
+  page says that a bit-identical pair measured no noise floor."""
   alone = _q6_study(tmp_path / "a", machine="NVIDIA H100 80GB HBM3")
-  r = fair_test.slope_readout(alone, "int8_tis", "int8_acr")
+  r = _slope({"q6_acr_fair": alone}, "q6_acr_fair", "int8_tis", "int8_acr")
   assert r["verdict"] == gates.NOT_ATTRIBUTABLE
   with_aa = _q6_study(tmp_path / "b", machine="NVIDIA H100 80GB HBM3", aa=True)
   assert fair_test.slope_aa_floor(with_aa)[0] == 0.0
-  r = fair_test.slope_readout(with_aa, "int8_tis", "int8_acr")
+  r = _slope({"q6_acr_fair": with_aa}, "q6_acr_fair", "int8_tis", "int8_acr")
   assert r["verdict"] == "supported"
-  assert (
-    "exceeds the A/A floor 0.0e+00 (`int8_tis` vs `int8_tis_aa`" in (r["why"])
-  )
+  assert "no noise floor measured: the A/A pair (`int8_tis` vs" in r["why"]
+  assert "bit-identical" in r["why"]
 
 
 def test_uncalibrated_cap_marks_q6_verdicts(tmp_path):
@@ -363,7 +367,10 @@ def test_aa_floor_is_borrowed_by_a_study_without_an_aa_arm(tmp_path):
     "int8_tis_uaq1",
   )
   assert claim["verdict"] == "supported"
-  assert "of `q6_acr_fair` (no A/A arm in this study)" in claim["why"]
+  assert "seed 2 of `q6_acr_fair`) is bit-identical" in claim["why"]
+  assert claim["noise"] == (
+    "no noise floor measured (its A/A pair is bit-identical)"
+  )
   alone = _claim(
     {"q7_uaq_long_horizon": q7}, "q7_uaq_long_horizon", "fp32", "int8_tis_uaq1"
   )
@@ -371,7 +378,7 @@ def test_aa_floor_is_borrowed_by_a_study_without_an_aa_arm(tmp_path):
 
 
 def test_uaq_claims_print_the_visibility_they_changed():
-  """Issue 44 item 7, archived: UAQ s=2 against its learning-rate control
+  """Archived: UAQ s=2 against its learning-rate control
   (lr × 2 without UAQ) on one instrument; the verdict carries UAQ's exposure
   (codes a sync changes, update-to-quant-error ratio) of both arms."""
   path = os.path.join(ROOT, "docs", "qurl", "runs", "q3_lr_control")
@@ -382,22 +389,16 @@ def test_uaq_claims_print_the_visibility_they_changed():
     "int8_acr_lr2e-6",
     "int8_acr_uaq2_lr1e-6",
   )
-  assert claim["verdict"] == "not supported"
-  assert "codes changed / sync 1.05e-03 → 9.01e-04" in claim["why"]
-  assert "update / quant error" in claim["why"]
-  # s = 3 beats ACR alone, but no more than lr × 3 does.
-  claim = _claim(
-    {"q3_lr_control": study},
-    "q3_lr_control",
-    "int8_acr_lr1e-6",
-    "int8_acr_uaq3_lr1e-6",
-  )
-  assert claim["verdict"] == gates.NOT_ATTRIBUTABLE
-  assert "learning-rate control gains as much" in claim["why"]
+  # Seed-level intervals over 3 seeds, Holm over the study's 12 tests.
+  assert claim["verdict"] == "not resolved at this scale"
+  assert "codes changed / sync 1.05e-03 → 9.01e-04" in claim["exposure"]
+  assert "update / quant error" in claim["exposure"]
+  assert claim["readout"] == "final eval × 256"
+  assert claim["noise"] == "no noise floor measured"
 
 
 def _stale_run(path, name, seed, correct, lag, kl, max_rho):
-  """A q8_staleness arm (issue 47): fp32, one update per rollout, pipelined
+  """A q8_staleness arm: fp32, one update per rollout, pipelined
   `lag` versions behind θ_old (synchronous at lag 0), 2 logged steps."""
   run = {} if lag == 0 else {"async_mode": "one_step", "pipelined": True}
   run["max_staleness"] = max(lag, 1)
@@ -414,7 +415,7 @@ def _stale_run(path, name, seed, correct, lag, kl, max_rho):
 
 
 def test_staleness_claims_print_lag_and_behav_prox_exposure(tmp_path):
-  """Issue 47: a staleness verdict carries each arm's version lag and how
+  """A staleness verdict carries each arm's version lag and how
   far π_behav is from π_prox; a lag-0 arm (ρ = 1, one update per rollout)
   is named as one no correction can act on."""
   arms = {
@@ -432,17 +433,17 @@ def test_staleness_claims_print_lag_and_behav_prox_exposure(tmp_path):
     {"q8_staleness": study}, "q8_staleness", "fp32_lag8_naive", "fp32_lag0"
   )
   assert worse["verdict"] == "supported"
-  assert "version lag mean/max 6.00/8 → 0.00/0" in worse["why"]
-  assert "behav–prox KL 2.0e-02 → 0.0e+00, max ρ 16 → 1" in worse["why"]
-  assert "`fp32_lag0` at lag 0: ρ = 1 to float precision" in worse["why"]
+  assert "version lag mean/max 6.00/8 → 0.00/0" in worse["exposure"]
+  assert "behav–prox KL 2.0e-02 → 0.0e+00, max ρ 16 → 1" in worse["exposure"]
+  assert "`fp32_lag0` at lag 0: ρ = 1 to float precision" in worse["exposure"]
   both_stale = _claim(
     {"q8_staleness": study},
     "q8_staleness",
     "fp32_lag8_naive",
     "fp32_lag8_decoupled",
   )
-  assert "clipped tokens 8.0e-01 → 8.0e-01" in both_stale["why"]
-  assert "no correction can act" not in both_stale["why"]
+  assert "clipped tokens 8.0e-01 → 8.0e-01" in both_stale["exposure"]
+  assert "no correction can act" not in both_stale["exposure"]
 
 
 def test_synchronous_claims_print_no_lag_exposure(tmp_path):
@@ -450,4 +451,4 @@ def test_synchronous_claims_print_no_lag_exposure(tmp_path):
     tmp_path, {"int8_tis": (TIS, None, 0.01), "int8_acr": (ACR, None, 0.01)}
   )
   claim = _claim({"q6_acr_fair": study}, "q6_acr_fair", "int8_tis", "int8_acr")
-  assert "version lag" not in claim["why"]
+  assert "version lag" not in claim["exposure"]

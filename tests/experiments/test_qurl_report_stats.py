@@ -1,4 +1,4 @@
-"""The statistics of experiments/qurl_report.py (issue 17; its pieces in
+"""The statistics of experiments/qurl_report.py (its pieces in
 experiments/qurl_report_lib/) on hand-computed cases: the paired bootstrap
 over seeds × problems, the verdict rule, the mean ± std over seeds, and a
 page built from two fake-free study dirs."""
@@ -19,6 +19,7 @@ if os.path.join(ROOT, "experiments") not in sys.path:
   sys.path.append(os.path.join(ROOT, "experiments"))
 
 from qurl_report_lib import claims as claims_lib  # noqa: E402
+from qurl_report_lib import family  # noqa: E402
 from qurl_report_lib import sections  # noqa: E402
 from qurl_report_lib import stats  # noqa: E402
 from qurl_report_lib import studies as studies_lib  # noqa: E402
@@ -59,39 +60,123 @@ class TestPairedBootstrap:
       stats.paired_bootstrap([[0]], [[1]], confidence=1.5)
 
 
-class TestVerdict:
+class TestSeedLevelInterval:
+  """The page's primary interval and tests, on hand-computed cases."""
+
+  def test_t_interval_of_three_seeds(self):
+    # mean 2, sd 1, se 1/√3, t(0.975, 2) = 4.302653: half-width 2.484138.
+    mean, low, high = stats.t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0
+    assert low == pytest.approx(2.0 - 2.484138, abs=1e-6)
+    assert high == pytest.approx(2.0 + 2.484138, abs=1e-6)
+    # Identical differences: a point.
+    assert stats.t_interval([0.5, 0.5, 0.5]) == (0.5, 0.5, 0.5)
+
+  def test_t_interval_is_wider_than_the_percentile_bootstrap(self):
+    # Three seeds: the percentile bootstrap spans about their min..max;
+    # the t interval with 2 degrees of freedom is ~2-4x wider.
+    d = [0.05, 0.11, 0.19]
+    _, bl, bh = stats.seed_bootstrap(d)
+    _, tl, th = stats.t_interval(d)
+    assert (th - tl) > 2.0 * (bh - bl)
+
+  def test_t_pvalue_by_hand(self):
+    # 2 d.o.f.: P(T > t) = (1 − t/√(t² + 2)) / 2; t = 2/(1/√3) = 2√3.
+    t = 2.0 * np.sqrt(3.0)
+    want = 0.5 * (1.0 - t / np.sqrt(t * t + 2.0))
+    assert stats.t_pvalue([1.0, 2.0, 3.0], 0.0, greater=True) == pytest.approx(
+      want, rel=1e-9
+    )
+    assert stats.t_pvalue([1.0, 2.0, 3.0], 0.0, greater=False) == pytest.approx(
+      1.0 - want, rel=1e-9
+    )
+    # The null at the mean: 1/2; no spread: 0 or 1.
+    assert stats.t_pvalue([1.0, 2.0, 3.0], 2.0, True) == pytest.approx(0.5)
+    assert stats.t_pvalue([0.1, 0.1, 0.1], 0.0, True) == 0.0
+    assert stats.t_pvalue([0.1, 0.1, 0.1], 0.0, False) == 1.0
+
+  def test_bca_from_ten_seeds_and_against_scipy(self):
+    from scipy import stats as sp_stats
+
+    rng = np.random.default_rng(3)
+    d = rng.exponential(0.05, size=12) - 0.02  # skewed
+    got = stats.seed_interval(d)
+    assert got["method"] == "BCa"
+    assert stats.seed_interval(d[:9])["method"] == "t"
+    ref = sp_stats.bootstrap(
+      (d,), np.mean, method="BCa", n_resamples=20_000, random_state=0
+    ).confidence_interval
+    assert got["low"] == pytest.approx(ref.low, abs=4e-3)
+    assert got["high"] == pytest.approx(ref.high, abs=4e-3)
+    # Right skew: BCa reaches further up than down from the mean.
+    assert got["high"] - got["mean"] > got["mean"] - got["low"]
+
+  def test_bca_pvalue_agrees_with_its_interval(self):
+    # The one-sided p of H1 mean > null is <= 0.025 exactly when the
+    # two-sided 95% BCa interval lies above null.
+    rng = np.random.default_rng(5)
+    d = rng.normal(0.03, 0.03, size=12)
+    _, low, high = stats.bca_interval(d)
+    for null in (low - 1e-3, low + 1e-3):
+      p = stats.bca_pvalue(d, null, greater=True)
+      assert (p <= 0.025) == (null < low), (null, low, p)
+
+  def test_holm_by_hand(self):
+    # Sorted 0.01, 0.03, 0.04 (m = 3): 3·0.01, max(that, 2·0.03), max(that,
+    # 1·0.04).
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, None, 0.01]) == [0.5, None, 0.02]
+    assert stats.holm([0.9, 0.8]) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="p-value 1.5"):
+      stats.holm([1.5])
+
   @pytest.mark.parametrize(
-    "low,high,kind,seeds,expected",
+    "d,kind,expected",
     [
-      (0.01, 0.2, "superiority", 3, "supported"),
-      (-0.05, 0.02, "superiority", 3, "not supported"),  # high < margin 0.03
-      (-0.05, 0.10, "superiority", 3, "not resolved at this scale"),
-      (0.01, 0.2, "superiority", 2, "not resolved at this scale"),  # seeds
-      (-0.02, 0.05, "non_inferiority", 3, "supported"),  # low > -0.03
-      (-0.20, -0.05, "non_inferiority", 3, "not supported"),
-      (-0.06, 0.01, "non_inferiority", 4, "not resolved at this scale"),
+      ([0.10, 0.12, 0.11], "superiority", "supported"),
+      ([0.00, 0.001, -0.001], "superiority", "not supported"),
+      ([-0.1, 0.2, 0.05], "superiority", "not resolved at this scale"),
+      ([0.00, 0.001, -0.001], "non_inferiority", "supported"),
+      ([-0.10, -0.12, -0.11], "non_inferiority", "not supported"),
+      ([-0.1, -0.2, -0.15], "decrease", "supported"),
+      ([0.1, 0.2, 0.15], "decrease", "not supported"),
     ],
   )
-  def test_rule(self, low, high, kind, seeds, expected):
-    assert stats.verdict(low, high, kind, seeds)[0] == expected
+  def test_verdict_from_tests(self, d, kind, expected):
+    p = stats.claim_tests(d, kind)
+    assert stats.verdict_from_tests(p["for"], p["against"], kind, 3)[0] == (
+      expected
+    )
 
-  def test_reasons_name_what_the_interval_holds(self):
-    # Every bound below 0, the lower one past the margin: worse, by an open
-    # amount; the reason must not say the interval holds 0.
-    v, why = stats.verdict(-0.113, -0.027, "non_inferiority", 3)
-    assert v == "not resolved at this scale"
-    assert "below 0" in why and "both 0" not in why
-    _, why = stats.verdict(-0.06, 0.01, "non_inferiority", 3)
-    assert "both 0" in why
+  def test_holm_can_unresolve_a_lone_verdict(self):
+    # t = 0.05 / (0.01/√3) = 8.66 on 2 d.o.f.: one-sided p = 0.0065.
+    p = stats.claim_tests([0.04, 0.05, 0.06], "superiority")
+    alone = stats.holm([p["for"], p["against"]])
+    assert stats.verdict_from_tests(*alone, "superiority", 3)[0] == "supported"
+    # With 40 other tests in the family it no longer is (42 × 0.0065).
+    crowd = stats.holm([p["for"], p["against"]] + [0.5] * 40)
+    v, why = stats.verdict_from_tests(crowd[0], crowd[1], "superiority", 3)
+    assert v == "not resolved at this scale" and "Holm p" in why
 
-  def test_bad_kind(self):
+  def test_noise_floor(self):
+    # RMS of (0.03, −0.04): √((0.0009 + 0.0016)/2) = 0.035355.
+    assert stats.aa_spread([0.03, -0.04]) == pytest.approx(0.0353553, abs=1e-7)
+    assert stats.within_noise(0.03, 0.035, "superiority")
+    assert not stats.within_noise(0.04, 0.035, "superiority")
+    assert not stats.within_noise(0.0, 0.035, "non_inferiority")
+    assert not stats.within_noise(0.0, None, "superiority")
+
+  def test_bad_input(self):
+    with pytest.raises(ValueError, match="S >= 2"):
+      stats.t_interval([0.1])
     with pytest.raises(ValueError, match="kind='better'"):
-      stats.verdict(0.0, 1.0, "better", 3)
+      stats.claim_tests([0.1, 0.2], "better")
+    with pytest.raises(ValueError, match="confidence=1.5"):
+      stats.t_interval([0.1, 0.2], confidence=1.5)
 
 
 class TestSlopeReadoutStats:
-  """Q6's KL-slope readout (issue 44): least squares, a bootstrap over
-  seeds, and a verdict without a margin."""
+  """Q6's KL-slope readout: least squares and a bootstrap over seeds."""
 
   def test_ls_slope(self):
     assert stats.ls_slope([1, 2, 3], [1, 3, 5]) == 2.0
@@ -109,18 +194,6 @@ class TestSlopeReadoutStats:
     assert stats.seed_bootstrap([0.0, 1.0]) == (0.5, 0.0, 1.0)
     with pytest.raises(ValueError, match=r"d \(0,\)"):
       stats.seed_bootstrap([])
-
-  @pytest.mark.parametrize(
-    "low,high,seeds,expected",
-    [
-      (-2.0, -1.0, 3, "supported"),
-      (1.0, 2.0, 3, "not supported"),
-      (-1.0, 1.0, 3, "not resolved at this scale"),
-      (-2.0, -1.0, 2, "not resolved at this scale"),
-    ],
-  )
-  def test_decrease_verdict(self, low, high, seeds, expected):
-    assert stats.decrease_verdict(low, high, seeds)[0] == expected
 
 
 def test_sample_mean_std():
@@ -157,7 +230,7 @@ def _fake_run(
 ):
   """A finished run directory as rljax/study.py writes it; `config` is its
   config.json (default `_fake_config(name)`), grad_share the logged
-  acr_grad_share (None: not logged, as before issue 44); metrics: {key:
+  acr_grad_share (None: not logged, as by an older trainer); metrics: {key:
   [value at step 1, 2, ...]} overriding the per-step defaults."""
   run = study / f"{name}_s{seed}"
   run.mkdir(parents=True)
@@ -215,7 +288,7 @@ def test_claims_from_run_files(tmp_path):
     "q2_instrument": studies_lib.load_study(str(q2)),
     "q1_instrument": studies_lib.load_study(str(q1)),
   }
-  _, claims = claims_lib.claims_section(studies)
+  _, claims = family.claims_section(studies)
   by = {(c["study"], c["a"], c["b"]): c for c in claims}
   acr = by[("q2_instrument", "int8_tis", "int8_acr")]
   assert (acr["delta"], acr["seeds"], acr["problems"], acr["verdict"]) == (
@@ -267,13 +340,13 @@ def test_pooled_study_pairs_within_each_part(tmp_path):
   assert pooled["setup"]["machine"] == "pooled (seed 0: H100; seeds 1, 2: CPU)"
   result = claims_lib.compare(pooled, "int8_tis", "int8_acr")
   assert (result["seeds"], result["delta"]) == ([0, 1, 2], 0.5)
-  _, claims = claims_lib.claims_section(
+  _, claims = family.claims_section(
     {"q4_long_horizon_pooled": pooled, "q4_long_horizon": parts[1]}
   )
   by = {(c["study"], c["a"], c["b"]): c for c in claims}
   pooled_claim = by[("q4_long_horizon_pooled", "int8_tis", "int8_acr")]
   # The interval alone would support it; a GPU seed without an A/A pair on
-  # its machine makes it not attributable (issue 44).
+  # its machine makes it not attributable.
   assert pooled_claim["low"] > 0
   assert pooled_claim["verdict"] == "not attributable"
   assert "no A/A pair" in pooled_claim["why"]
@@ -298,3 +371,108 @@ def test_pooling_refuses_a_seed_in_two_parts_and_other_configs(tmp_path):
     studies_lib.pool_studies(
       [studies_lib.load_study(str(a)), studies_lib.load_study(str(c))]
     )
+
+
+def _records(run, step, correct):
+  (run / f"eval_step{step}.jsonl").write_text(
+    "".join(
+      json.dumps({"uid": f"p{i}", "correct": int(c)}) + "\n"
+      for i, c in enumerate(correct)
+    )
+  )
+
+
+def test_readout_averages_the_last_k_evaluations(tmp_path):
+  """A run with records at steps 0, 1, ..., 6 reads as the mean of steps
+  3-6 (k = 4) per problem; an archived run with one final record reads as
+  that record; an unfinished run has no readout."""
+  run = tmp_path / "fp32_s0"
+  run.mkdir()
+  _records(run, 0, [0, 0])
+  for step in range(1, 7):
+    _records(run, step, [step % 2, 1])  # p0: 1, 0, 1, 0, ...; p1: always
+  scores, steps = studies_lib.readout_scores(str(run), 4)
+  assert scores == {} and steps == []  # no summary.json yet
+  (run / "summary.json").write_text("{}")
+  studies_lib._readout.cache_clear()
+  scores, steps = studies_lib.readout_scores(str(run), 4)
+  assert steps == [3, 4, 5, 6]
+  assert scores == {"p0": 0.5, "p1": 1.0}
+  assert studies_lib.readout_scores(str(run), 1) == (
+    {"p0": 0.0, "p1": 1.0},
+    [6],
+  )
+
+
+def test_perturbed_aa_arm_sets_the_noise_floor(tmp_path):
+  """int8_tis_aa is int8_tis with another data order (model name
+  `instrument:<dir>#order=1`): its per-seed difference from int8_tis is the
+  A/A spread, printed beside every claim of the study; an ACR gain inside
+  it reads "within noise", one outside it keeps its verdict."""
+  study = tmp_path / "q9"
+  base = {"name": "instrument:/x/inst"}
+  seeds = range(3)
+  # Per seed (4 problems): TIS right on 2; its A/A twin on 2 or 3 (spread
+  # RMS of (+1/4, −1/4, +1/4) = 0.25); ACR on 3 (+0.25: within the spread).
+  aa = {0: [1, 1, 1, 0], 1: [1, 0, 0, 0], 2: [1, 1, 1, 0]}
+  for seed in seeds:
+    for name, correct, model in (
+      ("int8_tis", [1, 1, 0, 0], base),
+      ("int8_tis_aa", aa[seed], {"name": "instrument:/x/inst#order=1"}),
+      ("int8_acr", [1, 1, 1, 0], base),
+    ):
+      _fake_run(
+        study, name, seed, correct,
+        config=_fake_config(name, model=model),
+      )  # fmt: skip
+  (study / "ablation.json").write_text(
+    json.dumps(
+      {
+        "seeds": list(seeds),
+        "runs": [{"name": n} for n in ("int8_tis", "int8_tis_aa", "int8_acr")],
+      }
+    )
+  )
+  loaded = studies_lib.load_study(str(study))
+  noise = claims_lib.aa_noise(loaded)
+  assert noise["pair"] == ("int8_tis", "int8_tis_aa")
+  assert noise["spread"] == pytest.approx(0.25)
+  assert noise["seeds"] == 3
+  _, claims = family.claims_section({"q9_acr_long": loaded})
+  acr = next(
+    c
+    for c in claims
+    if (c["study"], c["a"], c["b"]) == ("q9_acr_long", "int8_tis", "int8_acr")
+  )
+  assert acr["delta"] == pytest.approx(0.25)
+  assert acr["verdict"] == "within noise"
+  assert "inside the A/A spread 0.250" in acr["why"]
+  assert acr["noise"].startswith("0.250 (`int8_tis_aa` − `int8_tis`")
+
+
+def test_q9_regime_check_reads_fp32_evaluations(tmp_path):
+  """Q9's registered check: fp32's readout (last 4 evaluations) above its
+  mean at steps 400-500 means it kept improving."""
+  from qurl_report_lib import fair_test
+
+  run = tmp_path / "fp32_s0"
+  run.mkdir()
+  rows = [
+    {"step": s, "eval_accuracy": 0.3 + s / 10_000} for s in range(0, 1001, 50)
+  ]
+  (run / "metrics.jsonl").write_text(
+    "".join(json.dumps(r) + "\n" for r in rows)
+  )
+  study = {"runs": {"fp32": {0: str(run)}}}
+  assert "no `fp32` seed has finished" in fair_test.regime_check(study)
+  (run / "summary.json").write_text("{}")
+  # Readout: mean of 0.385, 0.39, 0.395, 0.4 = 0.3925; steps 400-500: 0.345.
+  text = fair_test.regime_check(study)
+  assert "readout 0.392 against 0.345" in text and "kept improving" in text
+  (run / "metrics.jsonl").write_text(
+    "".join(
+      json.dumps({**r, "eval_accuracy": 0.7 - r["step"] / 10_000}) + "\n"
+      for r in rows
+    )
+  )
+  assert "left the registered regime" in fair_test.regime_check(study)

@@ -1,4 +1,4 @@
-"""The QuRL scripts run as shipped (issue 12, defect 8): each takes one step
+"""The QuRL scripts run as shipped: each takes one step
 on the tiny model with its own defaults overridden only for size, drops
 over-long prompts with a count in the metrics, evaluates the paper's
 benchmarks, and refuses to train on a file it evaluates."""

@@ -297,7 +297,7 @@ def _per_tensor_scale(multipliers):
 
 
 class AdamEquivalenceTest(parameterized.TestCase):
-  """Issue 44, item 7: under Adam with weight decay 0, training the folded
+  """Under Adam with weight decay 0, training the folded
   model is training the plain one with a per-tensor learning rate
   lr·s^(−k) for a leaf folded by s^k (uaq.py's docstring)."""
 
@@ -381,7 +381,7 @@ def _trainer_for(tmp_path, **fields):
 def test_config_json_records_the_scale_the_trainer_applies(
   tmp_path, fields, scale
 ):
-  """Issue 43 item 3 / 44 item 2: an unquantized run with uaq_scale 1.5 used
+  """An older trainer's unquantized run with uaq_scale 1.5 used
   to record 1.5 and train unfolded. Now the default is off (1.0), and a
   scale the config names is folded into every run: fp32 + fold is UAQ's
   exact control, and config.json says what ran."""

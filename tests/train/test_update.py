@@ -24,6 +24,15 @@ def tiny():
   return config, params
 
 
+@pytest.fixture(scope="module")
+def shallow():
+  """One layer, for the tests that run the step eagerly: they check the
+  loss's algebra (corrections, aggregation, micro-batches, the response
+  columns), and an eager pass costs in proportion to the model's depth."""
+  config = models.tiny_config(num_layers=1)
+  return config, models.init_params(config, jax.random.PRNGKey(0))
+
+
 def make_batch(config, seed=1, uneven=True):
   k = jax.random.split(jax.random.PRNGKey(seed), 4)
   tokens = jax.random.randint(k[0], (B, T), 0, config.vocab_size)
@@ -178,8 +187,8 @@ class TestStepEqualsKernel:
   VJP, on the full batch at once."""
 
   @pytest.fixture(scope="class")
-  def reference(self, tiny):
-    config, params = tiny
+  def reference(self, shallow):
+    config, params = shallow
     batch = off_policy_batch(config)
     logp_fn = lambda p: models.token_logprobs(
       config, p, batch["tokens"], attention_mask=batch["attention_mask"]
@@ -188,12 +197,14 @@ class TestStepEqualsKernel:
     return batch, logp, jax.jit(lambda ct: vjp(ct)[0])
 
   @pytest.mark.parametrize("aggregation", AGGREGATION_MODES)
-  def test_every_correction(self, tiny, reference, aggregation):
-    config, params = tiny
+  def test_every_correction(self, shallow, reference, aggregation):
+    config, params = shallow
     batch, logp, pullback = reference
-    # Eager (the same Python code the jitted step traces): 40 configurations
+    # Eager (the same Python code the jitted step traces): 22 configurations
     # compile in minutes on a small CPU, run eagerly in seconds. Two jitted
-    # cases follow below.
+    # cases follow below. Two micro-batches of unequal token counts (24 and
+    # 56 here) test the accumulation as well as four do, at half the eager
+    # passes through the model.
     with jax.disable_jit():
       for loss_cfg in correction_configs(aggregation):
         loss, g_logp = jax.value_and_grad(
@@ -207,7 +218,7 @@ class TestStepEqualsKernel:
           )[0]
         )(logp)
         g_ref = pullback(g_logp)
-        g_step, metrics = step_grads(config, params, batch, loss_cfg, micro=4)
+        g_step, metrics = step_grads(config, params, batch, loss_cfg, micro=2)
         msg = (
           f"{loss_cfg.correction} veto={loss_cfg.veto_threshold} {aggregation}"
         )
@@ -233,9 +244,9 @@ class TestStepEqualsKernel:
     [("mis", "token-mean"), ("seq_mis", "seq-mean-token-mean")],
   )
   def test_jitted_mis_step_matches_hand_computed_kernel(
-    self, tiny, reference, correction, aggregation
+    self, shallow, reference, correction, aggregation
   ):
-    config, params = tiny
+    config, params = shallow
     batch, logp, pullback = reference
     loss_cfg = objectives.PolicyLossConfig(
       correction=correction,
@@ -368,8 +379,8 @@ class TestResponseLen:
       ),
     ],
   )
-  def test_same_loss_gradient_and_metrics(self, tiny, correction, extra):
-    config, params = tiny
+  def test_same_loss_gradient_and_metrics(self, shallow, correction, extra):
+    config, params = shallow
     batch = off_policy_batch(config, seed=6)
     if "kl_coef" in extra:
       batch["ref_logp"] = batch["prox_logp"] - 0.1
@@ -389,10 +400,10 @@ class TestResponseLen:
     for a, b in zip(jax.tree.leaves(g_all), jax.tree.leaves(g_resp)):
       np.testing.assert_allclose(b, a, rtol=2e-4, atol=1e-6)
 
-  def test_one_column_too_few_changes_the_loss(self, tiny):
+  def test_one_column_too_few_changes_the_loss(self, shallow):
     # The check above can fail: a start one column late drops every
     # response's first token from the loss.
-    config, params = tiny
+    config, params = shallow
     batch = off_policy_batch(config, seed=6)
     loss_cfg = objectives.PolicyLossConfig(correction="mis", tis_cap=2.0)
     with jax.disable_jit():

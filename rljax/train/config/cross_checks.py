@@ -184,6 +184,42 @@ def _tool_task_checks(cfg: TrainConfig) -> list[Problem]:
   if t.max_turn_tokens > new:
     expected = f"<= rollout.max_new_tokens={new}, the whole trajectory's ids"
     out.append(Problem("task.max_turn_tokens", t.max_turn_tokens, expected))
+  if t.env_url:
+    out += _remote_env_checks(cfg)
+  return out
+
+
+# What the environment server decides when task.env_url names one.
+_SERVER_FIELDS = (
+  "tool",
+  "tool_format",
+  "tool_prompt",
+  "python_sandbox",
+  "max_turns",
+)
+
+
+def _remote_env_checks(cfg: TrainConfig) -> list[Problem]:
+  """With an environment server, the tool, its format and the prompt are
+  the server's: setting them here would change nothing."""
+  out = []
+  for name in _SERVER_FIELDS:
+    value = getattr(cfg.task, name)
+    default = sections.field_default(f"task.{name}")
+    if value != default:
+      expected = (
+        f"{default!r} with task.env_url={cfg.task.env_url!r}: the "
+        "environment server chooses the tool, its format, the prompt and the "
+        "turns"
+      )
+      out.append(Problem(f"task.{name}", value, expected))
+  if cfg.task.tool_choice != "auto":
+    expected = (
+      f"'auto' with task.env_url={cfg.task.env_url!r}: a forced call's "
+      "opening is written in the server's format, which the trainer does not "
+      "know"
+    )
+    out.append(Problem("task.tool_choice", cfg.task.tool_choice, expected))
   return out
 
 
@@ -196,6 +232,7 @@ _TOOL_FIELDS = (
   "tool_choice",
   "max_turns",
   "max_turn_tokens",
+  "env_url",
 )
 
 

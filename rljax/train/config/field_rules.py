@@ -81,6 +81,10 @@ FIELD_RULES: dict[str, v.Rule] = {
   "task.tool_prompt": v.one_of(*sections.TOOL_PROMPTS),
   "task.tool_choice": v.one_of(*sections.TOOL_CHOICES),
   "task.max_turns": _POSITIVE_INT,
+  "task.env_url": v.expect(
+    lambda url: not (url == "" or url.startswith("http://")),
+    '"" (in-process) or http://HOST:PORT of an environment server',
+  ),
   "task.max_turn_tokens": v.at_least(0, "0 = rollout.max_new_tokens"),
   "reward.name": v.one_of(*sections.REWARDS),
   "reward.judge_timeout_s": _POSITIVE,

@@ -89,6 +89,11 @@ FIELD_HELP: dict[str, str] = {
     "writes the arguments; as the OpenAI API's tool_choice)."
   ),
   "task.max_turns": "Tool tasks: model turns per episode.",
+  "task.env_url": (
+    "Tool tasks: an environment server (experiments/env_server.py) whose "
+    "episodes replace the in-process environment; its tool, format and "
+    "prompt are the server's. Empty = in-process."
+  ),
   "task.max_turn_tokens": (
     "Tool tasks: ids of one model turn; 0 = rollout.max_new_tokens, which "
     "bounds the whole trajectory (model and tool ids)."

@@ -97,6 +97,9 @@ class TaskConfig:
   # The python tool's sandbox: "strong", or the weaker mode only by name
   # (never chosen for the run; docs/sandbox.md).
   python_sandbox: str = "strong"  # strong|unsafe_rlimits_only
+  # An environment server's URL (rljax/envs/env_server.py): its episodes
+  # replace the in-process environment; "" = in-process.
+  env_url: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
