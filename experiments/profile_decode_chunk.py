@@ -13,8 +13,10 @@ calls after a compile call. The configurations are interleaved: repeat r
 of every configuration runs before repeat r + 1 of any, so a machine whose
 load changes during the run biases no configuration.
 
-Prints ms per decode step and tokens/s per configuration, and per (cache
-dtype, attention) the least-squares fit of the cost model
+Prints ms per decode step (wall and CPU: all threads' CPU time, the work,
+which other processes on a shared host disturb less than the wall time)
+and tokens/s per configuration, and per (cache dtype, attention) the
+least-squares fits of the cost model
 
   ms per step = a + b·S + c·S·(L + Lp/n)
 
@@ -139,10 +141,10 @@ class Config:
     )
     self.rows = rows
     self.traced = slot_plan.traced_args(base.SamplingConfig(n=1))
-    self.times = []
+    self.times, self.cpu = [], []
 
   def call(self):
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = slot_program.decode_chunk(
       self.config,
       self.plan,
@@ -157,6 +159,7 @@ class Config:
     )
     jax.block_until_ready(out)
     self.pool = out[0]
+    self.cpu.append(time.process_time() - cpu)
     return time.perf_counter() - start
 
   def row(self) -> dict:
@@ -165,13 +168,16 @@ class Config:
       **self.key,
       "ms_per_step": ms,
       "ms_median": 1e3 * float(np.median(self.times)) / _STEPS.value,
+      # CPU milliseconds of all the process's threads per step: the work,
+      # less disturbed than wall time when other processes load the host.
+      "cpu_ms_per_step": 1e3 * min(self.cpu) / _STEPS.value,
       "tokens_per_s": self.key["slots"] / ms * 1e3,
       "share": _SHARE.value,
       "page_size": _PAGE_SIZE.value,
     }
 
 
-def fit(rows: list[dict], n: int, prompt_len: int):
+def fit(rows: list[dict], n: int, prompt_len: int, field="ms_per_step"):
   """Least squares of ms = a + b·S + c·S·(L + Lp/n): (a, b, c)."""
   x = np.array(
     [
@@ -179,7 +185,7 @@ def fit(rows: list[dict], n: int, prompt_len: int):
       for r in rows
     ]
   )
-  y = np.array([r["ms_per_step"] for r in rows])
+  y = np.array([r[field] for r in rows])
   coef, *_ = np.linalg.lstsq(x, y, rcond=None)
   return coef
 
@@ -208,6 +214,7 @@ def main(argv):
   ]
   for c in configs:  # the compile calls
     c.call()
+    c.cpu = []
   for _ in range(_REPEATS.value):
     for c in configs:
       c.times.append(c.call())
@@ -226,21 +233,26 @@ def main(argv):
     ]
     if len({(r["slots"], r["length"]) for r in mine}) < 3:
       continue
-    a, b, c = fit(mine, n, _PROMPT_LEN.value)
-    fits[f"{attention}/{dtype}"] = {"a_ms": a, "b_ms": b, "c_us": 1e3 * c}
-    print(
-      f"{attention} {dtype}: ms/step = {a:.1f} + {b:.3f}·S + "
-      f"{1e3 * c:.2f}e-3·S·(L + Lp/n)"
-    )
+    for field, what in (("ms_per_step", "wall"), ("cpu_ms_per_step", "CPU")):
+      a, b, c = fit(mine, n, _PROMPT_LEN.value, field)
+      fits[f"{attention}/{dtype}/{what}"] = {
+        "a_ms": a,
+        "b_ms": b,
+        "c_us": 1e3 * c,
+      }
+      print(
+        f"{attention} {dtype}: {what} ms/step = {a:.1f} + {b:.3f}·S + "
+        f"{1e3 * c:.2f}e-3·S·(L + Lp/n)"
+      )
   print(
-    "| attention | cache | S | L | ms/step | median | tok/s |\n"
-    "|---|---|---:|---:|---:|---:|---:|"
+    "| attention | cache | S | L | ms/step | median | CPU ms/step | tok/s |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|"
   )
   for r in rows:
     print(
       f"| {r['attention']} | {r['cache_dtype']} | {r['slots']} | "
       f"{r['length']} | {r['ms_per_step']:.1f} | {r['ms_median']:.1f} | "
-      f"{r['tokens_per_s']:.0f} |"
+      f"{r['cpu_ms_per_step']:.1f} | {r['tokens_per_s']:.0f} |"
     )
   print(json.dumps({"load_after": os.getloadavg()}))
   if _OUT.value:

@@ -48,8 +48,9 @@ def test_tiny_dry_run_prints_every_row_and_the_fit(tmp_path):
     (2, 16),
   ]
   assert all(r["ms_per_step"] > 0 and r["attention"] == "xla" for r in rows)
-  assert set(data["fits"]) == {"xla/float32"}
-  assert "xla float32: ms/step =" in proc.stdout
+  assert set(data["fits"]) == {"xla/float32/wall", "xla/float32/CPU"}
+  assert "xla float32: wall ms/step =" in proc.stdout
+  assert all(r["cpu_ms_per_step"] > 0 for r in rows)
 
 
 def test_table_has_the_kv_columns_and_ratios():
