@@ -130,7 +130,8 @@ _WORKLOADS = flags.DEFINE_list(
   "workloads",
   [],
   "Rollouts shaped like RL (experiments/bench_workloads.py): real (GSM8K, "
-  "stop at EOS), longtail (seeded heavy-tailed lengths), fixed; given, they "
+  "stop at EOS), math500 (MATH-500, stop at EOS), longtail (seeded "
+  "heavy-tailed lengths), fixed; given, they "
   "run instead of --shapes: --prompts x --samples through --slots slots, "
   "--batchings, --workload_quants, --engines.",
 )
@@ -142,21 +143,56 @@ _BATCHINGS = flags.DEFINE_list(
   ["static", "continuous"],
   "JAX sampler batchings of the --workloads rows.",
 )
-_SLOTS = flags.DEFINE_integer(
-  "slots", 32, "--workloads: the JAX sampler's decode slots (max_batch)."
-)
-_GROUP_WIDTHS = flags.DEFINE_list(
-  "group_widths",
-  ["0"],
-  "--workloads: continuous batching's rows per slot group, one row each "
-  "(0: n, a group is a prompt's n samples).",
+_SLOTS = flags.DEFINE_list(
+  "slots",
+  ["32"],
+  "--workloads: the JAX sampler's decode slots (max_batch), one row each.",
 )
 _KV_PAGE_SIZES = flags.DEFINE_list(
   "kv_page_sizes",
-  ["0"],
-  "--workloads: continuous batching's KV page sizes, one row each (0: an "
-  "own cache of slots x the longest live row; P: pages of P tokens, "
-  "rljax/rollout/kv_pages.py).",
+  ["16"],
+  "--workloads: continuous batching's KV page sizes, one row each "
+  "(rljax/rollout/kv_pages.py).",
+)
+_WORKLOAD_REPEATS = flags.DEFINE_integer(
+  "workload_repeats",
+  1,
+  "--workloads: rounds of every row, engines interleaved in each; ratios "
+  "take the median.",
+)
+_MATH_MAX_NEW_TOKENS = flags.DEFINE_integer(
+  "math_max_new_tokens", 1024, "--workloads=math500: the response limit."
+)
+_MATH_DATA = flags.DEFINE_string(
+  "math_data",
+  None,
+  "--workloads=math500: MATH-500 jsonl (default "
+  "../shared/data/math500/test.jsonl).",
+)
+_VLLM_MAX_NUM_SEQS = flags.DEFINE_integer(
+  "vllm_max_num_seqs",
+  0,
+  "--workloads: vLLM --max-num-seqs (0: every sample of a workload).",
+)
+_VLLM_THREADS_BIND = flags.DEFINE_string(
+  "vllm_threads_bind",
+  "",
+  "--workloads: VLLM_CPU_OMP_THREADS_BIND of the sidecar (e.g. 0-1, all; "
+  "empty: vLLM's default).",
+)
+_VLLM_CHUNKED_PREFILL = flags.DEFINE_enum(
+  "vllm_chunked_prefill",
+  "auto",
+  ["auto", "on", "off"],
+  "--workloads: vLLM's chunked prefill (auto: VLLMSidecarConfig's rule, off "
+  "on the CPU build).",
+)
+_SPECULATIVE = flags.DEFINE_list(
+  "speculative",
+  [],
+  "--workloads: arms with and without speculative decoding instead of the "
+  "batching/slot rows (bench_rollout_lib/speculative.py): off, suffix, "
+  "suffix_history (JAX); vllm, vllm_ngram (vLLM's own n-gram speculation).",
 )
 _CHUNK_STEPS = flags.DEFINE_integer(
   "chunk_steps", 32, "--workloads: decode steps between refills."
@@ -228,10 +264,17 @@ def run_workloads(model, machine: dict) -> None:
     "engines": _ENGINES.value,
     "prompts": _PROMPTS.value,
     "samples": _SAMPLES.value,
-    "slots": _SLOTS.value,
+    "slots": [int(x) for x in _SLOTS.value],
     "chunk_steps": _CHUNK_STEPS.value,
-    "group_widths": [int(w) for w in _GROUP_WIDTHS.value],
     "kv_page_sizes": [int(p) for p in _KV_PAGE_SIZES.value],
+    "repeats": _WORKLOAD_REPEATS.value,
+    "math_max_new_tokens": _MATH_MAX_NEW_TOKENS.value,
+    "math_data": _MATH_DATA.value,
+    "vllm_max_num_seqs": _VLLM_MAX_NUM_SEQS.value,
+    "vllm_threads_bind": _VLLM_THREADS_BIND.value,
+    "vllm_chunked_prefill": {"auto": None, "on": True, "off": False}[
+      _VLLM_CHUNKED_PREFILL.value
+    ],
     "max_new_tokens": _MAX_NEW_TOKENS.value,
     "long_tail_max": _LONG_TAIL_MAX.value,
     "fixed_tokens": _FIXED_TOKENS.value,
@@ -240,7 +283,18 @@ def run_workloads(model, machine: dict) -> None:
     "vllm_kv_gib": _VLLM_KV_GIB.value,
     "vllm_batched_tokens": _VLLM_BATCHED_TOKENS.value,
     "out": _OUT.value,
+    "speculative": _SPECULATIVE.value,
   }
+  if settings["speculative"]:
+    from bench_rollout_lib import speculative  # pylint: disable=g-import-not-at-top
+
+    lines = speculative.format_rows(speculative.run(model, settings, machine))
+    print("\n".join(lines))
+    print(f"load average at end: {os.getloadavg()}")
+    if _MARKDOWN.value:
+      with open(_MARKDOWN.value, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return
   rows = bench_workloads.run_workloads(model, settings, machine)
   lines = bench_workloads.format_rows(rows)
   print("\n".join(lines))
@@ -256,10 +310,11 @@ def _flag_values() -> tuple[dict, set]:
   """{flag: value} of every flag (--data resolved to its default file),
   and the flags typed: what `flag_checks.check` reads."""
   values = flags.FLAGS.flag_values_dict()
-  if values["workloads"] and not values["data"]:
+  if values["workloads"]:
     import bench_workloads  # pylint: disable=g-import-not-at-top
 
-    values["data"] = bench_workloads.GSM8K
+    values["data"] = values["data"] or bench_workloads.GSM8K
+    values["math_data"] = values["math_data"] or bench_workloads.MATH500
   return values, {name for name in values if flags.FLAGS[name].present}
 
 

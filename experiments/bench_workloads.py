@@ -1,10 +1,12 @@
-"""Rollouts shaped like RL for `bench_rollout.py --workloads=real,longtail`.
+"""Rollouts shaped like RL for `bench_rollout.py --workloads=...`.
 
   real      GSM8K questions (../shared/data/gsm8k/test.jsonl) in the model's
             chat template, n samples each, temperature 1, stop at EOS,
             max_new_tokens 512 by default: responses end at very different
             lengths, some at the limit.
-  longtail  the same prompts, no stop token, each sample's length drawn
+  math500   MATH-500 problems (../shared/data/math500/test.jsonl), the same
+            way, 1,024 new tokens by default: longer answers, a longer tail.
+  longtail  the GSM8K prompts, no stop token, each sample's length drawn
             from a fixed, seeded heavy-tailed distribution (80 % uniform
             in 8..64, 15 % log-uniform in 65..L-1, 5 % exactly L); both
             engines get the same lengths (the JAX sampler's
@@ -13,14 +15,21 @@
   fixed     every sample exactly T tokens, no stop (the figure rljax
             published before), at the same slot count.
 
-Each row reports useful tokens/s (response tokens up to and including the
-stop), slot occupancy (live row-steps / slot-steps) and its complement, the
-padding/idle fraction, the peak KV-cache bytes and the compile count.
+Engines are interleaved: for each format, one vLLM sidecar is started
+(`vllm_config`: its KV space, --max-num-seqs, batch token budget,
+chunked prefill, thread binding), then for each repeat and workload the
+JAX rows run, then the vLLM row, so a machine whose load changes biases
+neither engine (the idle sidecar takes ~3 % of a core). Each row reports
+useful tokens/s (response tokens up to and including the stop), the
+decode batch's occupancy (live row-steps / row-steps run), the KV bytes
+(reserved, held, written), the compile count and seconds, and the load
+average; `report` prints the table and the ratios the targets name.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import time
@@ -31,19 +40,30 @@ from rljax.data import prompts as prompts_lib
 from rljax.rollout import base
 from rljax.rollout.jax_sampler import JaxSampler
 
-GSM8K = os.path.join(
-  os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "test.jsonl"
+from bench_rollout_lib.vllm_engine import (
+  _process_tree_cpu_s as process_tree_cpu_s,
 )
 
+# The table, the ratios and the plot (re-exported: bench_rollout prints them).
+from bench_rollout_lib.workload_report import format_rows  # noqa: F401
+from bench_rollout_lib.workload_report import plot_occupancy  # noqa: F401
 
-def gsm8k_prompts(tokenizer, path: str, count: int) -> list[list[int]]:
-  """The first `count` GSM8K questions, chat-templated and tokenized."""
+_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+GSM8K = os.path.join(_DATA, "gsm8k", "test.jsonl")
+MATH500 = os.path.join(_DATA, "math500", "test.jsonl")
+
+
+def gsm8k_prompts(
+  tokenizer, path: str, count: int, field: str = "question"
+) -> list[list[int]]:
+  """The first `count` questions (`field` of each JSON line: "question" in
+  GSM8K, "problem" in MATH-500), chat-templated and tokenized."""
   template = prompts_lib.ChatTemplate(tokenizer)
   out = []
   with open(path) as f:
     for line in f:
       if line.strip():
-        text = template(json.loads(line)["question"])
+        text = template(json.loads(line)[field])
         out.append(tokenizer.encode(text, add_special_tokens=False))
       if len(out) == count:
         break
@@ -99,12 +119,10 @@ def bench_jax(
   slots: int,
   chunk_steps: int,
   limits=None,
-  group_width: int | None = None,
   page_size: int = 0,
 ) -> dict:
-  """One timed rollout of the JAX sampler after a compile-only one (with
-  pages, after a whole untimed rollout: which pool sizes a rollout grows
-  through shows only when it runs, so `warmup` cannot compile them all)."""
+  """One timed rollout of the JAX sampler after `warmup` (which compiles
+  every program the rollout may run: the timed one compiles nothing)."""
   sampler = JaxSampler(
     model.config,
     model.params,
@@ -115,33 +133,39 @@ def bench_jax(
     chunk_steps=chunk_steps,
     batching=batching,
     pad_id=0,
-    group_width=group_width,
     kv_page_size=page_size,
   )
   start = time.perf_counter()
   sampler.warmup(prompts, sampling)
-  if page_size:
-    sampler.generate(prompts, sampling, max_new_tokens_per_sample=limits)
   compile_s = time.perf_counter() - start
+  load = os.getloadavg()[0]
+  cpu0 = time.process_time()
   batch = sampler.generate(prompts, sampling, max_new_tokens_per_sample=limits)
+  cpu_s = time.process_time() - cpu0
   if batching == "static":
     # Rows x decode steps of each chunk (`generate` counts the steps).
     per_chunk = min(len(prompts), max(1, slots // sampling.n)) * sampling.n
     batch.timing["slot_steps"] = per_chunk * batch.timing["decode_steps"]
-  if batching == "continuous" and group_width not in (None, sampling.n):
-    batching = f"continuous-w{group_width}"
+  label = batching if batching == "static" else f"continuous-s{slots}"
   if page_size:
-    batching = f"{batching}-p{page_size}"
+    label = f"{label}-p{page_size}"
   row = {
     "engine": "jax",
-    "batching": batching,
+    "batching": label,
     "quant": quant,
     "compile_s": compile_s,
     "num_compiles": sampler.num_compiles,
+    "load_before": load,
+    "load_after": os.getloadavg()[0],
+    "cpu_s": cpu_s,
     **_figures(batch, slots),
   }
-  row["timeline"] = list(sampler.last_timeline) if batching != "static" else []
-  row["kv_timeline"] = list(sampler.last_stats.get("kv_timeline", []))
+  row["tokens_per_cpu_s"] = row["tokens"] / max(cpu_s, 1e-9)
+  stats = sampler.last_stats if batching == "continuous" else {}
+  row["bucket_steps"] = stats.get("bucket_steps", {})
+  row["attention"] = stats.get("attention")
+  row["timeline"] = list(stats.get("timeline", []))
+  row["kv_timeline"] = list(stats.get("kv_timeline", []))
   sampler.close()
   return row
 
@@ -150,9 +174,21 @@ def bench_vllm(engine, quant: str, prompts, sampling, limits=None) -> dict:
   """One timed rollout on a running vLLM sidecar: the engine's own
   `generate`, or with `limits` one request per sample with its own
   `max_tokens` (and `ignore_eos`, as every rljax request)."""
+  load = os.getloadavg()[0]
+  cpu0 = process_tree_cpu_s(engine.pid)
   if limits is None:
     batch = engine.generate(prompts, sampling)
-    return {"engine": "vllm", "quant": quant, **_figures(batch, 0)}
+    cpu_s = process_tree_cpu_s(engine.pid) - cpu0
+    row = _figures(batch, 0)
+    return {
+      "engine": "vllm",
+      "quant": quant,
+      "load_before": load,
+      "load_after": os.getloadavg()[0],
+      "cpu_s": cpu_s,
+      "tokens_per_cpu_s": row["tokens"] / max(cpu_s, 1e-9),
+      **row,
+    }
   from rljax.rollout.vllm import api  # pylint: disable=g-import-not-at-top
 
   client = engine._client  # pylint: disable=protected-access
@@ -176,15 +212,20 @@ def bench_vllm(engine, quant: str, prompts, sampling, limits=None) -> dict:
   with concurrent.futures.ThreadPoolExecutor(max_workers=len(bodies)) as pool:
     results = list(pool.map(client.http.complete, bodies))
   seconds = time.perf_counter() - start
+  cpu_s = process_tree_cpu_s(engine.pid) - cpu0
   rows = [api.parse_completion(r, 1)[0] for r in results]
   tokens = int(sum(len(ids) for ids, _, _ in rows))
   return {
+    "cpu_s": cpu_s,
+    "tokens_per_cpu_s": tokens / max(cpu_s, 1e-9),
     "engine": "vllm",
     "quant": quant,
     "tokens": tokens,
     "seconds": seconds,
     "useful_tokens_per_s": tokens / seconds,
     "mean_length": tokens / len(rows),
+    "load_before": load,
+    "load_after": os.getloadavg()[0],
   }
 
 
@@ -192,10 +233,22 @@ def workload_requests(model, workload: str, settings: dict):
   """(prompts, sampling, per-sample limits or None) of one workload."""
   tok = model.tokenizer
   n, count = settings["samples"], settings["prompts"]
-  prompts = gsm8k_prompts(tok, settings["data"], count)
   eos = model.config.eos_token_id
   stop = tuple(eos) if isinstance(eos, (tuple, list)) else (int(eos),)
   seed = settings["seed"]
+  if workload == "math500":
+    prompts = gsm8k_prompts(
+      tok, settings.get("math_data") or MATH500, count, field="problem"
+    )
+    sampling = base.SamplingConfig(
+      n=n,
+      temperature=1.0,
+      max_new_tokens=settings["math_max_new_tokens"],
+      stop_token_ids=stop,
+      seed=seed,
+    )
+    return prompts, sampling, None
+  prompts = gsm8k_prompts(tok, settings["data"], count)
   if workload == "real":
     sampling = base.SamplingConfig(
       n=n,
@@ -217,131 +270,49 @@ def workload_requests(model, workload: str, settings: dict):
     )
     return prompts, sampling, None
   raise ValueError(
-    f"--workloads has {workload!r}; expected real, longtail or fixed"
+    f"--workloads has {workload!r}; expected real, math500, longtail or fixed"
   )
 
 
-def format_rows(rows: list[dict]) -> list[str]:
-  """A Markdown table of the rows, then the ratios that compare engines.
+def vllm_config(settings: dict, requests: dict):
+  """The sidecar's settings for the workloads (its best on this CPU are
+  docs/performance.md's): KV space, --max-num-seqs (default: every
+  sample at once), the batch token budget, chunked prefill, and thread
+  binding (VLLM_CPU_OMP_THREADS_BIND) when given."""
+  from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
 
-  Continuous over static batching (throughput and peak KV), JAX over vLLM,
-  and on the long-tail workload continuous over a fixed-length batch.
-  """
-  lines = [
-    "| workload | engine | batching | quant | useful tok/s | occupancy | "
-    "idle | KV peak MiB | KV held MiB | KV written MiB | compiles | "
-    "mean len | at limit | s |",
-    "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-  ]
-  fmt = lambda v, f: "–" if v is None else format(v, f)
-  mib = lambda r, k: None if r.get(k) is None else r[k] / 2**20
-  for r in rows:
-    lines.append(
-      f"| {r['workload']} | {r['engine']} | {r.get('batching', '–')} | "
-      f"{r['quant']} | {r['useful_tokens_per_s']:.1f} | "
-      f"{fmt(r.get('occupancy'), '.2f')} | "
-      f"{fmt(r.get('idle_fraction'), '.2f')} | "
-      f"{fmt(mib(r, 'kv_bytes_peak'), '.1f')} | "
-      f"{fmt(mib(r, 'kv_bytes_held_peak'), '.1f')} | "
-      f"{fmt(mib(r, 'kv_bytes_written_peak'), '.1f')} | "
-      f"{fmt(r.get('num_compiles'), 'd')} | {r['mean_length']:.0f} | "
-      f"{fmt(r.get('at_limit'), '.2f')} | {r['seconds']:.1f} |"
-    )
-  find = lambda w, e, b, q: next(
-    (
-      r
-      for r in rows
-      if (r["workload"], r["engine"], r.get("batching"), r["quant"])
-      == (w, e, b, q)
-    ),
-    None,
+  longest = max(
+    len(p) + s.max_new_tokens for ps, s, _ in requests.values() for p in ps
   )
-  ratios = []
-  tps = lambda r: r["useful_tokens_per_s"]
-  for q in sorted({r["quant"] for r in rows}):
-    fixed = find("fixed", "jax", "continuous", q)
-    for w in ("real", "longtail"):
-      static, vllm = find(w, "jax", "static", q), find(w, "vllm", None, q)
-      for r in rows:
-        label = r.get("batching") or ""
-        if (r["workload"], r["engine"], r["quant"]) != (w, "jax", q):
-          continue
-        if label.startswith("continuous") and static:
-          ratios.append(
-            f"{w} {q}: {label} / static = {tps(r) / tps(static):.2f}x"
-          )
-          if r.get("kv_bytes_peak") and static.get("kv_bytes_peak"):
-            ratios.append(
-              f"{w} {q}: peak KV {label} / static = "
-              f"{r['kv_bytes_peak'] / static['kv_bytes_peak']:.2f}"
-            )
-        if vllm:
-          ratios.append(
-            f"{w} {q}: JAX {label} / vLLM = {tps(r) / tps(vllm):.2f}x"
-          )
-        if w == "longtail" and fixed:
-          ratios.append(
-            f"longtail {q}: {label} / fixed-length continuous = "
-            f"{tps(r) / tps(fixed):.2f}"
-          )
-  return lines + [""] + [f"- {line}" for line in ratios]
-
-
-def plot_occupancy(rows: list[dict], path: str, title: str) -> None:
-  """Per continuous JAX row, over the rollout: the live share of the slots
-  (left) and the KV bytes the slots hold for tokens (right: with pages the
-  pages in use, else slots x the own cache's capacity; thin, what the pool
-  reserves). One colour per workload and format, one line style per
-  layout (solid: own cache per slot; dashed: pages)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  fig, (ax, kv_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-  drawn = [r for r in rows if r.get("timeline")]  # continuous JAX rows
-  kinds = sorted({(r["workload"], r["quant"]) for r in drawn})
-  colour = {k: plt.cm.tab10(i % 10) for i, k in enumerate(kinds)}
-  for r in drawn:
-    style = dict(
-      color=colour[(r["workload"], r["quant"])],
-      linestyle="--" if "-p" in r["batching"] else "-",
-    )
-    t, occ = zip(*r["timeline"])
-    ax.plot(
-      t, occ, label=f"{r['workload']} {r['batching']} {r['quant']}", **style
-    )
-    if r.get("kv_timeline"):
-      t, held, reserved = zip(*r["kv_timeline"])
-      kv_ax.plot(t, [b / 2**20 for b in held], **style)
-      if held != reserved:
-        kv_ax.plot(t, [b / 2**20 for b in reserved], linewidth=0.6, **style)
-  ax.set_xlabel("seconds into the rollout")
-  ax.set_ylabel("live slots / slots (per chunk)")
-  ax.set_ylim(0, 1.05)
-  ax.set_title(title, fontsize=8)
-  ax.legend(fontsize=6, ncol=2)
-  kv_ax.set_xlabel("seconds into the rollout")
-  kv_ax.set_ylabel("KV MiB held (thin: pool reserved)")
-  kv_ax.set_ylim(bottom=0)
-  kv_ax.set_title(
-    "KV cache: own cache per slot (solid) vs pages (dashed)", fontsize=8
+  rows = max(len(ps) * s.n for ps, s, _ in requests.values())
+  args = ["--max-num-batched-tokens", str(settings["vllm_batched_tokens"])]
+  args += ["--max-num-seqs", str(settings.get("vllm_max_num_seqs") or rows)]
+  env = ()
+  if settings.get("vllm_threads_bind"):
+    env = (("VLLM_CPU_OMP_THREADS_BIND", settings["vllm_threads_bind"]),)
+  return vllm_sidecar.VLLMSidecarConfig(
+    max_model_len=longest + 16,
+    cpu_kvcache_gib=settings["vllm_kv_gib"],
+    max_concurrent_requests=rows,
+    extra_args=tuple(args),
+    env=env,
+    chunked_prefill=settings.get("vllm_chunked_prefill"),
   )
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 def run_workloads(model, settings: dict, machine: dict) -> list[dict]:
-  """Every (workload, engine, batching, quant) row, JAX first; vLLM rows
-  share one sidecar per quant across the workloads."""
+  """Every (repeat, workload, engine, batching, quant) row, interleaved:
+  per format one vLLM sidecar, then per repeat and workload the JAX rows
+  and the vLLM row (the module doc)."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+
   rows = []
   requests = {
     w: workload_requests(model, w, settings) for w in settings["workloads"]
   }
 
-  def keep(row, workload):
-    row["workload"] = workload
+  def keep(row, workload, repeat):
+    row["workload"], row["repeat"] = workload, repeat
     rows.append(row)
     print(
       json.dumps(
@@ -356,77 +327,70 @@ def run_workloads(model, settings: dict, machine: dict) -> list[dict]:
         )
 
   for quant in settings["quants"]:
-    for workload, (prompts, sampling, limits) in requests.items():
-      batchings = (
-        ["continuous"] if workload == "fixed" else settings["batchings"]
-      )
-      continuous = lambda b, values: values if b == "continuous" else [0]
-      runs = [
-        (b, w, ps)
-        for b in batchings
-        for w in continuous(b, settings.get("group_widths") or [0])
-        for ps in continuous(b, settings.get("kv_page_sizes") or [0])
-      ]
-      for batching, width, page_size in runs:
-        keep(
-          bench_jax(
-            model,
-            quant,
-            prompts,
-            sampling,
-            batching=batching,
-            slots=settings["slots"],
-            chunk_steps=settings["chunk_steps"],
-            limits=limits,
-            group_width=width or None,
-            page_size=page_size,
-          ),
-          workload,
+    with contextlib.ExitStack() as stack:
+      engine = None
+      if "vllm" in settings["engines"] and quant in ("bf16", "int8"):
+        workdir = stack.enter_context(tempfile.TemporaryDirectory())
+        engine = stack.enter_context(
+          _sidecar(model, quant, workdir, vllm_config(settings, requests))
         )
-  if "vllm" in settings["engines"]:
-    _vllm_rows(model, settings, requests, keep)
+      for repeat in range(settings.get("repeats", 1)):
+        for workload, (prompts, sampling, limits) in requests.items():
+          if "jax" in settings["engines"]:
+            batchings = (
+              ["continuous"] if workload == "fixed" else settings["batchings"]
+            )
+            for batching in batchings:
+              for slots in settings["slots"]:
+                for page in (
+                  settings.get("kv_page_sizes") or [0]
+                  if batching == "continuous"
+                  else [0]
+                ):
+                  row = bench_jax(
+                    model,
+                    quant,
+                    prompts,
+                    sampling,
+                    batching=batching,
+                    slots=slots,
+                    chunk_steps=settings["chunk_steps"],
+                    limits=limits,
+                    page_size=page,
+                  )
+                  keep(row, workload, repeat)
+          if engine is not None:
+            row = bench_vllm(engine, quant, prompts, sampling, limits)
+            row["vllm_settings"] = settings_label(settings)
+            keep(row, workload, repeat)
   return rows
 
 
-def _vllm_rows(model, settings, requests, keep) -> None:
-  import tempfile  # pylint: disable=g-import-not-at-top
+def settings_label(settings: dict) -> str:
+  return (
+    f"kv {settings['vllm_kv_gib']} GiB, max-num-seqs "
+    f"{settings.get('vllm_max_num_seqs') or 'all'}, batched tokens "
+    f"{settings['vllm_batched_tokens']}, chunked prefill "
+    f"{settings.get('vllm_chunked_prefill')}, bind "
+    f"{settings.get('vllm_threads_bind') or 'default'}"
+  )
 
+
+@contextlib.contextmanager
+def _sidecar(model, quant, workdir, config):
+  """A started vLLM sidecar of `model` in `quant`, warmed by one request."""
   from rljax import models  # pylint: disable=g-import-not-at-top
   from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
 
-  longest = max(
-    len(p) + s.max_new_tokens for ps, s, _ in requests.values() for p in ps
-  )
-  for quant in settings["quants"]:
-    with tempfile.TemporaryDirectory() as workdir:
-      ckpt = os.path.join(workdir, f"vllm-{quant}")
-      if quant == "bf16":
-        models.save_hf(
-          model.config, model.params, ckpt, model.tokenizer, dtype="bfloat16"
-        )
-      elif quant == "int8":
-        models.export_compressed_tensors_int8(
-          model.config, model.params, ckpt, model.tokenizer
-        )
-      else:
-        continue
-      config = vllm_sidecar.VLLMSidecarConfig(
-        max_model_len=longest + 16,
-        cpu_kvcache_gib=settings["vllm_kv_gib"],
-        max_concurrent_requests=max(
-          len(ps) * s.n for ps, s, _ in requests.values()
-        ),
-        extra_args=(
-          "--max-num-batched-tokens",
-          str(settings["vllm_batched_tokens"]),
-        ),
-      )
-      with vllm_sidecar.VLLMSidecar(
-        ckpt, config, model_config=model.config
-      ) as eng:
-        eng.generate(
-          [next(iter(requests.values()))[0][0]],
-          base.SamplingConfig(n=1, max_new_tokens=4),
-        )
-        for workload, (prompts, sampling, limits) in requests.items():
-          keep(bench_vllm(eng, quant, prompts, sampling, limits), workload)
+  ckpt = os.path.join(workdir, f"vllm-{quant}")
+  if quant == "bf16":
+    models.save_hf(
+      model.config, model.params, ckpt, model.tokenizer, dtype="bfloat16"
+    )
+  else:
+    models.export_compressed_tensors_int8(
+      model.config, model.params, ckpt, model.tokenizer
+    )
+  with vllm_sidecar.VLLMSidecar(ckpt, config, model_config=model.config) as eng:
+    eng.generate([[1, 2, 3]], base.SamplingConfig(n=1, max_new_tokens=4))
+    yield eng

@@ -1,23 +1,36 @@
-"""What a continuous-batching decode step costs, by slots and own-cache size.
+"""What a continuous-batching decode step costs, by row bucket, row length,
+cache dtype and attention implementation.
 
   python experiments/profile_decode_chunk.py --model=smollm2-135m-instruct \
-      --slots=16,32 --capacities=64,128,256,512 --page_sizes=0,16
+      --slots=1,2,4,8,16,32 --lengths=64,512 --cache_dtypes=float32,bfloat16 \
+      --attention=native,xla --quant=bf16
 
-Times `slot_program.decode_chunk` alone (every row live, `--steps` decode
-steps a call, the best of `--repeats` calls after a compile call) for each
-(slots S, own-cache capacity C, page size P) and prints ms per decode step
-and tokens/s. The attention over the own cache is dense over its C slots
-whatever the rows' lengths, so the step time at C splits into a part that
-does not grow with C (the weights' matmuls, sampling, the prompt's keys)
-and one that grows with it (the own cache's reads and writes; with pages,
-their gather too): the fit `ms = a + b·C` per (S, P) is printed with them.
-That split is what bounds the RL-shaped workloads' tokens/s
-(`bench_rollout.py --workloads`): a long-tailed rollout spends most of its
-steps at a large C with few live rows. Writes the rows as JSON to --out.
+Times `slot_program.decode_chunk` alone: a bucket of S live rows, each
+with L own tokens already in the pool (and a prompt of --prompt_len in the
+entry pages its --n siblings share; --share=0 gives every row its own copy
+of the prompt), `--steps` decode steps a call, the best of `--repeats`
+calls after a compile call. The configurations are interleaved: repeat r
+of every configuration runs before repeat r + 1 of any, so a machine whose
+load changes during the run biases no configuration.
+
+Prints ms per decode step (wall and CPU: all threads' CPU time, the work,
+which other processes on a shared host disturb less than the wall time)
+and tokens/s per configuration, and per (cache dtype, attention) the
+least-squares fits of the cost model
+
+  ms per step = a + b·S + c·S·(L + Lp/n)
+
+a: what a step costs whatever its rows (the weights read once, the LM head
+setup, the loop); b: each row's matmuls and sampling; c: each row-token of
+attention (own tokens, plus its share of the prompt it reads with its
+siblings). The fit is what the scheduler's row buckets and the kernel's
+ragged reads are measured against (docs/performance.md). Writes the rows as
+JSON to --out.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -32,10 +45,10 @@ import numpy as np
 from rljax import hostmem
 from rljax import models
 from rljax.rollout import base
+from rljax.rollout import paged_attention as attention_lib
 from rljax.rollout import slot_plan
 from rljax.rollout import slot_program
 from rljax.rollout.jax_sampler import JaxSampler
-from rljax.rollout.token_sampling import sample_keys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_info  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
@@ -45,109 +58,136 @@ _RANDOM_INIT = flags.DEFINE_bool(
   "random_init", False, "Random weights of --model's shape (no checkpoint)."
 )
 _QUANT = flags.DEFINE_string("quant", "bf16", "Rollout weights (JaxSampler).")
-_SLOTS = flags.DEFINE_list("slots", ["16", "32"], "Slot counts S.")
-_CAPACITIES = flags.DEFINE_list(
-  "capacities", ["64", "128", "256", "512"], "Own-cache capacities C."
+_SLOTS = flags.DEFINE_list("slots", ["1", "2", "4", "8", "16", "32"], "S.")
+_LENGTHS = flags.DEFINE_list("lengths", ["64", "512"], "Own tokens a row, L.")
+_CACHE_DTYPES = flags.DEFINE_list(
+  "cache_dtypes", ["float32", "bfloat16"], "The pool's dtypes."
 )
-_PAGE_SIZES = flags.DEFINE_list(
-  "page_sizes", ["0", "16"], "0: contiguous own cache; P: pages of P slots."
+_ATTENTION = flags.DEFINE_list(
+  "attention", ["native", "xla"], "paged_attention implementations."
 )
-_CACHE_DTYPE = flags.DEFINE_enum(
-  "cache_dtype",
-  "auto",
-  ["auto", "float32", "bfloat16"],
-  "KV cache dtype (auto: the sampler's default for --quant on this backend).",
+_PAGE_SIZE = flags.DEFINE_integer("page_size", 16, "Token slots a page.")
+_N = flags.DEFINE_integer("n", 8, "Rows sharing a prompt (siblings).")
+_SHARE = flags.DEFINE_bool(
+  "share", True, "Siblings share their prompt's pages (else one copy each)."
 )
-_N = flags.DEFINE_integer("n", 8, "Rows per slot group (samples a prompt).")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 128, "Prompt bucket Lp.")
-_STEPS = flags.DEFINE_integer("steps", 16, "Decode steps a timed call.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 128, "Prompt tokens, Lp.")
+_STEPS = flags.DEFINE_integer("steps", 8, "Decode steps a timed call.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls; the best counts.")
 _OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
 
 
-def _live_state(config, params, plan, capacity: int, pages: int):
-  """Every slot live, its prompt prefilled, its limit out of reach."""
-  groups, n = plan.groups, plan.n
-  state = slot_program.init_state(config, plan, pages or capacity)
-  keys = sample_keys(
-    0,
-    jnp.repeat(jnp.arange(groups, dtype=jnp.int32), n),
-    jnp.tile(jnp.arange(n, dtype=jnp.int32), groups),
-  )
-  state, _, _ = slot_program.prefill_groups(
-    config,
-    plan,
-    params,
-    state,
-    jnp.full((groups, plan.prompt_len), 7, jnp.int32),
-    jnp.ones((groups, plan.prompt_len), jnp.int32),
-    jnp.arange(groups, dtype=jnp.int32),
-    jax.random.key_data(keys),
-    jnp.full((plan.slots,), 10**6, jnp.int32),
-    *slot_plan.traced_args(base.SamplingConfig(n=n), 10**6),
-  )
-  return state
+_PARAMS: dict[int, object] = {}
 
 
-def cache_dtype(sampler):
-  if _CACHE_DTYPE.value == "auto":
-    return sampler._default_cache_dtype()  # pylint: disable=protected-access
-  return jnp.dtype(_CACHE_DTYPE.value)
+def _decode_params(sampler):
+  """The sampler's weights as the decode program reads them, made once:
+  every configuration reads the same buffers (a copy each would hold the
+  weights once per configuration)."""
+  if id(sampler) not in _PARAMS:
+    _PARAMS[id(sampler)] = slot_plan.prepare_params(sampler.params, False)[1]
+  return _PARAMS[id(sampler)]
 
 
-def profile(sampler, slots: int, capacity: int, page_size: int) -> dict:
-  config = sampler.rollout_config
-  prefill, decode = slot_plan.prepare_params(sampler.params, False)
-  sampling = base.SamplingConfig(n=_N.value, temperature=1.0, seed=0)
-  plan = slot_plan.make_plan(
-    sampling,
-    slots // _N.value,
-    _PROMPT_LEN.value,
-    _STEPS.value,
-    0,
-    cache_dtype(sampler),
-    sampler.activation_dtype,
-    _N.value,
-    page_size,
-  )
-  width = -(-capacity // page_size) if page_size else 0
-  pages = plan.slots * width
-  table = (
-    jnp.arange(pages, dtype=jnp.int32).reshape(plan.slots, width)
-    if page_size
-    else None
-  )
-  state = _live_state(config, prefill, plan, capacity, pages)
-  traced = slot_plan.traced_args(sampling, 10**6)
-  times = []
-  for i in range(_REPEATS.value + 1):
-    start = time.perf_counter()
-    out = slot_program.decode_chunk(
+class Config:
+  """One profiled configuration: its plan, pool, rows and tables."""
+
+  def __init__(self, sampler, slots, length, dtype, attention):
+    self.key = dict(
+      slots=slots, length=length, cache_dtype=dtype, attention=attention
+    )
+    config = sampler.rollout_config
+    self.config = config
+    page = _PAGE_SIZE.value
+    sampling = base.SamplingConfig(
+      n=min(_N.value, slots), max_new_tokens=length + _STEPS.value + 1
+    )
+    os.environ[attention_lib.IMPL_ENV] = attention
+    groups = -(-slots // sampling.n) if _SHARE.value else slots
+    self.plan = slot_plan.make_plan(
       config,
-      plan,
-      decode,
-      state,
-      *traced,
+      sampling,
+      slots=slots,
+      prompt_len=_PROMPT_LEN.value,
+      chunk_steps=_STEPS.value,
+      pad_id=0,
+      cache_dtype=dtype,
+      activation_dtype=sampler.activation_dtype,
+      page_size=page,
+      entries=groups,
+    )
+    plan = self.plan
+    self.params = _decode_params(sampler)
+    self.pool = slot_program.init_pool(config, plan)
+    # Entry e's prompt in pages e·Wp ..; row r's own pages after them.
+    wp, w = plan.prompt_pages, plan.own_pages
+    self.prefix = attention_lib.Prefix(
+      np.arange(groups * wp, dtype=np.int32).reshape(groups, wp),
+      np.zeros((groups,), np.int32),
+      np.full((groups,), plan.prompt_len, np.int32),
+    )
+    self.table = groups * wp + np.arange(slots * w, dtype=np.int32).reshape(
+      slots, w
+    )
+    rows = slot_plan.empty_rows(plan, slots)
+    rows["done"][:] = False
+    rows["length"][:] = length
+    rows["pos"][:] = plan.prompt_len + length
+    rows["limit"][:] = 10**6
+    rows["entry"] = (
+      np.arange(slots, dtype=np.int32) // sampling.n
+      if _SHARE.value
+      else np.arange(slots, dtype=np.int32)
+    )
+    self.rows = rows
+    self.traced = slot_plan.traced_args(base.SamplingConfig(n=1))
+    self.times, self.cpu = [], []
+
+  def call(self):
+    start, cpu = time.perf_counter(), time.process_time()
+    out = slot_program.decode_chunk(
+      self.config,
+      self.plan,
+      self.params,
+      self.pool,
+      self.rows,
+      self.table,
+      self.prefix,
+      *self.traced,
       jnp.int32(_STEPS.value),
-      jnp.int32(plan.groups + 1),
-      table,
+      jnp.int32(0),
     )
     jax.block_until_ready(out)
-    state = out[0]
-    if i:  # the first call compiles
-      times.append(time.perf_counter() - start)
-    # Back to the chunk's first slots, so C is never outgrown.
-    state = {**state, "length": jnp.ones_like(state["length"])}
-  ms = 1e3 * min(times) / _STEPS.value
-  return {
-    "slots": slots,
-    "capacity": capacity,
-    "page_size": page_size,
-    "cache_dtype": str(jnp.dtype(cache_dtype(sampler))),
-    "ms_per_step": ms,
-    "tokens_per_s": slots / ms * 1e3,
-    "kv_bytes": slot_program.kv_bytes(config, plan, pages or capacity),
-  }
+    self.pool = out[0]
+    self.cpu.append(time.process_time() - cpu)
+    return time.perf_counter() - start
+
+  def row(self) -> dict:
+    ms = 1e3 * min(self.times) / _STEPS.value
+    return {
+      **self.key,
+      "ms_per_step": ms,
+      "ms_median": 1e3 * float(np.median(self.times)) / _STEPS.value,
+      # CPU milliseconds of all the process's threads per step: the work,
+      # less disturbed than wall time when other processes load the host.
+      "cpu_ms_per_step": 1e3 * min(self.cpu) / _STEPS.value,
+      "tokens_per_s": self.key["slots"] / ms * 1e3,
+      "share": _SHARE.value,
+      "page_size": _PAGE_SIZE.value,
+    }
+
+
+def fit(rows: list[dict], n: int, prompt_len: int, field="ms_per_step"):
+  """Least squares of ms = a + b·S + c·S·(L + Lp/n): (a, b, c)."""
+  x = np.array(
+    [
+      [1.0, r["slots"], r["slots"] * (r["length"] + prompt_len / n)]
+      for r in rows
+    ]
+  )
+  y = np.array([r[field] for r in rows])
+  coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+  return coef
 
 
 def main(argv):
@@ -165,39 +205,69 @@ def main(argv):
     config, params = model.config, model.params
   sampler = JaxSampler(config, params, quant=_QUANT.value)
   machine = machine_info()
-  print(json.dumps({"machine": machine}))
-  rows = []
-  for slots in map(int, _SLOTS.value):
-    for page_size in map(int, _PAGE_SIZES.value):
-      for capacity in map(int, _CAPACITIES.value):
-        row = profile(sampler, slots, capacity, page_size)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-      mine = [
-        r for r in rows if (r["slots"], r["page_size"]) == (slots, page_size)
-      ]
-      if len(mine) > 1:
-        b, a = np.polyfit(
-          [r["capacity"] for r in mine], [r["ms_per_step"] for r in mine], 1
-        )
-        at = mine[-1]["capacity"]
-        print(
-          f"S={slots} P={page_size}: ms/step = {a:.1f} + {b * 1e3:.2f}e-3·C "
-          f"(at C={at}: {b * at / (a + b * at):.0%} of the step grows with C)"
-        )
+  print(json.dumps({"machine": machine, "load": os.getloadavg()}))
+  configs = [
+    Config(sampler, int(s), int(length), dtype, attention)
+    for attention, dtype, s, length in itertools.product(
+      _ATTENTION.value, _CACHE_DTYPES.value, _SLOTS.value, _LENGTHS.value
+    )
+  ]
+  for c in configs:  # the compile calls
+    c.call()
+    c.cpu = []
+  for _ in range(_REPEATS.value):
+    for c in configs:
+      c.times.append(c.call())
+  rows = [c.row() for c in configs]
+  for r in rows:
+    print(json.dumps(r), flush=True)
+  n = min(_N.value, max(r["slots"] for r in rows)) if _SHARE.value else 1
+  fits = {}
+  for attention, dtype in itertools.product(
+    _ATTENTION.value, _CACHE_DTYPES.value
+  ):
+    mine = [
+      r
+      for r in rows
+      if (r["attention"], r["cache_dtype"]) == (attention, dtype)
+    ]
+    if len({(r["slots"], r["length"]) for r in mine}) < 3:
+      continue
+    for field, what in (("ms_per_step", "wall"), ("cpu_ms_per_step", "CPU")):
+      a, b, c = fit(mine, n, _PROMPT_LEN.value, field)
+      fits[f"{attention}/{dtype}/{what}"] = {
+        "a_ms": a,
+        "b_ms": b,
+        "c_us": 1e3 * c,
+      }
+      print(
+        f"{attention} {dtype}: {what} ms/step = {a:.1f} + {b:.3f}·S + "
+        f"{1e3 * c:.2f}e-3·S·(L + Lp/n)"
+      )
   print(
-    "| S | P | C | ms/step | tok/s | KV MiB |\n|---:|---:|---:|---:|---:|---:|"
+    "| attention | cache | S | L | ms/step | median | CPU ms/step | tok/s |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|"
   )
   for r in rows:
     print(
-      f"| {r['slots']} | {r['page_size']} | {r['capacity']} | "
-      f"{r['ms_per_step']:.1f} | {r['tokens_per_s']:.0f} | "
-      f"{r['kv_bytes'] / 2**20:.1f} |"
+      f"| {r['attention']} | {r['cache_dtype']} | {r['slots']} | "
+      f"{r['length']} | {r['ms_per_step']:.1f} | {r['ms_median']:.1f} | "
+      f"{r['cpu_ms_per_step']:.1f} | {r['tokens_per_s']:.0f} |"
     )
+  print(json.dumps({"load_after": os.getloadavg()}))
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       json.dump(
-        {"machine": machine, "quant": _QUANT.value, "rows": rows}, f, indent=1
+        {
+          "machine": machine,
+          "quant": _QUANT.value,
+          "prompt_len": _PROMPT_LEN.value,
+          "n": _N.value,
+          "rows": rows,
+          "fits": fits,
+        },
+        f,
+        indent=1,
       )
 
 

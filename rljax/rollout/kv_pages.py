@@ -1,56 +1,41 @@
-"""Paged own cache for continuous batching: KV that follows the live tokens.
+"""The continuous engine's KV cache: pages of one pool, read through tables.
 
-With `page_size` P > 0 (`SlotPlan.page_size`), the rows' generated tokens do
-not sit in an own cache of S rows × C slots (`slot_program`'s contiguous
-layout, whose C follows the *longest* live row, so one long sample holds
-every row at its length). They sit in pages of P token slots taken from one
-pool shared by every row:
+Every key and value of a continuous run sits in pages of P token slots of
+one pool per layer, allocated once at its full size (`pool_pages`):
 
-  pool    k [N, Hkv, hd, P], v [N, Hkv, P, hd] per layer
-          (`models.init_decode_cache(config, N, P)`: a page is laid out as
-          one row of the contiguous cache, P slots long);
-  table   int32 [S, C/P]: row b's token t is at slot t % P of page
-          table[b, t // P]; N (out of range) where the row holds no page.
+  pool    k [N, Hkv, hd, P], v [N, Hkv, P, hd] per layer (a page is laid
+          out for the attention's two products, `paged_attention`)
+  owners  a prompt's prefix entry holds the pages of its prompt slots, read
+          by all n samples of the prompt; a row (one sample) holds the pages
+          of its own generated tokens: own token u at slot u % P of its
+          page u // P. Index N (out of range) marks a hole.
 
-  host (`PageBook`)                     device (`write`, `gather`)
-  before a chunk: each live row gets    a decode step writes each live
-  the pages its next chunk may write;   row's new key/value into its page
-  the pool grows in steps of S·C/16    (idle rows: page N, dropped), then
-  when it runs out (`pool_pages`)  ──►  gathers every row's pages into the
-  after a chunk: an ended row's         [S, Hkv, hd, C] / [S, Hkv, C, hd]
-  pages go back to the free list        layout `shared_prefix_attention` reads
+  host (`PageBook`)                     device (`write_tokens`,
+  admission: an entry takes the pages    `write_blocks`, `paged_attention`)
+  of its prompt; before a chunk, each    a prefill writes a prompt's keys
+  live row takes the pages its next      into its entry's pages; a decode
+  chunk may write; an ended row's or a   step writes each live row's new
+  finished prompt's pages go back to     key into its page, then attends
+  the free list                          over prefix + own pages in place
 
-So the pool holds about the live rows' tokens (plus at most one chunk ahead
-per row and the rounding of N), not S × C. The price is the gather: every
-decode step copies each row's live pages of every layer into the contiguous
-layout before the attention reads them (one layer at a time, so the copy's
-memory is one layer's S × C, not the cache's). This is the block table of
-vLLM's PagedAttention (Kwon et al., 2023, "Efficient Memory Management for
-Large Language Model Serving with PagedAttention"), kept in JAX: XLA has no
-paged-attention kernel on the CPU, so the gather is an explicit copy.
+A page never moves: a decode batch that shrinks to its live rows
+(`slot_scheduler`) permutes rows of the block table, not KV. The pool is
+sized for every slot row at the new-token capacity plus every entry at the
+prompt bucket, so a run never grows it (no pool-size compile keys, no
+resize copies): what the rows hold is reported as "held" KV, the pool as
+"reserved". This is vLLM's PagedAttention layout (Kwon et al., 2023,
+"Efficient Memory Management for Large Language Model Serving with
+PagedAttention") with one addition: a prompt's pages are shared by its
+samples (copy-free prefix sharing).
 """
 
 from __future__ import annotations
 
+from typing import Hashable, Sequence
+
+import jax
 import jax.numpy as jnp
 import numpy as np
-
-
-def pool_pages(needed: int, unit: int) -> int:
-  """Pool size for `needed` pages: the next multiple of `unit` (N grows in
-  a few fixed steps, so a run compiles a few pool shapes)."""
-  return max(unit, -(-needed // unit) * unit)
-
-
-def pool_unit(slots: int, most: int, page_size: int, steps: int = 16) -> int:
-  """A pool step: 1/`steps` of the pages S rows of `most` tokens would
-  hold (the contiguous cache at its largest). 16 steps: the pool reserves
-  at most 1/16 of that above what the rows hold, for at most 16 pool sizes
-  (each a decode program per own-cache capacity it meets); 8 left the real
-  workload's pool at 0.51x of the contiguous cache where the pages held
-  0.41x (docs/performance.md)."""
-  full = slots * -(-most // page_size)
-  return max(1, -(-full // steps))
 
 
 def pages_for(tokens: int, page_size: int) -> int:
@@ -58,15 +43,24 @@ def pages_for(tokens: int, page_size: int) -> int:
   return -(-max(0, tokens) // page_size)
 
 
-class PageBook:
-  """The host's record of which pool page each slot row holds.
+def pool_pages(
+  slots: int, new_tokens: int, entries: int, prompt_len: int, page_size: int
+) -> int:
+  """N: every slot row at `new_tokens` own slots plus every entry at a
+  `prompt_len`-slot prompt (a prompt bucket is a whole number of pages)."""
+  return slots * pages_for(new_tokens, page_size) + entries * pages_for(
+    prompt_len, page_size
+  )  # fmt: skip
 
-  Pages are handed out from a free list (`reserve`), given back when a row
-  ends (`release`), and the pool can grow (`grow`); `table` writes the
-  block table a decode chunk reads.
+
+class PageBook:
+  """The host's record of which pages each owner (an entry, a row) holds.
+
+  Pages come from a free list (`hold`), go back when their owner ends
+  (`release`); `table` writes the block table of some owners.
   """
 
-  def __init__(self, slots: int, page_size: int, pages: int):
+  def __init__(self, pages: int, page_size: int):
     if page_size < 1 or pages < 1:
       raise ValueError(
         f"PageBook: page_size={page_size}, pages={pages}; expected both >= 1"
@@ -74,98 +68,136 @@ class PageBook:
     self.page_size = page_size
     self.pages = pages
     self._free = list(range(pages - 1, -1, -1))
-    self.rows: list[list[int]] = [[] for _ in range(slots)]
+    self._held: dict[Hashable, list[int]] = {}
     self.used_peak = 0
 
   @property
   def used(self) -> int:
     return self.pages - len(self._free)
 
-  def shortfall(self, wanted: dict[int, int]) -> int:
-    """Pages missing from the free list for rows to hold `wanted[row]`
-    token slots each."""
-    more = sum(
-      max(0, pages_for(t, self.page_size) - len(self.rows[r]))
-      for r, t in wanted.items()
-    )
-    return max(0, more - len(self._free))
+  def held(self, owner: Hashable) -> list[int]:
+    return self._held.get(owner, [])
 
-  def reserve(self, wanted: dict[int, int]) -> None:
-    """Gives each row enough pages for `wanted[row]` token slots."""
-    if self.shortfall(wanted):
+  def hold(self, owner: Hashable, tokens: int) -> list[int]:
+    """Gives `owner` enough pages for slots 0 .. tokens - 1 (keeping those
+    it holds); returns its pages."""
+    pages = self._held.setdefault(owner, [])
+    need = pages_for(tokens, self.page_size) - len(pages)
+    if need > len(self._free):
       raise ValueError(
-        f"PageBook.reserve: {self.shortfall(wanted)} pages short of "
-        f"{len(self._free)} free; grow the pool first"
+        f"PageBook.hold: {need} pages wanted, {len(self._free)} free of "
+        f"{self.pages}; the pool is sized for every row at its limit"
       )
-    for row, tokens in wanted.items():
-      while len(self.rows[row]) < pages_for(tokens, self.page_size):
-        self.rows[row].append(self._free.pop())
+    for _ in range(max(0, need)):
+      pages.append(self._free.pop())
     self.used_peak = max(self.used_peak, self.used)
+    return pages
 
-  def release(self, row: int) -> None:
-    """A row's pages back to the free list (the row ended)."""
-    self._free.extend(reversed(self.rows[row]))
-    self.rows[row] = []
+  def hold_span(self, owner: Hashable, first: int, last: int) -> list[int]:
+    """Pages for slots first .. last - 1 only: the page list has `pages`
+    (N, a hole) before the page of slot `first` (a left-padded prompt)."""
+    if owner in self._held:
+      raise ValueError(f"PageBook.hold_span: {owner!r} already holds pages")
+    lo, hi = first // self.page_size, pages_for(last, self.page_size)
+    if hi - lo > len(self._free):
+      raise ValueError(
+        f"PageBook.hold_span: {hi - lo} pages wanted, {len(self._free)} free"
+      )
+    pages = [self.pages] * lo + [self._free.pop() for _ in range(hi - lo)]
+    self._held[owner] = pages
+    self.used_peak = max(self.used_peak, self.used)
+    return pages
 
-  def grow(self, pages: int) -> None:
-    """The pool now has `pages` pages; the new ones are free."""
-    if pages < self.pages:
-      raise ValueError(f"PageBook.grow: {pages} < {self.pages} pages")
-    self._free[:0] = range(pages - 1, self.pages - 1, -1)
-    self.pages = pages
+  def release(self, owner: Hashable) -> None:
+    """The owner's pages back to the free list (holes are not pages)."""
+    pages = self._held.pop(owner, [])
+    self._free.extend(p for p in reversed(pages) if p < self.pages)
 
-  def table(self, width: int) -> np.ndarray:
-    """int32 [S, width] block table; `pages` (out of range) where a row
-    holds no page."""
-    out = np.full((len(self.rows), width), self.pages, np.int32)
-    for row, pages in enumerate(self.rows):
-      out[row, : min(width, len(pages))] = pages[:width]
+  def table(self, owners: Sequence[Hashable | None], width: int) -> np.ndarray:
+    """int32 [len(owners), width]: each owner's pages, N where it holds
+    none (and for a None owner: a padding row)."""
+    out = np.full((len(owners), width), self.pages, np.int32)
+    for i, owner in enumerate(owners):
+      pages = self._held.get(owner, []) if owner is not None else []
+      out[i, : min(width, len(pages))] = pages[:width]
     return out
 
 
-def write(pool_k, pool_v, k, v, table, write_index, page_size: int):
-  """Row b's new key k[b] [Hkv, hd] and value v[b] into its page.
+def write_tokens(pool_k, pool_v, k, v, table, start, count):
+  """Rows' new keys and values into their own pages.
 
-  write_index[b] is the token slot; at or past the table's slots (an idle
-  row) the write is dropped, as is one to an unheld page (index N).
+  Token t of row b (k[b, t], v[b, t]: [Hkv, hd]) goes to own slot
+  start[b] + t, for t < count[b]; later tokens, slots past the table and
+  holes (page N) are dropped.
+
+  Args:
+    pool_k, pool_v: one layer's pool, k [N, Hkv, hd, P], v [N, Hkv, P, hd]
+      (`storage_dtype`).
+    k, v: [B, T, Hkv, hd].
+    table: int32 [B, W] the rows' pages.
+    start, count: int32 [B].
   """
-  rows = jnp.arange(table.shape[0], dtype=jnp.int32)
+  n, _, _, p = pool_k.shape
+  t = k.shape[1]
   width = table.shape[1]
-  column = jnp.minimum(write_index // page_size, width - 1)
-  page = jnp.where(
-    write_index < width * page_size, table[rows, column], pool_k.shape[0]
-  )
-  offset = write_index % page_size
-  pool_k = pool_k.at[page, :, :, offset].set(
-    k.astype(pool_k.dtype), mode="drop"
-  )
-  pool_v = pool_v.at[page, :, offset, :].set(
-    v.astype(pool_v.dtype), mode="drop"
-  )
+  slot = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, T]
+  ok = (jnp.arange(t)[None] < count[:, None]) & (slot < width * p)
+  column = jnp.clip(slot // p, 0, width - 1)
+  page = jnp.where(ok, jnp.take_along_axis(table, column, axis=1), n)
+  offset = slot % p
+  pool_k = pool_k.at[page, :, :, offset].set(stored(k, pool_k), mode="drop")
+  pool_v = pool_v.at[page, :, offset, :].set(stored(v, pool_v), mode="drop")
   return pool_k, pool_v
 
 
-def gather(pool_k, pool_v, table):
-  """Every row's pages in the contiguous own-cache layout: k [S, Hkv, hd,
-  C], v [S, Hkv, C, hd] with C = width · P (an unheld page reads some other
-  page's slots, which the row's mask s ≤ t_b leaves out)."""
-  s, width = table.shape
-  _, hkv, hd, p = pool_k.shape
-  k = jnp.take(pool_k, table, axis=0, mode="clip")  # [S, W, Hkv, hd, P]
-  v = jnp.take(pool_v, table, axis=0, mode="clip")  # [S, W, Hkv, P, hd]
-  k = k.transpose(0, 2, 3, 1, 4).reshape(s, hkv, hd, width * p)
-  v = v.transpose(0, 2, 1, 3, 4).reshape(s, hkv, width * p, hd)
-  return k, v
+def write_blocks(pool_k, pool_v, k, v, pages):
+  """Whole pages of keys and values: a prefill's prompts into their
+  entries' pages, a recompute's rows into theirs.
 
-
-def scatter(pool_k, pool_v, k, v, table, rows_live):
-  """Contiguous k [S, Hkv, hd, C], v [S, Hkv, C, hd] written back into the
-  rows' pages, for the live rows only (`recompute_kv`)."""
-  s, width = table.shape
-  _, hkv, hd, p = pool_k.shape
-  index = jnp.where(rows_live[:, None], table, pool_k.shape[0])
-  k = k.reshape(s, hkv, hd, width, p).transpose(0, 3, 1, 2, 4)
-  v = v.reshape(s, hkv, width, p, hd).transpose(0, 2, 1, 3, 4)
-  pool_k = pool_k.at[index].set(k.astype(pool_k.dtype), mode="drop")
-  pool_v = pool_v.at[index].set(v.astype(pool_v.dtype), mode="drop")
+  Args:
+    pool_k, pool_v: one layer's pool, k [N, Hkv, hd, P], v [N, Hkv, P, hd].
+    k, v: [F, Wp · P, Hkv, hd], slot s in block s // P.
+    pages: int32 [F, Wp] the page of each P-slot block; N: not written.
+  """
+  f, lp, hkv, hd = k.shape
+  p = pool_k.shape[-1]
+  blocks = k.reshape(f, lp // p, p, hkv, hd)
+  k_pages = blocks.transpose(0, 1, 3, 4, 2).reshape(-1, hkv, hd, p)
+  v_pages = (
+    v.reshape(f, lp // p, p, hkv, hd)
+    .transpose(0, 1, 3, 2, 4)
+    .reshape(-1, hkv, p, hd)
+  )
+  index = pages.reshape(-1)
+  pool_k = pool_k.at[index].set(stored(k_pages, pool_k), mode="drop")
+  pool_v = pool_v.at[index].set(stored(v_pages, pool_v), mode="drop")
   return pool_k, pool_v
+
+
+# XLA:CPU runs a scatter into a bf16 array in f32: it converted the whole
+# pool to f32 and back around every write, two passes over every page per
+# layer and step (a decode step several times slower), and a bitcast of
+# the pool to uint16 around the scatter is a copy of it. So a bf16 pool is
+# kept as its uint16 bit patterns: a scatter of those is done in place, and
+# the attention reads them as bf16 (`paged_attention`).
+def storage_dtype(cache_dtype) -> jnp.dtype:
+  """The pool's array dtype for a cache of `cache_dtype`: uint16 holds
+  bf16's bits; float32 is kept as is."""
+  if jnp.dtype(cache_dtype) == jnp.bfloat16:
+    return jnp.dtype(jnp.uint16)
+  return jnp.dtype(cache_dtype)
+
+
+def stored(x, pool) -> jax.Array:
+  """Keys or values `x` as the pool stores them (rounded to bf16 for a
+  uint16 pool)."""
+  if pool.dtype == jnp.uint16:
+    return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+  return x.astype(pool.dtype)
+
+
+def readable(pool) -> jax.Array:
+  """The pool as the values it holds (a uint16 pool as bf16)."""
+  if pool.dtype == jnp.uint16:
+    return jax.lax.bitcast_convert_type(pool, jnp.bfloat16)
+  return pool

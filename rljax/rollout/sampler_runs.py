@@ -2,7 +2,7 @@
 side that turns the engine's settings into program arguments, runs the
 programs and gathers what they sampled into a `RolloutBatch`.
 
-  continuous  `_slot_args` (G slot groups of n rows, the prompt bucket),
+  continuous  `_slot_plan` (S rows, the prompt bucket, pages),
               `_slot_params` (the weights as the slot programs read them),
               then `slot_scheduler.run` (`generate`, `generate_stream`)
   static      chunk by chunk (`request_plan.static_chunk`): `_run_chunk`
@@ -15,6 +15,7 @@ request checks, the weights and the choice of path are `jax_sampler`'s.
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any, Sequence
 
@@ -28,6 +29,7 @@ from rljax.rollout import request_plan
 from rljax.rollout import sampler_weights
 from rljax.rollout import slot_plan
 from rljax.rollout import slot_scheduler
+from rljax.rollout import spec_control
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.rollout.static_program import _generate_chunk
 from rljax.rollout.token_sampling import sample_keys
@@ -80,16 +82,41 @@ class SamplerRuns:
     out = slot_scheduler.run(
       self.rollout_config,
       self._slot_params(),
+      self._slot_plan(prompts, sampling),
       [],
       [],
       sampling,
+      note_program=self._note(),
       swaps=swaps,
       feed=feed,
-      **self._slot_args(prompts, sampling),
+      spec=self._speculator(),
     )
     self.last_timeline = out.stats["timeline"]
     self.last_stats = out.stats
+    self._add_spec_counts(out.stats)
     return out.stats
+
+  def _speculator(self):
+    """A `spec_control.Speculator` for the next run, if speculation is on."""
+    if getattr(self, "speculative", None) is None:
+      return None
+    return spec_control.Speculator(self.speculative, self.draft_store)
+
+  def _add_spec_counts(self, stats) -> None:
+    counts = stats.get("spec_counts")
+    if counts:
+      if not hasattr(self, "_spec_counts"):
+        self._spec_counts = collections.Counter()
+      self._spec_counts.update(counts)
+
+  def take_spec_metrics(self) -> dict[str, float]:
+    """The speculation figures (`spec_control.figures`) of the runs since
+    the last call (a training step's); {} with speculation off."""
+    if getattr(self, "speculative", None) is None:
+      return {}
+    counts = getattr(self, "_spec_counts", collections.Counter())
+    self._spec_counts = collections.Counter()
+    return spec_control.figures(counts)
 
   def _slot_params(self):
     """The rollout weights as the slot programs read them (made per call)."""
@@ -97,46 +124,69 @@ class SamplerRuns:
     self._signatures.add(("prepare", self.fuse_projections, layout))
     return slot_plan.prepare_params(self._params, self.fuse_projections)
 
-  def _slot_args(self, prompts, sampling) -> dict[str, Any]:
-    """The continuous engine's shapes for a request: G groups of n rows
-    (fewer for a small request, a power of two of its prompt count, as the
-    static engine's prompt count), the prompt bucket of its longest prompt."""
-    width, groups = request_plan.slot_groups(
-      len(prompts),
-      sampling.n,
-      self.group_width,
-      self.decode_slots or self.max_batch,
+  def _slot_plan(self, prompts, sampling):
+    """The continuous engine's plan for a request: S rows (fewer for a
+    small request: a power of two of its row count, as the static engine's
+    prompt count), the prompt bucket of its longest prompt, pages of
+    `kv_page_size` slots in the cache dtype (`paged_cache_dtype`)."""
+    if self.group_width and sampling.n % self.group_width:
+      raise ValueError(
+        f"JaxSampler: group_width={self.group_width} does not divide "
+        f"SamplingConfig.n={sampling.n}; expected a divisor of every "
+        "request's n"
+      )
+    rows = request_plan.next_power_of_two(len(prompts) * sampling.n)
+    return slot_plan.make_plan(
+      self.rollout_config,
+      sampling,
+      slots=min(rows, self.decode_slots or self.max_batch),
+      prompt_len=self._bucket(max(len(p) for p in prompts)),
+      chunk_steps=self.chunk_steps,
+      pad_id=self.pad_id,
+      cache_dtype=sampler_weights.paged_cache_dtype(
+        self._cache_dtype, self._quant, self._params
+      ),
+      activation_dtype=self.activation_dtype,
+      page_size=self.kv_page_size or slot_plan.DEFAULT_PAGE_SIZE,
     )
+
+  def _note(self):
     layout = sampler_weights.weight_layout(self._params)
-    return {
-      "group_width": width,
-      "groups": groups,
-      "prompt_len": self._bucket(max(len(p) for p in prompts)),
-      "chunk_steps": self.chunk_steps,
-      "page_size": self.kv_page_size,
-      "pad_id": self.pad_id,
-      "cache_dtype": self._default_cache_dtype(),
-      "activation_dtype": self.activation_dtype,
-      "note_program": lambda sig: self._signatures.add((sig, layout)),
-    }
+    return lambda sig: self._signatures.add((sig, layout))
 
   def _generate_continuous(
-    self, prompts, sampling, start, limits, swaps=None
+    self, prompts, sampling, start, limits, swaps=None, expected=None
   ) -> RolloutBatch:
+    n = sampling.n
+    priorities = None
+    if limits is not None or expected is not None:
+      # Longest expected first: a sample's own limit, capped by its prompt's
+      # expected length (the trainer's running mean) where one is given.
+      priorities = np.full((len(prompts) * n,), float(sampling.max_new_tokens))
+      if limits is not None:
+        priorities = np.minimum(priorities, limits)
+      if expected is not None:
+        priorities = np.minimum(priorities, np.repeat(expected, n))
     out = slot_scheduler.run(
       self.rollout_config,
       self._slot_params(),
+      self._slot_plan(prompts, sampling),
       prompts,
       list(range(len(prompts))),
       sampling,
+      note_program=self._note(),
       row_limits=limits,
+      priorities=priorities,
       swaps=swaps,
-      **self._slot_args(prompts, sampling),
+      spec=self._speculator(),
     )
     self.last_timeline = out.stats["timeline"]
     self.last_stats = out.stats
+    self._add_spec_counts(out.stats)
     # Timing takes the scalars (not the timeline, the per-swap row counts).
-    stats = {k: v for k, v in out.stats.items() if not isinstance(v, list)}
+    stats = {
+      k: v for k, v in out.stats.items() if not isinstance(v, (list, dict))
+    }
     return _batch(
       prompts, out.tokens, out.logp, sampling, start, stats, out.versions
     )

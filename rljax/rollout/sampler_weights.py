@@ -156,3 +156,24 @@ def cache_dtype(explicit: Any, quant: str, params: Any) -> jnp.dtype:
   if jnp.dtype(act) == jnp.bfloat16:
     return jnp.dtype(jnp.bfloat16)
   return jnp.dtype(jnp.float32)
+
+
+def paged_cache_dtype(explicit: Any, quant: str, params: Any) -> jnp.dtype:
+  """The continuous engine's KV pool dtype: `explicit` when given, else
+  bf16 where the weights compute in bf16 (a "bf16" tree, or a quantized
+  one whose float leaves are bf16, `quant.quantized_float_dtype`), else
+  float32.
+
+  Unlike the static program's cache (`cache_dtype`, float32 on the CPU,
+  where XLA converts a bf16 cache back at every step), the pool is read by
+  the paged-attention kernel, which widens bf16 to f32 as it loads it:
+  half the bytes of every step's attention reads, for keys and values
+  rounded to bf16 once (the log-prob change the tests bound).
+  """
+  if explicit is not None:
+    return jnp.dtype(explicit)
+  if params is None:
+    bf16 = quant == "bf16"
+  else:
+    bf16 = models.compute_dtype(params) == jnp.bfloat16
+  return jnp.dtype(jnp.bfloat16 if bf16 else jnp.float32)

@@ -1,50 +1,37 @@
-"""The jitted programs of continuous batching: a fixed set of decode slots.
+"""The jitted programs of continuous batching: a decode batch of live rows.
 
-The device state (`init_state`) holds S = G·n slots in G slot groups; group
-g holds the n samples of one prompt, rows g·n .. g·n + n - 1:
+The device holds one thing across calls, the page pool (`kv_pages`):
+every prompt's and every row's keys and values. Everything else a program
+needs per row (its last token, position, length, limit, done flag, PRNG
+key data, prefix entry and block-table row) comes from the host with each
+call, so the host chooses which rows a call decodes and in which order; a
+batch shrinks or refills by passing other rows, and no KV moves.
 
-  prefix pool   k, v per layer [G, Hkv, Lp, hd] (`decoder.to_prefix_cache`
-                layout) and mask [G, Lp]: the group's prompt, written once by
-                its prefill and read by its n rows (shared-prefix attention,
-                `layers.shared_prefix_attention`, as the static program);
-  own cache     k [S, Hkv, hd, C], v [S, Hkv, C, hd] per layer: each row's
-                generated tokens, token t at slot t; C grows (and shrinks)
-                in buckets with the longest live row (`resize_cache`);
-                with pages (`plan.page_size` = P), instead a pool k [N, Hkv,
-                hd, P], v [N, Hkv, P, hd] read through a block table [S,
-                C/P] the host passes to each chunk (`kv_pages`), N growing
-                with the live rows' tokens (`resize_pool`);
-  row state     last token, its position, length, done, PRNG key data.
+  prefill        F prompts (F a power of two), left-padded to the prompt
+                 bucket Lp: their keys and values into their entries'
+                 pages, and the first token of each of their n samples
+                 (one program per F; Lp is the plan's);
+  decode_chunk   up to `chunk_steps` decode steps of a bucket of S_b rows
+                 (S_b in `row_buckets`: S/8, S/4, S/2, S), leaving early
+                 when the live rows fall to `exit_live` (the host then
+                 refills or moves the rows to a smaller bucket); returns the
+                 tokens and log-probs each row sampled and its new state;
+  init_pool      the empty pool.
 
-Five programs move it, each keyed by static shapes only:
+Compile keys are the plan (fixed for a request's shapes) and S_b or F:
+the pool's size and the tables' widths are the plan's, not the rows'.
 
-  prefill_groups  F prompts (F a power of two) into F free groups: their
-                  prefix entries, first tokens, keys (one program per
-                  prompt bucket Lp and F);
-  decode_chunk    up to `chunk_steps` decode steps of all S rows, leaving
-                  early when enough groups have finished for a refill
-                  (`refill_at`) or every row is done; returns the tokens
-                  and log-probs each row sampled in the chunk;
-  resize_cache    the own cache padded or cut to another capacity C;
-  resize_pool     with pages, the pool grown to more pages;
-  recompute_kv    every live row's KV (its group's prefix entry and its
-                  own cache) recomputed with new weights, for an in-flight
-                  weight update in "recompute" mode (`inflight`); in
-                  `slot_recompute`, beside this module.
+A decode step (`decode_step`) runs the decoder on S_b single tokens; each
+layer writes each live row's new key and value into its own page
+(`kv_pages.write_tokens`) and attends over its prompt's pages and its own
+pages up to its own length (`paged_attention`: the C++ kernel on the CPU,
+so a row's attention costs its own tokens, and the rows of one prompt read
+its pages once). A done or padding row writes nowhere and reads nothing.
 
-Why groups and not single rows: a row's prompt keys are read through the
-group's one prefix entry, so the n samples of a prompt never read n copies
-of it (the static sampler's advantage, kept). A per-row refill would need a
-per-row gather of prefix entries at every step and layer, which on a CPU
-costs about what the n copies cost. The price: a group is refilled when its
-last sample ends, so a finished sample's row idles until its siblings end;
-the benchmark reports that idle share (experiments/bench_rollout.py).
-
-Rows write their own token t at own-cache slot t (a per-row scatter), so
-rows that started at different times share one program; the attention mask
-of row b is s ≤ t_b. A row's token t is drawn with `fold_in(key_b, t)`, the
-static program's rule, so the same seed samples the same tokens in either
-engine (up to float noise of a different batch composition).
+A row's token t is drawn with `fold_in(key_b, t)` from the key of (seed,
+prompt, sample) (`token_sampling.sample_keys`), so neither the batch a row
+runs in nor its place in it changes what it samples (up to float noise of
+the matmuls at another batch size).
 """
 
 from __future__ import annotations
@@ -57,35 +44,40 @@ import jax
 import jax.numpy as jnp
 
 from rljax import models
+from rljax.models import blocks as blocks_lib
 from rljax.models import decoder as decoder_lib
 from rljax.models import layers as layers_lib
 from rljax.rollout import kv_pages
+from rljax.rollout import paged_attention as attention_lib
+from rljax.rollout.token_sampling import sample_keys
 from rljax.rollout.token_sampling import sample_next_token
 
 
 @dataclasses.dataclass(frozen=True)
 class SlotPlan:
-  """Static shapes and switches of the slot programs.
+  """Static shapes and switches of one request's slot programs.
 
   Attributes:
-    groups: G slot groups (prompts decoded at once).
-    n: rows per group (samples per prompt).
-    prompt_len: Lp, the prefix pool's prompt bucket.
-    rope_len: positions covered by the RoPE table (Lp + new-token capacity).
+    slots: S, the most rows decoding at once (the largest row bucket).
+    n: samples per prompt.
+    prompt_len: Lp, the prompt bucket (a multiple of page_size).
+    new_tokens: most tokens a row samples (the new-token capacity).
     chunk_steps: most decode steps of one `decode_chunk` call.
     greedy, top_k, use_top_p: the sampling switches (`sample_next_token`).
     num_stop_ids: length of the traced stop-id array.
     pad_id: token written after a row's end.
-    cache_dtype: dtype of both caches.
+    cache_dtype: the pool's dtype (a bf16 pool is stored as its uint16
+      bits, `kv_pages.storage_dtype`).
     activation_dtype: as `decoder.final_hidden_states`.
-    page_size: P > 0: the own cache is a pool of P-slot pages read through
-      a block table (`kv_pages`); 0: S rows × C slots.
+    page_size: P, token slots a page.
+    entries: E, prompts whose pages the pool holds at once.
+    attention: "native" or "xla" (`paged_attention.choose`).
   """
 
-  groups: int
+  slots: int
   n: int
   prompt_len: int
-  rope_len: int
+  new_tokens: int
   chunk_steps: int
   greedy: bool
   top_k: int
@@ -93,12 +85,55 @@ class SlotPlan:
   num_stop_ids: int
   pad_id: int
   cache_dtype: Any
-  activation_dtype: Any = None
-  page_size: int = 0
+  activation_dtype: Any
+  page_size: int
+  entries: int
+  attention: str
 
   @property
-  def slots(self) -> int:
-    return self.groups * self.n
+  def own_pages(self) -> int:
+    """W: block-table width of a row (pages of `new_tokens` slots)."""
+    return kv_pages.pages_for(self.new_tokens, self.page_size)
+
+  @property
+  def prompt_pages(self) -> int:
+    """Wp: pages of a prompt bucket."""
+    return self.prompt_len // self.page_size
+
+  @property
+  def pool_pages(self) -> int:
+    return kv_pages.pool_pages(
+      self.slots, self.new_tokens, self.entries, self.prompt_len, self.page_size
+    )
+
+  @property
+  def rope_len(self) -> int:
+    return self.prompt_len + self.new_tokens
+
+
+# Smallest row bucket as a fraction of S: a step's cost per row (its
+# matmuls and sampling) is ~2 % of the step's fixed part on SmolLM2 on a CPU
+# (docs/performance.md, the profile's b against a), so rows below S/8 gain
+# little from a smaller program, and every bucket is a compile.
+SMALLEST_BUCKET = 8
+
+
+def row_buckets(slots: int) -> tuple[int, ...]:
+  """Row counts a decode program is compiled for: S/8, S/4, S/2 (powers of
+  two, at least 1) and S."""
+  size = 1
+  while size * SMALLEST_BUCKET < slots:
+    size *= 2
+  sizes = []
+  while size < slots:
+    sizes.append(size)
+    size *= 2
+  return tuple(sizes) + (slots,)
+
+
+def bucket_for(rows: int, slots: int) -> int:
+  """The smallest row bucket holding `rows` rows."""
+  return next(b for b in row_buckets(slots) if b >= rows)
 
 
 def _sampler(plan: SlotPlan, temperature, top_p):
@@ -112,76 +147,63 @@ def _sampler(plan: SlotPlan, temperature, top_p):
 
 
 def _fold(key_data, step):
-  """Per-row keys `fold_in(key_b, step_b)` from raw key data [S, ...]."""
+  """Per-row keys `fold_in(key_b, step_b)` from raw key data [B, ...]."""
   keys = jax.random.wrap_key_data(key_data)
   return jax.vmap(jax.random.fold_in)(keys, step)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def init_state(config, plan: SlotPlan, capacity: int) -> dict[str, Any]:
-  """Empty slots: every row done, every prefix entry masked out. `capacity`
-  is the own cache's C slots a row, or with pages the pool's N pages."""
-  g, s, lp = plan.groups, plan.slots, plan.prompt_len
-  prefix = decoder_lib.to_prefix_cache(
-    models.init_cache(config, g, lp, plan.cache_dtype)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def init_pool(config, plan: SlotPlan) -> dict[str, Any]:
+  """The empty pool: N pages of P slots per layer (`kv_pages`)."""
+  return models.init_decode_cache(
+    config,
+    plan.pool_pages,
+    plan.page_size,
+    kv_pages.storage_dtype(plan.cache_dtype),
   )
-  key_data = jax.random.key_data(jax.random.split(jax.random.key(0), s))
-  return {
-    "prefix": prefix,
-    "prefix_mask": jnp.zeros((g, lp), jnp.int32),
-    "cache": (
-      models.init_decode_cache(
-        config, capacity, plan.page_size, plan.cache_dtype
-      )
-      if plan.page_size
-      else models.init_decode_cache(config, s, capacity, plan.cache_dtype)
-    ),
-    "tok": jnp.full((s,), plan.pad_id, jnp.int32),
-    "pos": jnp.zeros((s,), jnp.int32),
-    "length": jnp.zeros((s,), jnp.int32),
-    "done": jnp.ones((s,), jnp.bool_),
-    "limit": jnp.ones((s,), jnp.int32),
-    "keys": key_data,
-  }
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def prefill_groups(
+def prefill(
   config,
   plan: SlotPlan,
   params,
-  state,
+  pool,
   prompt_tokens,
   prompt_mask,
-  groups,
-  key_data,
-  limits,
+  pages,
+  seeds,
+  prompt_index,
   temperature,
   top_p,
-  stop_ids,
-  max_new_tokens,
 ):
-  """Prefills F prompts into slot groups `groups` and samples their first
-  tokens.
+  """Prefills F prompts into their entries' pages and samples the first
+  token of each of their n samples.
 
   Args:
     config, plan: static.
     params: the rollout weights (stacked layers, as `forward_with_cache`).
-    state: the slot state (donated).
+    pool: the page pool (donated).
     prompt_tokens, prompt_mask: int32 [F, Lp], left-padded.
-    groups: int32 [F] target groups; G (out of range) for padding prompts,
-      whose writes are dropped.
-    key_data: [F·n, ...] raw PRNG key data of the new rows (`sample_keys`).
-    limits: int32 [F·n] each new row's most tokens (<= max_new_tokens).
-    temperature, top_p: f32 scalars; stop_ids: int32 [num_stop_ids];
-    max_new_tokens: int32 scalar.
+    pages: int32 [F, Wp] the entry pages of each prompt's P-slot blocks
+      (N: not written; a padding prompt has only N).
+    seeds: uint32 [F] each prompt's seed (its low 32 bits); prompt_index:
+      int32 [F]: sample j of prompt i gets `sample_keys(seed_i, index_i, j)`.
+    temperature, top_p: f32 scalars.
 
   Returns:
-    (state, first tokens int32 [F·n], their log-probs f32 [F·n]).
+    (pool, first tokens int32 [F·n], their log-probs f32 [F·n], the
+    samples' raw key data [F·n, ...]).
   """
   f = prompt_tokens.shape[0]
-  n = plan.n
-  positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
+  key_data = jax.random.key_data(
+    sample_keys(
+      jnp.repeat(seeds, plan.n),
+      jnp.repeat(prompt_index, plan.n),
+      jnp.tile(jnp.arange(plan.n, dtype=jnp.int32), f),
+    )
+  )
+  positions = decoder_lib.positions_from_mask(prompt_mask)
   cache = models.init_cache(config, f, plan.prompt_len, plan.cache_dtype)
   logits, cache = models.forward_with_cache(
     config,
@@ -194,137 +216,83 @@ def prefill_groups(
     activation_dtype=plan.activation_dtype,
     last_only=True,
   )
-  new_prefix = decoder_lib.to_prefix_cache(cache)
-  prefix = jax.tree.map(
-    lambda pool, new: pool.at[groups].set(new.astype(pool.dtype), mode="drop"),
-    state["prefix"],
-    new_prefix,
-  )
-  prefix_mask = state["prefix_mask"].at[groups].set(prompt_mask, mode="drop")
-  rows = (groups[:, None] * n + jnp.arange(n, dtype=jnp.int32)).reshape(-1)
-  # Padding prompts' rows land past the last slot and are dropped.
-  rows = jnp.where(jnp.repeat(groups, n) < plan.groups, rows, plan.slots)
+  out_k, out_v = [], []
+  for i in range(config.num_layers):
+    k, v = kv_pages.write_blocks(
+      pool["k"][i], pool["v"][i], cache["k"][i], cache["v"][i], pages
+    )
+    out_k.append(k)
+    out_v.append(v)
   tok, logp = _sampler(plan, temperature, top_p)(
-    jnp.repeat(logits[:, -1], n, axis=0),
-    _fold(key_data, jnp.zeros((f * n,), jnp.int32)),
+    jnp.repeat(logits[:, -1], plan.n, axis=0),
+    _fold(key_data, jnp.zeros((f * plan.n,), jnp.int32)),
   )
-  limits = jnp.minimum(limits, max_new_tokens)
-  done = jnp.isin(tok, stop_ids) | (limits <= 1)
-  set_rows = lambda x, v: x.at[rows].set(v, mode="drop")
-  state = {
-    **state,
-    "prefix": prefix,
-    "prefix_mask": prefix_mask,
-    "tok": set_rows(state["tok"], tok),
-    "pos": set_rows(state["pos"], jnp.repeat(positions[:, -1] + 1, n)),
-    "length": set_rows(state["length"], jnp.ones((f * n,), jnp.int32)),
-    "done": set_rows(state["done"], done),
-    "limit": set_rows(state["limit"], limits),
-    "keys": set_rows(state["keys"], key_data),
-  }
-  return state, tok, logp
+  return {"k": tuple(out_k), "v": tuple(out_v)}, tok, logp, key_data
 
 
 def decode_step(
   config,
   params,
+  pool,
   tokens,
   positions,
-  prefix,
-  prefix_mask,
-  cache,
-  write_index,
+  own_len,
+  table,
+  prefix: attention_lib.Prefix,
+  entry,
   *,
   activation_dtype=None,
   rope_table,
-  table=None,
+  attention: str = "xla",
 ):
-  """One decode step of S rows, each writing its own slot.
+  """One decode step of B rows over the page pool.
 
-  `decoder.decode_with_prefix_cache` with a per-row write slot: row b's new
-  key/value goes to own-cache slot write_index[b] (out of range: dropped, an
-  idle row) and it attends to its group's prompt and to its own slots
-  s ≤ write_index[b].
+  Row b feeds tokens[b] at position positions[b]; its key and value go to
+  own slot own_len[b] - 1 (own_len 0: an idle row, which writes nowhere
+  and whose output is not read), and it attends to its prefix entry's
+  prompt slots and its own slots u < own_len[b].
 
   Args:
     config: the architecture.
     params: params with `unstack_layers`'d layers.
-    tokens, positions: int32 [S, 1].
-    prefix: `to_prefix_cache` layout, G entries; prefix_mask [G, Lp].
-    cache: own cache (`init_decode_cache` layout), S rows, C slots; with
-      `table`, the page pool (`kv_pages`), N pages of P slots.
-    write_index: int32 [S].
+    pool: the page pool (`init_pool`).
+    tokens, positions, own_len, entry: int32 [B].
+    table: int32 [B, W] the rows' own pages.
+    prefix: the entries' prompt pages.
     activation_dtype: as `decoder.final_hidden_states`.
     rope_table: `layers.rope_table` covering every position.
-    table: None, or the block table int32 [S, C/P] of a paged cache.
+    attention: "native" or "xla" (`paged_attention`).
 
   Returns:
-    (logits f32 [S, 1, V], updated cache).
+    (logits f32 [B, V], the pool with the new keys and values).
   """
   b = tokens.shape[0]
   hd = config.head_dim
-  page_size = cache["v"][0].shape[2] if table is not None else 0
-  c = table.shape[1] * page_size if page_size else cache["v"][0].shape[2]
-  rows = jnp.arange(b, dtype=jnp.int32)
-  mask = (jnp.arange(c, dtype=jnp.int32)[None] <= write_index[:, None])[
-    :, None, :
-  ]
-  prefix_mask = prefix_mask.astype(jnp.bool_)
-  cos, sin = (jnp.take(t, positions, axis=0) for t in rope_table)
-  x = decoder_lib.embed_tokens(params, tokens, activation_dtype)
+  cos, sin = (jnp.take(t, positions[:, None], axis=0) for t in rope_table)
+  x = decoder_lib.embed_tokens(params, tokens[:, None], activation_dtype)
+  write = own_len - 1
+  count = (own_len > 0).astype(jnp.int32)
   out_k, out_v = [], []
   for i in range(config.num_layers):
     layer = params["layers"][i]
-    q, k, v = decoder_lib._qkv(config, layer, x, cos, sin)  # pylint: disable=protected-access
-    if page_size:
-      pool_k, pool_v = kv_pages.write(
-        cache["k"][i],
-        cache["v"][i],
-        k[:, 0],
-        v[:, 0],
-        table,
-        write_index,
-        page_size,
-      )
-      out_k.append(pool_k)
-      out_v.append(pool_v)
-      cache_k, cache_v = kv_pages.gather(pool_k, pool_v, table)
-    else:
-      # k, v [S, 1, Hkv, hd]: row b's go to K[b, :, :, w_b] and V[b, :, w_b].
-      cache_k = (
-        cache["k"][i]
-        .at[rows, :, :, write_index]
-        .set(k[:, 0].astype(cache["k"][i].dtype), mode="drop")
-      )
-      cache_v = (
-        cache["v"][i]
-        .at[rows, :, write_index, :]
-        .set(v[:, 0].astype(cache["v"][i].dtype), mode="drop")
-      )
-      out_k.append(cache_k)
-      out_v.append(cache_v)
-    out = layers_lib.shared_prefix_attention(
-      q,
-      prefix["k"][i].astype(q.dtype),
-      prefix["v"][i].astype(q.dtype),
-      prefix_mask,
-      cache_k.astype(q.dtype),
-      cache_v.astype(q.dtype),
-      mask,
+    q, k, v = blocks_lib.qkv(config, layer, x, cos, sin)
+    pool_k, pool_v = kv_pages.write_tokens(
+      pool["k"][i], pool["v"][i], k, v, table, write, count
+    )
+    out_k.append(pool_k)
+    out_v.append(pool_v)
+    out = attention_lib.paged_attention(
+      q, pool_k, pool_v, table, own_len, prefix, entry, impl=attention
     )
     x = x + layers_lib.linear(
-      out.reshape(b, 1, config.num_heads * hd), layer["o_proj"]
+      out.reshape(b, 1, config.num_heads * hd).astype(x.dtype), layer["o_proj"]
     )
-    x = decoder_lib._mlp_block(config, layer, x)  # pylint: disable=protected-access
+    x = blocks_lib.mlp_block(config, layer, x)
   hidden = layers_lib.rms_norm(
     x, params["final_norm"]["scale"], config.rms_norm_eps
   )
   logits = decoder_lib.logits_from_hidden(config, params, hidden)
-  return logits, {"k": tuple(out_k), "v": tuple(out_v)}
-
-
-# State entries a decode chunk reads and leaves as they are.
-_FIXED = ("prefix", "prefix_mask", "keys", "limit")
+  return logits[:, 0], {"k": tuple(out_k), "v": tuple(out_v)}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
@@ -332,174 +300,109 @@ def decode_chunk(
   config,
   plan: SlotPlan,
   params,
-  state,
+  pool,
+  rows,
+  table,
+  prefix,
   temperature,
   top_p,
   stop_ids,
-  max_new_tokens,
   step_limit,
-  refill_at,
-  table=None,
+  exit_live,
 ):
-  """Decodes every live row for up to `step_limit` (<= chunk_steps) steps.
+  """Decodes the live rows of a bucket for up to `step_limit` steps.
 
-  Leaves early when every row is done or when `refill_at` groups have all
-  their rows done (the scheduler has prompts waiting for them).
+  Leaves early when every row is done or when no more than `exit_live`
+  rows are live (the host refills, or moves the rows to a smaller bucket).
 
   Args:
     config, plan: static.
     params: the rollout weights with `unstack_layers`'d layers.
-    state: the slot state (donated); the own cache must hold every live
-      row's next `step_limit` tokens (`resize_cache`).
-    temperature, top_p, stop_ids: as `prefill_groups`; max_new_tokens:
-      unused here (each row's limit is in the state), kept for one
-      argument list.
-    step_limit: int32 scalar; refill_at: int32 scalar (G + 1: never).
-    table: with pages (`plan.page_size`), the block table int32 [S, C/P]:
-      every live row holds the pages of its next `step_limit` tokens.
+    pool: the page pool (donated); every live row holds the pages of its
+      next `step_limit` tokens.
+    rows: the bucket's row state, each [S_b]: "tok" (last sampled token,
+      fed next), "pos" (its position), "length" (tokens sampled so far,
+      >= 1), "limit" (the row's most tokens), "done" (bool; padding rows
+      done), "keys" (raw PRNG key data [S_b, ...]), "entry" (prefix entry).
+    table: int32 [S_b, W] the rows' own pages.
+    prefix: `paged_attention.Prefix` of the plan's E entries.
+    temperature, top_p, stop_ids: the traced sampling arguments.
+    step_limit: int32 scalar <= chunk_steps; exit_live: int32 scalar.
 
   Returns:
-    (state, tokens int32 [S, chunk_steps] and log-probs f32 [S, chunk_steps]
-    sampled per row in this chunk, a row's valid ones first (its length
-    grew by their count), steps run, live row-steps run).
+    (pool, rows with new "tok", "pos", "length", "done", tokens int32
+    [S_b, chunk_steps] and log-probs f32 [S_b, chunk_steps] sampled in this
+    chunk (a row's valid ones first: its length grew by their count),
+    steps run, live row-steps run).
   """
-  s, k = plan.slots, plan.chunk_steps
+  s, k = rows["tok"].shape[0], plan.chunk_steps
   sample = _sampler(plan, temperature, top_p)
   rope_table = layers_lib.rope_table(config, plan.rope_len)
-  capacity = own_capacity(plan, state, table)
-
-  def free_groups(done):
-    return jnp.sum(jnp.all(done.reshape(plan.groups, plan.n), axis=1))
-
-  # What the loop reads but never changes (the prompts, keys, limits) stays
-  # out of its carry, as the static program's prefix cache does.
-  fixed = {name: state[name] for name in _FIXED}
-  moving = {name: value for name, value in state.items() if name not in _FIXED}
 
   def cond(carry):
-    step, st, *_ = carry
-    return (
-      (step < step_limit)
-      & ~jnp.all(st["done"])
-      & (free_groups(st["done"]) < refill_at)
-    )
+    step, _, st, *_ = carry
+    live = jnp.sum(~st["done"])
+    return (step < step_limit) & (live > jnp.maximum(exit_live, 0))
 
   def body(carry):
-    step, st, out_tok, out_logp, live_steps = carry
+    step, pool, st, out_tok, out_logp, live_steps = carry
     live = ~st["done"]
-    # The fed token's slot; an idle row writes nowhere.
-    write = jnp.where(live, st["length"] - 1, capacity)
-    logits, cache = decode_step(
+    logits, pool = decode_step(
       config,
       params,
-      st["tok"][:, None],
-      st["pos"][:, None],
-      fixed["prefix"],
-      fixed["prefix_mask"],
-      st["cache"],
-      write,
+      pool,
+      st["tok"],
+      st["pos"],
+      jnp.where(live, st["length"], 0),
+      table,
+      prefix,
+      jnp.where(live, rows["entry"], -1),
       activation_dtype=plan.activation_dtype,
       rope_table=rope_table,
-      table=table,
+      attention=plan.attention,
     )
-    tok, logp = sample(logits[:, 0], _fold(fixed["keys"], st["length"]))
+    tok, logp = sample(logits, _fold(rows["keys"], st["length"]))
     tok = jnp.where(live, tok, plan.pad_id)
     logp = jnp.where(live, logp, 0.0)
     out_tok = jax.lax.dynamic_update_slice(out_tok, tok[:, None], (0, step))
     out_logp = jax.lax.dynamic_update_slice(out_logp, logp[:, None], (0, step))
     length = st["length"] + live.astype(jnp.int32)
-    ended = jnp.isin(tok, stop_ids) | (length >= fixed["limit"])
+    ended = jnp.isin(tok, stop_ids) | (length >= rows["limit"])
     st = {
-      "cache": cache,
       "tok": jnp.where(live, tok, st["tok"]),
       "pos": st["pos"] + live.astype(jnp.int32),
       "length": length,
       "done": st["done"] | (live & ended),
     }
-    return step + 1, st, out_tok, out_logp, live_steps + jnp.sum(live)
+    return step + 1, pool, st, out_tok, out_logp, live_steps + jnp.sum(live)
 
+  state = {name: rows[name] for name in ("tok", "pos", "length", "done")}
   carry = (
     jnp.int32(0),
-    moving,
+    pool,
+    state,
     jnp.full((s, k), plan.pad_id, jnp.int32),
     jnp.zeros((s, k), jnp.float32),
     jnp.int32(0),
   )
-  steps, moving, out_tok, out_logp, live_steps = jax.lax.while_loop(
+  steps, pool, state, out_tok, out_logp, live_steps = jax.lax.while_loop(
     cond, body, carry
   )
-  state = {**fixed, **moving}
-  return state, out_tok, out_logp, steps, live_steps
+  return pool, state, out_tok, out_logp, steps, live_steps
 
 
-# Not donated: the resized cache has another shape, so no buffer is reused.
-@functools.partial(jax.jit, static_argnums=(0,))
-def resize_cache(capacity: int, state):
-  """The state with its own cache padded or cut to `capacity` slots.
-
-  Row b's token t sits at slot t, so a cut keeps every live row's tokens
-  when capacity exceeds the longest live row.
-  """
-
-  def fit(x, axis):
-    now = x.shape[axis]
-    if capacity <= now:
-      return jax.lax.slice_in_dim(x, 0, capacity, axis=axis)
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, capacity - now)
-    return jnp.pad(x, pad)
-
-  cache = state["cache"]
-  cache = {
-    "k": tuple(fit(x, 3) for x in cache["k"]),
-    "v": tuple(fit(x, 2) for x in cache["v"]),
-  }
-  return {**state, "cache": cache}
-
-
-def own_capacity(plan: SlotPlan, state, table) -> int:
-  """C, the own-cache slots a row reads: the contiguous cache's, or with
-  pages the block table's width × P."""
-  if plan.page_size:
-    return table.shape[1] * plan.page_size
-  return state["cache"]["v"][0].shape[2]
-
-
-# Not donated: the grown pool has another shape, so no buffer is reused.
-@functools.partial(jax.jit, static_argnums=(0,))
-def resize_pool(pages: int, state):
-  """The state with its page pool grown to `pages` pages (the new ones
-  zero; every held page keeps its index)."""
-
-  def grow(x):
-    return jnp.pad(x, [(0, pages - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
-
-  return {**state, "cache": jax.tree.map(grow, state["cache"])}
-
-
-def cache_capacity(needed: int, most: int) -> int:
-  """Own-cache slots for `needed` tokens: 64, 128, 256, ..., at most `most`
-  (the new-token capacity), so that C takes a few values (compiles)."""
-  size = 64
-  while size < needed:
-    size *= 2
-  return max(1, min(size, most))
-
-
-def kv_bytes(config, plan: SlotPlan, capacity: int) -> int:
-  """Bytes of the prefix pool and own cache at own-cache capacity C (with
-  pages: of the pool at `capacity` pages)."""
-  own = capacity * plan.page_size if plan.page_size else plan.slots * capacity
-  return kv_token_bytes(config, plan, own)
-
-
-def kv_token_bytes(config, plan: SlotPlan, tokens: int) -> int:
-  """Bytes of the prefix pool and of `tokens` own-cache token slots."""
+def kv_token_bytes(config, cache_dtype, tokens: int) -> int:
+  """Bytes of `tokens` token slots of KV (every layer, keys and values)."""
   per_token = (
     2
     * config.num_layers
     * config.num_kv_heads
     * config.head_dim
-    * jnp.dtype(plan.cache_dtype).itemsize
+    * jnp.dtype(cache_dtype).itemsize
   )
-  return per_token * (plan.groups * plan.prompt_len + tokens)
+  return per_token * tokens
+
+
+def kv_bytes(config, plan: SlotPlan, pages: int) -> int:
+  """Bytes of `pages` pages of the plan's pool."""
+  return kv_token_bytes(config, plan.cache_dtype, pages * plan.page_size)

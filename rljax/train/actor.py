@@ -104,6 +104,7 @@ class Actor:
       reuse_prefix_cache=cfg.task.name in TOOL_TASKS,
       inflight_kv=cfg.rollout.inflight_kv,
       kv_page_size=cfg.rollout.kv_page_size,
+      speculative=cfg.rollout.speculative,
     )
     if (
       cfg.run.async_mode == "streaming"
@@ -260,9 +261,11 @@ class Actor:
     )
 
   def metrics(self) -> dict[str, float]:
-    """engine_restarts, for the engines that can be restarted (vLLM)."""
+    """engine_restarts, for the engines that can be restarted (vLLM); the
+    JAX sampler's speculation figures of the step's rollouts (`spec_*`)."""
     if self.cfg.rollout.engine == "jax":
-      return {}
+      take = getattr(self.engine, "take_spec_metrics", None)
+      return take() if take is not None else {}
     return {"engine_restarts": float(self.restarts)}
 
   def close(self) -> None:

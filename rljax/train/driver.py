@@ -26,6 +26,7 @@ from rljax.train import atomic
 from rljax.train import config as config_lib
 from rljax.train import metrics as metrics_lib
 from rljax.train import run_summary
+from rljax.train import spec_summary
 from rljax.train.config import TrainConfig
 
 
@@ -254,8 +255,11 @@ def run_experiment(
       "eval_accuracy_before": before.get("eval_accuracy"),
       "eval_accuracy_after": after.get("eval_accuracy"),
       "acr_exposure": acr_exposure_summary(rows),
+      "speculation": spec_summary.summary(rows),
     }
     say(exposure_line(summary["acr_exposure"]), flush=True)
+    if summary["speculation"]:
+      say(spec_summary.line(summary["speculation"]), flush=True)
     if bench_specs:
       summary["benchmarks"] = run_benchmarks(trainer, bench_specs, benchmarks)
       k = benchmarks.samples

@@ -122,11 +122,15 @@ class TestFlagChecks:
     "changes,flag",
     [
       ({"workloads": ["real", "foo"]}, "workloads"),
-      ({"slots": 0}, "slots"),
+      ({"slots": ["0"]}, "slots"),
+      ({"slots": ["x"]}, "slots"),
+      ({"workload_repeats": 0}, "workload_repeats"),
+      ({"vllm_max_num_seqs": -1}, "vllm_max_num_seqs"),
+      ({"math_max_new_tokens": 0}, "math_max_new_tokens"),
+      ({"workloads": ["math500"], "math_data": "/no/such.jsonl"}, "math_data"),
       ({"kv_page_sizes": ["-4"]}, "kv_page_sizes"),
       ({"kv_page_sizes": ["abc"]}, "kv_page_sizes"),
       ({"kv_page_sizes": ["513"]}, "kv_page_sizes"),
-      ({"group_widths": ["3"]}, "group_widths"),
       ({"batchings": ["dynamic"]}, "batchings"),
       ({"workload_quants": ["int4"]}, "workload_quants"),
       (
@@ -170,9 +174,10 @@ class TestFlagChecks:
     checks = _flag_checks()
     # Pages with no continuous row, and workload flags without workloads.
     static = dict(defaults, batchings=["static"], kv_page_sizes=["16"])
-    (line,) = checks.problems(static, {"workloads"})
+    assert checks.problems(static, {"workloads"}) == []  # the default
+    (line,) = checks.problems(static, {"workloads", "kv_page_sizes"})
     assert "only continuous rows read it" in line
-    alone = dict(defaults, workloads=[], slots=16)
+    alone = dict(defaults, workloads=[], slots=["16"])
     (line,) = checks.problems(alone, {"slots"})
-    assert line.startswith("--slots=16; expected unset without --workloads")
+    assert line.startswith("--slots=") and "unset without --workloads" in line
     assert checks.problems(alone, set()) == []  # the default, not typed

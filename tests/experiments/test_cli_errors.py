@@ -129,7 +129,7 @@ def test_bench_rollout_checks_every_flag_before_it_runs(tmp_path):
   )
   _user_error(proc, "6 problems in the flags")
   for named in (
-    "--workloads='foo'; expected one of ('real', 'longtail', 'fixed')",
+    "--workloads='foo'; expected one of ('real', 'math500', 'longtail', 'fixed')",
     "--slots=0; expected >= 1",
     "--kv_page_sizes=-4; expected >= 0",
     "--kv_page_sizes='abc'; expected ints >= 0",

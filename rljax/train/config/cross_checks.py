@@ -353,6 +353,15 @@ def _silent_no_op_checks(cfg: TrainConfig) -> list[Problem]:
       "engine's slot KV; add --rollout.batching=continuous)"
     )
     out.append(Problem("rollout.kv_page_size", r.kv_page_size, expected))
+  if r.speculative != "off" and (
+    r.engine != "jax" or r.batching != "continuous"
+  ):
+    expected = (
+      f"'off' with rollout.engine={r.engine!r}, rollout.batching="
+      f"{r.batching!r} (speculation runs in the continuous JAX engine; add "
+      "--rollout.batching=continuous)"
+    )
+    out.append(Problem("rollout.speculative", r.speculative, expected))
   run = cfg.run
   if run.max_staleness != 1 and run.async_mode == "off":
     expected = (

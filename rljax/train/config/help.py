@@ -156,10 +156,15 @@ FIELD_HELP: dict[str, str] = {
     "prompts between chunks of decode steps); JAX engine only."
   ),
   "rollout.kv_page_size": (
-    "batching=continuous: 0 gives every slot an own KV cache as long as the "
-    "longest live row; P > 0 keeps the rows' KV in P-token pages of one pool "
-    "that grows with the live tokens (less memory on long tails); at most "
-    "task.max_prompt_tokens + rollout.max_new_tokens."
+    "batching=continuous: token slots a page of the KV pool that holds "
+    "every prompt's and row's keys and values (0: the default, 16); at "
+    "most task.max_prompt_tokens + rollout.max_new_tokens."
+  ),
+  "rollout.speculative": (
+    "batching=continuous: off, or suffix (speculative decoding: drafts "
+    "from suffix matches over the row's own text, its group's and earlier "
+    "responses to the prompt, verified where that pays; the samples and "
+    "log-probs are plain decoding's, only faster)."
   ),
   "rollout.inflight_kv": (
     "async_mode=streaming: a weight update taken mid-generation keeps the "

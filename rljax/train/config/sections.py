@@ -151,10 +151,13 @@ class RolloutConfig:
   # decode does to their KV cache: "keep" it (stale KV, PipelineRL) or
   # "recompute" it with the new weights (AReaL). rljax/rollout/inflight.py.
   inflight_kv: str = "keep"
-  # batching=continuous: 0 keeps each slot's own KV for the longest live
-  # row's length; P > 0 keeps it in P-token pages of one pool that follows
-  # the live tokens (rljax/rollout/kv_pages.py).
+  # batching=continuous: token slots a page of the KV pool (every prompt's
+  # and row's keys and values, rljax/rollout/kv_pages.py); 0: the default.
   kv_page_size: int = 0
+  # batching=continuous: "suffix" verifies drafts from suffix matches over
+  # the row, its siblings and earlier responses to the prompt where that
+  # pays (rljax/rollout/spec_control.py); samples are plain decoding's.
+  speculative: str = "off"
 
 
 @dataclasses.dataclass(frozen=True)
