@@ -142,6 +142,8 @@ _HEAVIEST_FILES = (
   "experiments/test_ablate_script.py",
   "train/test_faults.py",
   "rollout/test_jax_sampler.py",
+  "rollout/test_jax_sampler_weights.py",
+  "rollout/test_spec_decoding.py",
   "experiments/test_qurl_scripts.py",
   "experiments/test_ablate_algorithms.py",
   "rollout/test_continuous_batching.py",
