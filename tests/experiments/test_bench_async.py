@@ -126,6 +126,7 @@ print(json.dumps(dict(
   assert out["modes"] == ["sync", "streaming_keep", "one_step"]
 
 
+@pytest.mark.slow
 def test_smoke_tiny_sync_and_streaming(tmp_path):
   proc = subprocess.run(
     [

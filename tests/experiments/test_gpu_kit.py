@@ -10,10 +10,12 @@ import subprocess
 import sys
 
 import compile_cache_util
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
+@pytest.mark.slow
 def test_dry_run_writes_every_step(tmp_path):
   env = dict(
     os.environ,

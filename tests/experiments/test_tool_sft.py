@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
@@ -95,6 +97,7 @@ def _sft(out_dir, *extra):
   ]
 
 
+@pytest.mark.slow
 def test_a_stopped_run_resumes_to_the_same_weights(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   whole = tmp_path / "whole"

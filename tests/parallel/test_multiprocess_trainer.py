@@ -38,6 +38,7 @@ def _free_port() -> int:
 @pytest.mark.skipif(
   jax.device_count() < 8, reason="needs 8 (fake) devices: tests/conftest.py"
 )
+@pytest.mark.slow
 def test_two_process_trainer_equals_one_process(tmp_path):
   out, run_dir = str(tmp_path / "two.npz"), tmp_path / "run"
   port = _free_port()

@@ -72,6 +72,7 @@ def rm_dir(tmp_path_factory):
   return out, proc.stdout
 
 
+@pytest.mark.slow
 class TestTrainRewardModelScript:
   def test_trains_on_the_synthetic_rule_and_saves_both_formats(self, rm_dir):
     out, stdout = rm_dir

@@ -30,6 +30,7 @@ def _leaves(tree):
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
+@pytest.mark.slow
 def test_pretraining_fits_the_critic_only_and_a_killed_run_resumes(tmp_path):
   # One trainer for the fixed-batch check and the first pretraining step,
   # "killed" after it; a second resumes: two model set-ups in all.

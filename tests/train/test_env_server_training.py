@@ -45,6 +45,7 @@ def server_url():
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_trains_two_steps_against_a_server_process(
   tmp_path, monkeypatch, server_url
 ):
