@@ -134,7 +134,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # else depends on the order.
 _HEAVIEST_FILES = (
   "rollout/test_vllm_sidecar.py",
-  "rollout/test_vllm_sidecar_int8.py",
   "train/test_trainer.py",
   "rewards/test_reward_experiments.py",
   "train/test_trainer_vllm.py",
@@ -154,6 +153,8 @@ _HEAVIEST_FILES = (
   "envs/test_multiturn.py",
   "experiments/test_qurl_replay.py",
   "experiments/test_count_compiles.py",
+  # After the bf16 sidecar file: two vLLM engines at once crowd 2 cores.
+  "rollout/test_vllm_sidecar_int8.py",
 )
 
 

@@ -3,6 +3,7 @@ vLLM sidecar tests: the project's own bf16 and INT8 exports of the embedded
 model, cached across runs in pytest's cache dir, the chat prompts, and
 generation one prompt at a time (what vLLM reproduces on every CPU)."""
 
+import fcntl
 import json
 import os
 
@@ -23,24 +24,16 @@ GREEDY = base.SamplingConfig(
 )
 
 
-@pytest.fixture(scope="module")
-def checkpoints(pytestconfig, tmp_path_factory):
-  """{"bf16": dir, "int8": dir} of SmolLM2-135M-Instruct, built once."""
-  cache = getattr(pytestconfig, "cache", None)
-  root = (
-    str(cache.mkdir("rljax-vllm-checkpoints"))
-    if cache is not None
-    else str(tmp_path_factory.mktemp("vllm-checkpoints"))
-  )
-  dirs = {
-    "bf16": os.path.join(root, "smollm2-bf16"),
-    "int8": os.path.join(root, "smollm2-int8"),
-  }
-  marker = os.path.join(root, "complete.json")
-  if os.path.isfile(marker):
-    with open(marker) as f:
-      if json.load(f).get("version") == _CACHE_VERSION:
-        return dirs
+def _complete(marker: str) -> bool:
+  if not os.path.isfile(marker):
+    return False
+  with open(marker) as f:
+    return json.load(f).get("version") == _CACHE_VERSION
+
+
+def _build(dirs: dict) -> None:
+  """The bf16 export of the embedded model, and the INT8 export of its
+  values."""
   from rljax import models  # pylint: disable=g-import-not-at-top
 
   model = models.load_pretrained("smollm2-135m-instruct")
@@ -57,8 +50,30 @@ def checkpoints(pytestconfig, tmp_path_factory):
   models.export_compressed_tensors_int8(
     config, params, dirs["int8"], tokenizer=model.tokenizer
   )
-  with open(marker, "w") as f:
-    json.dump({"version": _CACHE_VERSION}, f)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(pytestconfig, tmp_path_factory):
+  """{"bf16": dir, "int8": dir} of SmolLM2-135M-Instruct, built once."""
+  cache = getattr(pytestconfig, "cache", None)
+  root = (
+    str(cache.mkdir("rljax-vllm-checkpoints"))
+    if cache is not None
+    else str(tmp_path_factory.mktemp("vllm-checkpoints"))
+  )
+  dirs = {
+    "bf16": os.path.join(root, "smollm2-bf16"),
+    "int8": os.path.join(root, "smollm2-int8"),
+  }
+  marker = os.path.join(root, "complete.json")
+  # The bf16 and INT8 test files share this cache and may start together on
+  # two xdist workers: one builds while the other waits, then reads.
+  with open(os.path.join(root, "build.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not _complete(marker):
+      _build(dirs)
+      with open(marker, "w") as f:
+        json.dump({"version": _CACHE_VERSION}, f)
   return dirs
 
 
