@@ -96,7 +96,7 @@ def test_streaming_at_staleness_0_is_the_synchronous_run(synchronous, tmp_path):
 
 # On the page-pool engine a free-running worker can decode the same rows in
 # another row bucket than the uninterrupted run did: runs on the AMX Xeon
-# (2026-11-29, 3 of 5) saw equal tokens but behav_prox_log_ratio_mean 2.0e-5 vs
+# (2026-11-29, 3 of 7) saw equal tokens but behav_prox_log_ratio_mean 2.0e-5 vs
 # -1.1e-5. Bit-for-bit streaming resumes are checked on the deterministic
 # schedule (test_faults.py); this one is not strict until the engine's
 # log-probs stop depending on the bucket.
