@@ -20,6 +20,7 @@ import vllm_ext_util
 
 from rljax.rollout import vllm_sidecar, weight_sync
 from rljax.rollout.vllm import api as vllm_api
+from rljax.rollout.vllm import guard as vllm_guard
 from rljax.rollout.vllm import process as vllm_process
 from rljax.rollout.vllm.process import LaunchedServer
 from rljax.rollout.vllm_sidecar import (
@@ -30,17 +31,7 @@ from rljax.rollout.vllm_sidecar import (
 
 def _running_in_group(pgid: int) -> bool:
   """True if a live (non-zombie) process has process group pgid."""
-  for entry in os.listdir("/proc"):
-    if not entry.isdigit():
-      continue
-    try:
-      with open(f"/proc/{entry}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-      continue
-    if fields[0] != "Z" and int(fields[2]) == pgid:
-      return True
-  return False
+  return bool(vllm_guard.group_members(pgid))
 
 
 class TestGuard:
