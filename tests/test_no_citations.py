@@ -1,7 +1,7 @@
 """No tracked file cites a numbered work item, work log or session.
 
 Code, tests and docs say what the code does and why; a pointer such as
-"(issue 47, item 2)" or "the session-43 table" names a work item a reader
+"(issue N, item M)" or "the session-N table" names a work item a reader
 outside the team cannot look up. A dated measurement carries its date,
 commit and machine instead. `CITATION` is the one definition of such a
 pointer; its hand-written cases below show what it catches and what it
