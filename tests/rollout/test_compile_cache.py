@@ -10,14 +10,26 @@ import pytest
 from rljax.rollout import compile_cache
 
 
+# Every JAX setting `enable()` may write: the fixture puts each back, or
+# the rest of this worker's tests would run under this file's cache
+# settings (the suite's own cache writes every program, whatever its
+# compile time).
+_SETTINGS = (
+  "jax_compilation_cache_dir",
+  "jax_persistent_cache_min_compile_time_secs",
+  "jax_persistent_cache_min_entry_size_bytes",
+)
+
+
 @pytest.fixture
 def fresh(monkeypatch):
   """The module and JAX's setting as a new process has them (restored)."""
-  before = jax.config.jax_compilation_cache_dir
+  before = {name: getattr(jax.config, name) for name in _SETTINGS}
   monkeypatch.setattr(compile_cache, "_enabled", None)
   jax.config.update("jax_compilation_cache_dir", None)
   yield
-  jax.config.update("jax_compilation_cache_dir", before)
+  for name, value in before.items():
+    jax.config.update(name, value)
 
 
 def test_default_directory_is_per_cpu(fresh, monkeypatch, tmp_path):
@@ -26,6 +38,10 @@ def test_default_directory_is_per_cpu(fresh, monkeypatch, tmp_path):
   path = compile_cache.enable()
   assert path.startswith(str(tmp_path / ".cache" / "rljax" / "jax"))
   assert jax.config.jax_compilation_cache_dir == path
+  assert (
+    jax.config.jax_persistent_cache_min_compile_time_secs
+    == compile_cache.MIN_COMPILE_SECONDS
+  )
   assert compile_cache.enable() == path  # once per process
 
 
