@@ -41,17 +41,17 @@ sampler's on z_j. Marginally, a draft d is accepted with probability
 position emits π conditioned on "not d", its residual; the coupling adds
 that the path equals plain decoding's under the same keys.
 
-Floats: the verify pass computes z_j in a batch of B·T positions where
-plain decoding computes it in a batch of its row bucket; matmul kernels
-may sum in another order at another row count, so z_j may differ in its
-last bits, and a token may differ where the sampler's uniform falls within
-that noise of a CDF boundary (greedy: where the two top logits are that
-close). The verify programs keep B·T within the engine's row buckets
-(`spec_verify.verify_shapes`), the same row counts plain decoding's
-matmuls run at; where the kernels sum a row the same way at every such
-count (measured on this project's CPU for SmolLM2's shapes:
-docs/performance.md) the logits are bit-identical, else the difference is
-the one plain decoding already shows between two row buckets.
+Floats: the verify pass computes z_j in another XLA program than plain
+decoding's step, in a batch of B·T positions where plain decoding
+computes it in a batch of its row bucket. The dots alone give a row the
+same bits at those row counts (`spec_verify.verify_shapes` keeps B·T
+within the row buckets), but the program as a whole may sum or round in
+another order, so z_j may differ in its last bits, and a token may differ
+where the sampler's uniform falls within that noise of a CDF boundary
+(greedy: where the two top logits are that close). A deep model at bf16
+carries the difference far enough to flip tokens (measured on SmolLM2:
+docs/speculative.md, "Floats"); the coupling's exactness holds for the
+z_j the verify pass computed.
 """
 
 from __future__ import annotations
