@@ -54,6 +54,7 @@ def test_redraw_names_the_measuring_machine(tmp_path):
   ]
 
 
+@pytest.mark.slow  # a whole script run
 def test_trace_and_float_leaves_land_in_the_row(tmp_path):
   # One tiny INT8 rollout of a random SmolLM2: --quant_float_leaves runs the
   # given layout (the accelerator's bf16 leaves, here on a CPU) and

@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
+@pytest.mark.slow  # a whole script run
 def test_bench_sync_tiny(tmp_path):
   out = tmp_path / "sync.json"
   proc = subprocess.run(

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
+@pytest.mark.slow  # a whole script run
 def test_continuous_sampler_compiles_only_in_the_first_step(tmp_path):
   out = tmp_path / "compiles.json"
   proc = subprocess.run(

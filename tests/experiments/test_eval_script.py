@@ -77,6 +77,7 @@ def tiny_run_dir(tmp_path_factory):
   return str(run_dir)
 
 
+@pytest.mark.slow  # a whole script run
 def test_two_files_of_one_loader_keep_both_results(tiny_run_dir, tmp_path):
   a = _math_file(tmp_path / "a.jsonl", [1, 2])
   b = _math_file(tmp_path / "b.jsonl", [3, 4, 5])

@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
+@pytest.mark.slow  # a whole script run
 def test_times_both_sides_each_round():
   proc = subprocess.run(
     [

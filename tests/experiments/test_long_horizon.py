@@ -107,6 +107,7 @@ def _run(*args):
   return proc
 
 
+@pytest.mark.slow  # a whole script run
 def test_long_horizon_runs_sft_then_rl_and_resumes(tmp_path):
   config = {
     "base": {

@@ -45,6 +45,7 @@ def _run(*args):
   return proc
 
 
+@pytest.mark.slow  # a whole script run
 def test_dry_replay_acr_equals_tis_at_k1_and_reuses_batches(tmp_path):
   out, inst = tmp_path / "out", tmp_path / "inst"
   common = ["--dry", f"--out_dir={out}", f"--instrument_dir={inst}"]
@@ -92,6 +93,7 @@ def test_dry_replay_acr_equals_tis_at_k1_and_reuses_batches(tmp_path):
   ]
 
 
+@pytest.mark.slow  # a whole script run
 def test_dry_replay_from_an_rl_checkpoint(tmp_path):
   # A 2-step RL run of the dry instrument (q6's int8_tis arm), then the
   # replay from its checkpoint's θ and Adam state (`--init_run_dir`).

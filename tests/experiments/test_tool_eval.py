@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
@@ -58,6 +60,7 @@ def _evaluate(tool_choice: str) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a whole script run
 def test_both_conditions_and_matched_throughput():
   out = _evaluate("required")
   summary, records = out["summary"], out["records"]

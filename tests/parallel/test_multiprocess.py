@@ -36,6 +36,7 @@ def _free_port() -> int:
 @pytest.mark.skipif(
   jax.device_count() < 8, reason="needs 8 (fake) devices: tests/conftest.py"
 )
+@pytest.mark.slow  # two training processes with a coordinator
 def test_two_processes_equal_one(tmp_path):
   out = str(tmp_path / "two.npz")
   port = _free_port()

@@ -205,6 +205,7 @@ def trained(tokenizer):
   return config, params, held_out, before, after
 
 
+@pytest.mark.slow  # 400 steps of reward-model training in the fixture
 class TestTraining:
   def test_tiny_rm_learns_the_rule_on_held_out_pairs(self, trained):
     _, params, _, before, after = trained

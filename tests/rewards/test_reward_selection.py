@@ -76,7 +76,12 @@ def test_build_reward_picks_each_reward(tmp_path, tiny_rm_dir):
 
 
 @pytest.mark.parametrize(
-  "reward,component", [("reward_model", "reward_model"), ("vrcli", "vrcli")]
+  "reward,component",
+  [
+    # The reward model's arm trains one first: the slow tier.
+    pytest.param("reward_model", "reward_model", marks=pytest.mark.slow),
+    ("vrcli", "vrcli"),
+  ],
 )
 def test_one_rl_step_on_the_selected_reward(
   tmp_path, tiny_rm_dir, reward, component

@@ -36,6 +36,7 @@ def test_bad_lora_flags_name_the_field(tmp_path):
     _lora_config(tmp_path, lora_targets="q,v")
 
 
+@pytest.mark.slow  # a whole LoRA GRPO run (the other tests check its parts)
 def test_lora_grpo_run(tmp_path):
   cfg = _lora_config(tmp_path, lora_targets="q_proj,v_proj,up_proj")
   trainer = make_trainer(cfg)

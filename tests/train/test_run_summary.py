@@ -69,6 +69,7 @@ def _files(run_dir):
   return out
 
 
+@pytest.mark.slow  # a stopped run, resumed, then run again: three trainers
 def test_the_summary_is_the_whole_runs_and_a_finished_run_is_left_alone(
   tmp_path, monkeypatch, capsys
 ):

@@ -69,7 +69,18 @@ def make_trainer(cfg, task_cls=None, model=None):
   return loop_lib.Trainer(cfg, model=model, task=task, show_progress=False)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+# Two presets in the default tier (a group baseline, a critic); every
+# other preset runs in the slow tier, which CI runs too.
+_DEFAULT_TIER_PRESETS = ("grpo", "ppo")
+
+
+@pytest.mark.parametrize(
+  "algorithm",
+  [
+    a if a in _DEFAULT_TIER_PRESETS else pytest.param(a, marks=pytest.mark.slow)
+    for a in ALGORITHMS
+  ],
+)
 def test_every_preset_takes_two_finite_steps(tmp_path, algorithm):
   trainer = make_trainer(small_config(algorithm, tmp_path))
   before = jax.tree.map(np.asarray, trainer.state.params)
