@@ -42,13 +42,12 @@ import json
 import os
 
 from absl import flags
-import jax
 
 from rljax import hostmem
-from rljax import models
 from rljax.train import cli
 
 # experiments/, the script's own folder:
+import bench_model
 from bench_rollout_lib import flag_checks
 from bench_rollout_lib import runner
 from bench_rollout_lib.decode_ab import decode_ab
@@ -344,21 +343,9 @@ def main(argv):
   machine = machine_info()
   print(f"machine: {json.dumps(machine)}")
   print(f"load average at start: {os.getloadavg()}")
-  if _RANDOM_INIT.value:
-    # "tiny" (a few-thousand-parameter model) is for dry runs of the
-    # scripts that call this one (experiments/gpu/run_all.py --dry).
-    config = (
-      models.tiny_config()
-      if _MODEL.value == "tiny"
-      else models.preset(_MODEL.value)
-    )
-    model = models.Model(
-      config=config,
-      params=models.init_params(config, jax.random.PRNGKey(_SEED.value)),
-      tokenizer=None,
-    )
-  else:
-    model = models.load_pretrained(_MODEL.value)
+  # "tiny" (a few-thousand-parameter model) is for dry runs of the
+  # scripts that call this one (experiments/gpu/run_all.py --dry).
+  model = bench_model.load(_MODEL.value, _RANDOM_INIT.value, _SEED.value)
   if _WORKLOADS.value:
     run_workloads(model, machine)
     return

@@ -17,6 +17,8 @@ q/k/v and gate/up as one matmul each").
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 
 import jax
@@ -25,6 +27,9 @@ from absl import app, flags
 
 from rljax import models
 from rljax.rollout import JaxSampler, SamplingConfig
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_model  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 _MODEL = flags.DEFINE_string("model", models.DEFAULT_MODEL, "Preset name.")
 _RANDOM_INIT = flags.DEFINE_bool(
@@ -42,12 +47,8 @@ _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed rollouts per side.")
 
 def main(argv):
   del argv
-  if _RANDOM_INIT.value:
-    config = models.preset(_MODEL.value)
-    params = models.init_params(config, jax.random.key(0))
-  else:
-    model = models.load_pretrained(_MODEL.value)
-    config, params = model.config, model.params
+  model = bench_model.load(_MODEL.value, _RANDOM_INIT.value)
+  config, params = model.config, model.params
   rng = np.random.default_rng(0)
   high = min(config.vocab_size, 40_000)
   prompts = [

@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import hostmem
-from rljax import models
 from rljax.rollout import base
 from rljax.rollout import paged_attention as attention_lib
 from rljax.rollout import slot_plan
@@ -42,6 +41,7 @@ from rljax.rollout import spec_verify
 from rljax.rollout.jax_sampler import JaxSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_model  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from machine import machine_info  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Model preset.")
@@ -136,16 +136,8 @@ class Shape:
 
 def main(argv):
   del argv
-  if _RANDOM_INIT.value:
-    config = (
-      models.tiny_config()
-      if _MODEL.value == "tiny"
-      else models.preset(_MODEL.value)
-    )
-    params = models.init_params(config, jax.random.key(0))
-  else:
-    model = models.load_pretrained(_MODEL.value)
-    config, params = model.config, model.params
+  model = bench_model.load(_MODEL.value, _RANDOM_INIT.value)
+  config, params = model.config, model.params
   sampler = JaxSampler(config, params, quant=_QUANT.value)
   machine = machine_info()
   print(json.dumps({"machine": machine, "load": os.getloadavg()}), flush=True)

@@ -90,8 +90,13 @@ def sample_positions(
   keys = jax.random.wrap_key_data(key_data)
   index = first[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
   folded = jax.vmap(jax.vmap(jax.random.fold_in, (None, 0)))(keys, index)
-  tok, logp = sample(logits.reshape(b * t, v), folded.reshape(b * t))
-  return tok.reshape(b, t), logp.reshape(b, t)
+  # Position by position: each call is plain decoding's on its B rows (a
+  # softmax over [B·T, V] at once may reduce in another order).
+  out = [sample(logits[:, j], folded[:, j]) for j in range(t)]
+  return (
+    jnp.stack([tok for tok, _ in out], axis=1),
+    jnp.stack([logp for _, logp in out], axis=1),
+  )
 
 
 def accepted_drafts(

@@ -223,6 +223,7 @@ class TestTraining:
 
 
 class TestSaveLoad:
+  @pytest.mark.slow  # needs the trained model (TestTraining)
   def test_round_trip_and_hf_export(self, trained, tokenizer, tmp_path):
     config, params, held_out, _, after = trained
     out = rm.save_reward_model(
@@ -267,6 +268,7 @@ class TestSaveLoad:
 
 
 class TestRewardModelReward:
+  @pytest.mark.slow  # needs the trained model (TestTraining)
   def test_batched_scores_match_the_kernel(self, trained, tokenizer):
     config, params, held_out, _, _ = trained
     model = rm.RewardModel(config, params, tokenizer, _MAX_LEN)

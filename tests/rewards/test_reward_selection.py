@@ -78,9 +78,10 @@ def test_build_reward_picks_each_reward(tmp_path, tiny_rm_dir):
 @pytest.mark.parametrize(
   "reward,component",
   [
-    # The reward model's arm trains one first: the slow tier.
+    # Each arm is a whole trainer step: the slow tier (which reward each
+    # setting builds is checked above, in this tier).
     pytest.param("reward_model", "reward_model", marks=pytest.mark.slow),
-    ("vrcli", "vrcli"),
+    pytest.param("vrcli", "vrcli", marks=pytest.mark.slow),
   ],
 )
 def test_one_rl_step_on_the_selected_reward(

@@ -165,3 +165,30 @@ class TestCoupling:
 
     got, _ = _speculative(key_data, 8, False, draft_fn, 4)
     assert got == want and steps == [0, 4]
+
+
+class TestSamplePositions:
+  def test_each_position_is_plain_decodings_call_bit_for_bit(self):
+    """Position j of a verify step is sampled by the call plain decoding
+    makes for that token: `sample` on the B rows' logits at j, with key
+    fold_in(key_b, L_b + j). One call over all B·T rows reduces the
+    softmax at another row count, which XLA:CPU may sum in another order
+    (at a 512-token vocabulary the log-probs moved by ~5e-7)."""
+    b, t, v = 4, 4, 512
+    logits = 4.0 * jax.random.normal(jax.random.key(0), (b, t, v))
+    key_data = jax.random.key_data(
+      sample_keys(7, jnp.arange(b), jnp.ones((b,), jnp.int32))
+    )
+    first = jnp.asarray([0, 3, 5, 9], jnp.int32)
+    sample = functools.partial(sample_next_token, temperature=1.0, top_p=1.0)
+    tok, logp = jax.jit(
+      lambda z, k, f: spec_accept.sample_positions(sample, z, k, f)
+    )(logits, key_data, first)
+    keys = jax.random.wrap_key_data(key_data)
+    plain = jax.jit(
+      lambda z, k, i: sample(z, jax.vmap(jax.random.fold_in)(k, i))
+    )
+    for j in range(t):
+      want_tok, want_logp = plain(logits[:, j], keys, first + j)
+      np.testing.assert_array_equal(tok[:, j], want_tok)
+      np.testing.assert_array_equal(logp[:, j], want_logp)

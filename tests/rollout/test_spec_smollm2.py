@@ -7,16 +7,16 @@ One sampler per format is shared by both arms (speculation is switched on
 the same engine), so each program compiles once.
 
 Where it stands: the verify program is another XLA program than the
-decode step, and its rows are not always summed bit for bit as the decode
-step sums them (a 2-layer random model at SmolLM2's widths differs by
-~5e-7 in log-prob, none at a 128-token vocabulary). SmolLM2's 30 layers
-carry that to ~0.02-0.03 nats at bf16, and in three of the four arms
-below a token flips (measured 2026-11-29, AMX Xeon). Those arms are
-marked as expected failures with that figure; bf16 greedy must keep every
-token. The log-prob bound the test argues: speculation's distance from
-plain decoding is at most plain decoding's distance from the float32
-policy, the error the rollout format already makes and the off-policy
-correction already sees.
+decode step, and a row's last bits there are not always the decode
+step's (RMSNorm at hidden size 576 differs between 4 and 8 rows:
+tests/models/test_row_count_invariance.py). SmolLM2's 30 layers carry
+that to ~0.02-0.03 nats at bf16, and in three of the four arms below a
+token flips (measured 2026-11-29, AMX Xeon). Those arms are marked as
+expected failures with that figure; bf16 greedy must keep every token.
+The log-prob bound the test argues: speculation's distance from plain
+decoding is at most plain decoding's distance from the float32 policy,
+the error the rollout format already makes and the off-policy correction
+already sees.
 
 Shape: 3 prompts × 4 rows in 8 slots. A verify step may hold at most a
 full plain step's tokens (B·T <= S), so speculation acts only once fewer

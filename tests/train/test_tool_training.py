@@ -148,6 +148,7 @@ def _check_steps(rows, collected, batches):
     assert rows[-1]["eval_accuracy"] == 0.0
 
 
+@pytest.mark.slow  # a whole tool-RL trainer run on the JAX engine
 def test_jax_engine_trains_on_tool_episodes(tmp_path, monkeypatch):
   rows, collected, batches = _train(_config(tmp_path), monkeypatch)
   _check_steps(rows, collected, batches)
