@@ -43,6 +43,12 @@ ATTENTION_IMPL_ENV = "RLJAX_ATTENTION"
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 
 
+# Columns of the ones matrix `rms_norm` sums with: a matrix-vector product
+# (one column) reduces like the row reduction it replaces; eight run as a
+# matrix product, whose rows are row-count invariant.
+_SUM_COLUMNS = 8
+
+
 def rms_norm(
   x: Float[Array, "... d"], scale: Float[Array, "d"], eps: float
 ) -> Float[Array, "... d"]:
@@ -51,12 +57,28 @@ def rms_norm(
     y = x / sqrt(mean(x²) + eps) * scale
 
   The normalization runs in float32 and is cast back to `x.dtype` before the
-  scale multiplies (no `1 +` offset), exactly as `LlamaRMSNorm`.
+  scale multiplies (no `1 +` offset), as `LlamaRMSNorm`.
+
+  Row-count invariant: a row's output has the same bits whatever number of
+  rows runs beside it (the engine's row buckets, a verify step's positions,
+  the trainer's batch), which XLA:CPU's own ops do not give here: its row
+  reduction sums a row of 576 in another order at 8 rows than at 4, and its
+  rsqrt differs between its vector and scalar code. So the sum of squares
+  is a dot with a ones matrix (the dots are row-count invariant), and the
+  inverse root is a correctly rounded square root and division, which a
+  barrier keeps XLA from rewriting into rsqrt
+  (tests/models/test_row_count_invariance.py).
   """
   chex.assert_equal(x.shape[-1:], scale.shape)
   x32 = x.astype(jnp.float32)
-  variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-  normed = (x32 * jax.lax.rsqrt(variance + eps)).astype(x.dtype)
+  d = x.shape[-1]
+  sums = jnp.matmul(
+    jnp.square(x32),
+    jnp.ones((d, _SUM_COLUMNS), jnp.float32),
+    precision=jax.lax.Precision.HIGHEST,
+  )[..., :1]
+  root = jax.lax.optimization_barrier(jnp.sqrt(sums / d + eps))
+  normed = (x32 * (1.0 / root)).astype(x.dtype)
   return scale.astype(x.dtype) * normed
 
 

@@ -48,10 +48,11 @@ same bits at those row counts (`spec_verify.verify_shapes` keeps B·T
 within the row buckets), but the program as a whole may sum or round in
 another order, so z_j may differ in its last bits, and a token may differ
 where the sampler's uniform falls within that noise of a CDF boundary
-(greedy: where the two top logits are that close). A deep model at bf16
-carries the difference far enough to flip tokens (measured on SmolLM2:
-docs/speculative.md, "Floats"); the coupling's exactness holds for the
-z_j the verify pass computed.
+(greedy: where the two top logits are that close). The model's kernels
+are kept row-count invariant (`layers.rms_norm`), and `sample_positions`
+samples each position as plain decoding does, so on SmolLM2 the tokens
+are plain decoding's (docs/speculative.md, "Floats"); the coupling's
+exactness holds for the z_j the verify pass computed.
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ Shapes (`verify_shapes`): B a row bucket and T a power of two with
 B·T <= S by default, so that a verify step runs its matmuls at the row
 counts plain decoding runs and costs at most a full decode step. A larger
 budget lets a full batch verify too, at row counts plain decoding never
-runs. The program as a whole is still not the decode step: its log-probs
-can differ at float level, which a deep bf16 model carries far enough to
-flip tokens (docs/speculative.md, "Floats").
+runs. The program as a whole is still not the decode step; its rows keep
+their bits because the model's kernels are row-count invariant at those
+counts (docs/speculative.md, "Floats").
 """
 
 from __future__ import annotations
