@@ -23,6 +23,10 @@ from rljax.train import update as update_lib
 from rljax.train.config import ConfigError, TrainConfig
 
 B, T, PROMPT = 4, 12, 4
+# float32 dots of RMSNorm's sums of squares in an update step's jaxpr: a
+# forward and a backward dot for each of the layer body's two norms and
+# for the final norm.
+_NORM_DOTS = 6
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +153,13 @@ class TestUpdateStepPrecision:
     jaxpr = jax.make_jaxpr(step)(state, batch).jaxpr
     kinds = collections.Counter(_dot_kinds(jaxpr))
     # The layer loop's body is traced once: 7 projections and the head,
-    # 3 dots each (y, dx, dw); the float32 ones are attention's 2 + 4.
-    assert kinds == {("bfloat16", "bfloat16"): 24, ("float32", "float32"): 6}
+    # 3 dots each (y, dx, dw); the float32 ones are attention's 2 + 4 and
+    # RMSNorm's sums of squares (`layers.rms_norm`), a forward and a
+    # backward dot for each of the layer's two norms and the final one.
+    assert kinds == {
+      ("bfloat16", "bfloat16"): 24,
+      ("float32", "float32"): 6 + _NORM_DOTS,
+    }
     state, metrics = step(state, batch)
     f32_step = update_lib.make_update_step(
       spec_of(config, "float32"), opt, donate=False
@@ -176,7 +185,10 @@ class TestUpdateStepPrecision:
     state = update_lib.init_train_state(params, opt)
     jaxpr = jax.make_jaxpr(step)(state, make_batch(config)).jaxpr
     kinds = collections.Counter(_dot_kinds(jaxpr))
-    assert kinds == {("bfloat16", "bfloat16"): 24, ("float32", "float32"): 7}
+    assert kinds == {
+      ("bfloat16", "bfloat16"): 24,
+      ("float32", "float32"): 7 + _NORM_DOTS,
+    }
 
   def test_bfloat16_params_step_with_the_trainers_optimizer(self, tiny):
     # optim.make_optimizer injects float32 hyperparameters: in the params'
