@@ -87,7 +87,7 @@ def sample_positions(
       f"sample_positions: logits {logits.shape}, first {first.shape}; "
       "expected [B, T, V] and [B]"
     )
-  b, t, v = logits.shape
+  t = logits.shape[1]
   keys = jax.random.wrap_key_data(key_data)
   index = first[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
   folded = jax.vmap(jax.vmap(jax.random.fold_in, (None, 0)))(keys, index)

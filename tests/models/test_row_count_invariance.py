@@ -6,12 +6,12 @@ depends on how many rows it runs makes the engine's log-probs depend on
 the batch around a row, and a deep bf16 model carries a last-bit
 difference far enough to flip a token (docs/speculative.md, "Floats").
 
-Measured on the AMX Xeon, 2026-11-29: the dots are row-count invariant at
-SmolLM2's widths between 4 and 8 rows (not at every row count: at 64 rows
-an f32 dot moved by ~2e-6 relative); `rms_norm` at hidden size 576 is not (its mean of
-squares, fused with the rsqrt, differs in the last bit between 4 and 8
-rows), while at hidden size 32 it is. That case is marked as an expected
-failure, the open cause of speculation's float-level differences.
+Measured on the AMX Xeon, 2026-11-29: XLA's dots are row-count invariant
+at SmolLM2's widths between 4 and 8 rows (not at every row count: at 64
+rows an f32 dot moved by ~2e-6 relative). A normalization with XLA's row
+reduction and rsqrt is not: its last bit differs between 4 and 8 rows at
+hidden size 576. `layers.rms_norm` therefore sums with a dot and divides
+by a square root, and is invariant at both widths.
 """
 
 from __future__ import annotations
