@@ -4,6 +4,8 @@ run's speculation figures.
 
   slot_scheduler.run ── a chunk of the live rows in row bucket B ──►
   Speculator.decode_chunk:
+    0. a bucket no verify program holds (B·2 > budget·S: every slot, or
+       nearly, live) decodes plainly with no drafts made;
     1. each live row's group index (`spec_drafts.GroupIndex`) catches up
        with what its rows sampled; its draft: the longest suffix match
        over the row's own text, its siblings' and earlier responses to
@@ -134,6 +136,8 @@ def figures(counts: dict[str, float]) -> dict[str, Any]:
     "spec_draft_us_per_row": (
       1e6 * c["draft_seconds"] / c["draft_rows"] if c["draft_rows"] else 0.0
     ),
+    # Row-chunks in buckets no verify program holds: not drafted at all.
+    "spec_undrafted_rows": float(c["undrafted_rows"]),
   }
   for s in spec_drafts.SOURCES:
     n = c["drafted_" + s]
@@ -228,6 +232,12 @@ class Speculator:
       alpha[i] = self._alpha(r, kinds[-1])
     return out, lengths, kinds, alpha
 
+  def can_verify(self, size: int) -> bool:
+    """Whether some verify program runs row bucket `size`
+    (`spec_verify.verify_shapes`: B·T <= budget·S with T >= 2)."""
+    shapes = spec_verify.verify_shapes(self.plan.slots, self.config.budget)
+    return any(b == size for b, _ in shapes)
+
   def choose_width(self, size: int, lengths, alpha) -> int:
     """T maximising expected tokens per cost (module doc); 1: plain."""
     beta = self.config.step_token_cost
@@ -258,12 +268,18 @@ class Speculator:
     temperature, top_p, stop_ids = sampling_args
     began = time.perf_counter()
     active = list(book.active)
-    drafts, lengths, kinds, alpha = self.drafts(book, active)
     width = 1
-    if np.any(lengths > 0):
-      width = self.choose_width(size, lengths, alpha)
-    self.counts["draft_seconds"] += time.perf_counter() - began
-    self.counts["draft_rows"] += len(active)
+    if self.can_verify(size):
+      drafts, lengths, kinds, alpha = self.drafts(book, active)
+      if np.any(lengths > 0):
+        width = self.choose_width(size, lengths, alpha)
+      self.counts["draft_seconds"] += time.perf_counter() - began
+      self.counts["draft_rows"] += len(active)
+    else:
+      # No verify program holds this bucket (B·2 > budget·S): a draft could
+      # only be thrown away, so none is made. The rows' group indexes catch
+      # up on their next draft (`GroupIndex.sync` takes the whole text).
+      self.counts["undrafted_rows"] += len(active)
     if width == 1:
       book.reserve(plan.chunk_steps)
       rows, table = book.bucket_inputs(size)

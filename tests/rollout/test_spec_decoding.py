@@ -155,6 +155,18 @@ class TestSameSamples:
     assert spec.take_spec_metrics()["spec_verify_steps"] == 0
     assert plain.take_spec_metrics() == {}
 
+  def test_a_bucket_no_verify_program_holds_is_not_drafted(self, engines):
+    """Every slot live (bucket 8 of 8 slots): no verify shape holds it, so
+    its chunks make no drafts; the tail's buckets still draft (from the
+    first request's responses) and verify."""
+    _, spec = engines
+    spec.generate(PROMPTS, GREEDY)  # the store's responses to draft from
+    batch = spec.generate(PROMPTS, GREEDY)
+    full = spec.last_stats["bucket_steps"].get(8, 0)
+    assert full > 0 and not any(b == 8 for b, _ in spec_verify.verify_shapes(8))
+    assert batch.timing["spec_undrafted_rows"] >= 8
+    assert batch.timing["spec_verify_steps"] > 0
+
 
 class TestWidth:
   def test_verify_shapes_stay_within_the_row_buckets(self):
