@@ -4,7 +4,8 @@
 one episode per (example, sample): the model writes a turn, the environment
 (``rljax.envs.Environment``, e.g. a ``ToolEnv``) answers it, and so on until
 the episode ends. Every row of one turn is generated in one engine call;
-rows whose episode ended drop out of the next call.
+rows whose episode ended drop out of the next call (or, ``kv_reuse``, all
+episodes in one engine run: below).
 
 Token in / token out: a row is its prompt's ids followed by the ids the
 engine sampled and the ids of each observation, tokenized on its own
@@ -41,7 +42,17 @@ the ids of a turn cut at its stop are those an engine stopping exactly
 there would have sampled. Environments with no stop sequences (the chat
 formats, whose turns end at the model's end-of-turn id) stop on EOS alone.
 
-Continuing from the cached prefix. Each call passes a row's whole ids as the
+Continuing from the cached prefix. With ``kv_reuse=True`` (the JAX
+sampler's continuous engine, ``multiturn_kv``) nothing is prefilled again:
+every episode runs in one engine run, a row that stops at a tool call
+leaves the decode batch with its KV pages kept, its environment step runs
+in a thread pool (``MultiTurnConfig.tool_workers``) while the other rows
+decode (no turn barrier), and its observation's ids are prefilled onto its
+own pages at its next positions before it decodes on (``slot_episodes``,
+``slot_append``). Opt-in, not automatic: sampled rows draw other random
+streams than the per-turn calls (one key per row for its whole episode),
+and speculation and in-flight weight updates are not taken there.
+Otherwise (any engine) each call passes a row's whole ids as the
 prompt. The JAX sampler re-fills the row's KV: it prefills prompt, earlier
 turns and observations again (one prefill of the row per turn; its decode
 steps are the same as in one long generation). vLLM gets the ids as the
