@@ -35,7 +35,8 @@ given:
             (``StopMatcher.completing_ids``; a bare ``>`` among them): the
             engine decodes no id past a stop, but a ``>`` that closes
             nothing ends the call too and the row goes on in the next call
-            (a "continuation"; on the JAX engine a prefill of the row).
+            (a "continuation"; on the JAX engine a prefill of the row, or
+            with ``kv_reuse`` none: the row just decodes on).
 
 Either way the kept ids and their log-probs are the engine's, untouched;
 the ids of a turn cut at its stop are those an engine stopping exactly
