@@ -36,7 +36,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import machine  # noqa: E402  (a sibling module)
 
-_MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Policy.")
+_MODEL = flags.DEFINE_string(
+  "model",
+  "smollm2-135m-instruct",
+  "Policy; 'toy': the sharp tiny decoder of tests/rollout/"
+  "test_multiturn_kv.py (vocab 128, an id's text its number, turns ending "
+  "at any of a few frequent ids), where the engine's own costs dominate.",
+)
 _ROWS = flags.DEFINE_integer("rows", 16, "Episodes (prompts x n).")
 _N = flags.DEFINE_integer("n", 2, "Episodes per prompt.")
 _TURN = flags.DEFINE_integer("turn_tokens", 32, "Most ids of a model turn.")
@@ -47,6 +53,40 @@ _SLEEP = flags.DEFINE_float("tool_sleep", 0.0, "Seconds a tool call takes.")
 _PER_TURN = flags.DEFINE_bool("per_turn", False, "Also the per-turn driver.")
 
 OBSERVATION = "\n<output>\n42\n</output>\n"
+TOY_STOPS = (5, 30, 92, 110, 111)
+
+
+class ToyIds:
+  """The toy model's tokenizer: an id's text is its decimal number."""
+
+  eos_token_id = pad_token_id = 0
+
+  def encode(self, text, add_special_tokens=False):
+    del add_special_tokens
+    return [int(x) for x in text.split()]
+
+  def decode(self, ids, **kwargs):
+    del kwargs
+    return " ".join(str(int(i)) for i in ids)
+
+  def __len__(self):
+    return 128
+
+
+def _toy():
+  """(config, params, tokenizer) of the toy model."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from rljax import models  # pylint: disable=g-import-not-at-top
+
+  config = models.tiny_config(vocab_size=128)
+  p = models.init_params(config, jax.random.key(0))
+  p = jax.tree_util.tree_map(lambda x: x * 10.0, p)
+  for norm in ("attn_norm", "mlp_norm"):
+    p["layers"][norm]["scale"] = jnp.ones_like(p["layers"][norm]["scale"])
+  p["final_norm"]["scale"] = jnp.ones_like(p["final_norm"]["scale"])
+  return config, p, ToyIds()
 
 
 class StandIn:
@@ -77,7 +117,8 @@ class StandIn:
     }
     if self.turns >= _TURNS.value:
       return StepResult("", 0.0, True, info)
-    return StepResult(OBSERVATION, 0.0, False, info)
+    toy = _MODEL.value == "toy"
+    return StepResult("20 21 22 23" if toy else OBSERVATION, 0.0, False, info)
 
 
 def main(argv):
@@ -89,12 +130,16 @@ def main(argv):
   from rljax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
   from rljax.rollout.multiturn import MultiTurnConfig, rollout_multiturn  # pylint: disable=g-import-not-at-top
 
-  model = pretrained.load_named(_MODEL.value)
-  tok = model.tokenizer
-  render = ChatTemplate(tok, user_template=lambda text: text)
+  toy = _MODEL.value == "toy"
+  if toy:
+    config, params, tok = _toy()
+  else:
+    model = pretrained.load_named(_MODEL.value)
+    config, params, tok = model.config, model.params, model.tokenizer
+    render = ChatTemplate(tok, user_template=lambda text: text)
   engine = JaxSampler(
-    model.config,
-    model.params,
+    config,
+    params,
     max_prompt_len=512,
     batching="continuous",
     decode_slots=_SLOTS.value,
@@ -111,7 +156,7 @@ def main(argv):
     n=n,
     greedy=True,
     max_new_tokens=_TURN.value,
-    stop_token_ids=(int(tok.eos_token_id),),
+    stop_token_ids=TOY_STOPS if toy else (int(tok.eos_token_id),),
   )
   config = MultiTurnConfig(max_response_tokens=_BUDGET.value)
 
@@ -123,9 +168,9 @@ def main(argv):
       tok,
       sampling,
       config,
-      render_prompt=lambda text: tok.encode(
-        render(text), add_special_tokens=False
-      ),
+      render_prompt=None
+      if toy
+      else lambda text: tok.encode(render(text), add_special_tokens=False),
       kv_reuse=kv_reuse,
     )
 
@@ -149,6 +194,7 @@ def main(argv):
       "turns_mean": got.metrics["turns_mean"],
       "engine_calls": got.metrics["engine_calls"],
     }
+    print(json.dumps({name: out[name]}), flush=True)  # kept if cut short
     if kv:
       lengths = [max(1, len(r)) for r in got.batch.response_ids]
       prompts = got.batch.prompt_ids
