@@ -148,7 +148,11 @@ def main(argv):
   n = _N.value
   examples = [
     Example(
-      question=f"Use the tool, then tell me {a} plus {a + 7}.", uid=str(a)
+      question=f"{a % 97 + 1} {a % 13 + 3}"
+      if toy
+      else f"Use the tool, then tell me {a} plus {a + 7}.",
+      answer="",
+      uid=str(a),
     )
     for a in range(_ROWS.value // n)
   ]
