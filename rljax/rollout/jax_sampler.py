@@ -37,6 +37,9 @@ One `generate(prompt_ids, sampling)` call, concern by concern (file by file):
      │         │                 its own length (a C++ kernel on the CPU)
      │         └─ slot_recompute in-flight "recompute": live rows' KV
      │                           rewritten with the new weights
+     │    slot_episodes.run    `run_episodes`: multi-turn rows keep their KV
+     │                         across turns, leave the batch while a tool
+     │                         runs; observations appended (`slot_append`)
      └─ static (batching="static", the default, and on a mesh)
           static_program._generate_chunk   one program per chunk of
                                    prompts: prefill, decode to its longest row

@@ -4,7 +4,8 @@
 one episode per (example, sample): the model writes a turn, the environment
 (``rljax.envs.Environment``, e.g. a ``ToolEnv``) answers it, and so on until
 the episode ends. Every row of one turn is generated in one engine call;
-rows whose episode ended drop out of the next call.
+rows whose episode ended drop out of the next call (or, ``kv_reuse``, all
+episodes in one engine run: below).
 
 Token in / token out: a row is its prompt's ids followed by the ids the
 engine sampled and the ids of each observation, tokenized on its own
@@ -34,14 +35,25 @@ given:
             (``StopMatcher.completing_ids``; a bare ``>`` among them): the
             engine decodes no id past a stop, but a ``>`` that closes
             nothing ends the call too and the row goes on in the next call
-            (a "continuation"; on the JAX engine a prefill of the row).
+            (a "continuation"; on the JAX engine a prefill of the row, or
+            with ``kv_reuse`` none: the row just decodes on).
 
 Either way the kept ids and their log-probs are the engine's, untouched;
 the ids of a turn cut at its stop are those an engine stopping exactly
 there would have sampled. Environments with no stop sequences (the chat
 formats, whose turns end at the model's end-of-turn id) stop on EOS alone.
 
-Continuing from the cached prefix. Each call passes a row's whole ids as the
+Continuing from the cached prefix. With ``kv_reuse=True`` (the JAX
+sampler's continuous engine, ``multiturn_kv``) nothing is prefilled again:
+every episode runs in one engine run, a row that stops at a tool call
+leaves the decode batch with its KV pages kept, its environment step runs
+in a thread pool (``MultiTurnConfig.tool_workers``) while the other rows
+decode (no turn barrier), and its observation's ids are prefilled onto its
+own pages at its next positions before it decodes on (``slot_episodes``,
+``slot_append``). Opt-in, not automatic: sampled rows draw other random
+streams than the per-turn calls (one key per row for its whole episode),
+and speculation and in-flight weight updates are not taken there.
+Otherwise (any engine) each call passes a row's whole ids as the
 prompt. The JAX sampler re-fills the row's KV: it prefills prompt, earlier
 turns and observations again (one prefill of the row per turn; its decode
 steps are the same as in one long generation). vLLM gets the ids as the
@@ -85,8 +97,10 @@ import numpy as np
 from rljax.core import _validation as v
 from rljax.data.records import Example
 from rljax.envs.base import Environment, summarize
+from rljax.rollout import multiturn_kv
+from rljax.rollout.multiturn_rows import EMPTY_INFO, Row, Turns, step
 from rljax.rollout.base import RolloutBatch, RolloutEngine, SamplingConfig
-from rljax.rollout.stop_strings import stop_matcher, turn_end
+from rljax.rollout.stop_strings import stop_matcher
 
 __all__ = [
   "MultiTurnConfig",
@@ -129,12 +143,15 @@ class MultiTurnConfig:
     string_stop_chunk: with ``stop_by="string"``, ids per engine call
       (>= 0; 0 = the turn's whole room): smaller chunks decode fewer ids
       past a stop and make more engine calls.
+    tool_workers: with ``kv_reuse``, threads running environment steps
+      (tools) at once (>= 1) while the engine decodes the other rows.
   """
 
   max_response_tokens: int = 1024
   skip_special_tokens: bool = True
   stop_by: str = "token"
   string_stop_chunk: int = 0
+  tool_workers: int = 8
 
   def __post_init__(self):
     v.check_field(
@@ -157,6 +174,12 @@ class MultiTurnConfig:
       "string_stop_chunk",
       self.string_stop_chunk,
       v.all_of(v.is_int, v.at_least(0)),
+    )
+    v.check_field(
+      "MultiTurnConfig",
+      "tool_workers",
+      self.tool_workers,
+      v.all_of(v.is_int, v.at_least(1)),
     )
 
 
@@ -218,46 +241,6 @@ def stop_token_table(
   return _TABLES[key][1]
 
 
-@dataclasses.dataclass
-class _Row:
-  env: Environment
-  prompt: list[int]
-  ids: list[int] = dataclasses.field(default_factory=list)
-  logp: list[float] = dataclasses.field(default_factory=list)
-  mask: list[int] = dataclasses.field(default_factory=list)
-  turn_start: int = 0  # where the model turn in progress began in ``ids``
-  stop_state: int = 0  # the stop automaton's state after the turn so far
-  done: bool = False
-  finish: str = "stop"
-  reward: float = 0.0
-  info: dict[str, Any] = dataclasses.field(default_factory=dict)
-  # (index of the turn's last model id, reward) of turns before the last.
-  turn_rewards: list[tuple[int, float]] = dataclasses.field(
-    default_factory=list
-  )
-
-  def room(self, turn_cap: int, budget: int) -> int:
-    """Ids this row may still generate in the turn in progress."""
-    return min(
-      turn_cap - (len(self.ids) - self.turn_start), budget - len(self.ids)
-    )
-
-  def cut(self, reason: str) -> None:
-    self.done, self.finish = True, "length"
-    turns = self.info.get("turns", 0) + 1  # the turn that was cut
-    self.info = {**_EMPTY_INFO, **self.info, "turns": turns}
-    self.info["stop_reason"] = reason
-
-
-_EMPTY_INFO = {
-  "turns": 0,
-  "tool_calls": 0,
-  "malformed_calls": 0,
-  "tool_errors": {},
-  "stop_reason": "",
-}
-
-
 def _check_args(engine, examples, sampling, config) -> None:
   if not callable(getattr(engine, "generate", None)):
     raise TypeError(
@@ -298,7 +281,7 @@ def _check_capacity(engine, prompts: list[list[int]], budget: int) -> None:
     )
 
 
-def _batch(prompts, rows: list[_Row], n: int, timing) -> RolloutBatch:
+def _batch(prompts, rows: list[Row], n: int, timing) -> RolloutBatch:
   turn_rewards = [list(r.turn_rewards) for r in rows]
   return RolloutBatch(
     prompt_ids=prompts,
@@ -321,6 +304,7 @@ def rollout_multiturn(
   config: MultiTurnConfig = MultiTurnConfig(),
   *,
   render_prompt: Callable[[str], Sequence[int]] | None = None,
+  kv_reuse: bool = False,
 ) -> MultiTurnRollout:
   """Runs ``sampling.n`` episodes per example (see the module doc).
 
@@ -335,6 +319,10 @@ def rollout_multiturn(
     render_prompt: the first observation (``env.reset``'s text) to prompt
       ids, e.g. through a chat template; default ``tokenizer.encode`` of the
       text as is.
+    kv_reuse: run the episodes in one run of an engine that keeps each
+      row's KV across turns and runs tools off the decode batch
+      (`JaxSampler` with batching="continuous", `multiturn_kv`); False:
+      one engine call per turn (any engine).
 
   Returns:
     a ``MultiTurnRollout``.
@@ -348,7 +336,7 @@ def rollout_multiturn(
   encode = render_prompt or (
     lambda text: tokenizer.encode(text, add_special_tokens=False)
   )
-  rows: list[_Row] = []
+  rows: list[Row] = []
   prompts: list[list[int]] = []
   for example in examples:
     for j in range(n):
@@ -362,8 +350,11 @@ def rollout_multiturn(
           f"observations of example {example.uid!r} differ; expected one "
           "prompt per example"
         )
-      rows.append(_Row(env, ids, info=dict(_EMPTY_INFO)))
-  _check_capacity(engine, prompts, budget)
+      rows.append(Row(env, ids, info=dict(EMPTY_INFO)))
+  if kv_reuse:
+    multiturn_kv.check_engine(engine)
+  else:  # the KV path never passes a row's history as a prompt
+    _check_capacity(engine, prompts, budget)
   stop_sequences = tuple(rows[0].env.stop_sequences)
   eos = set(sampling.stop_token_ids)
   matcher = stop_matcher(tokenizer, stop_sequences) if stop_sequences else None
@@ -371,18 +362,25 @@ def rollout_multiturn(
   if matcher is not None and config.stop_by == "token":
     stop_ids = tuple(sorted(eos | set(matcher.completing_ids())))
   chunk = config.string_stop_chunk if config.stop_by == "string" else 0
-  decode_kw = {"skip_special_tokens": config.skip_special_tokens}
 
+  turns = Turns(
+    tokenizer, matcher, eos, turn_cap, budget, chunk,
+    {"skip_special_tokens": config.skip_special_tokens},
+  )  # fmt: skip
   start = time.perf_counter()
-  calls = continuations = dropped = 0
+  calls = 0
+  if kv_reuse:
+    calls = 1  # one run: rows re-enter it with their observations
+    stats = multiturn_kv.drive(
+      engine, prompts, rows, turns,
+      dataclasses.replace(sampling, stop_token_ids=stop_ids), config,
+    )  # fmt: skip
   per_row = _takes_row_limits(engine)
-  while True:
+  while not kv_reuse:
     active = [r for r in rows if not r.done]
     if not active:
       break
-    rooms = [r.room(turn_cap, budget) for r in active]
-    if chunk:
-      rooms = [min(room, chunk) for room in rooms]
+    rooms = [turns.room(r) for r in active]
     call_sampling = dataclasses.replace(
       sampling,
       stop_token_ids=stop_ids,
@@ -400,37 +398,9 @@ def rollout_multiturn(
       )  # fmt: skip
     calls += 1
     for row, room, (ids, logp) in zip(active, rooms, outputs):
-      ids, logp = [int(t) for t in ids], np.asarray(logp, np.float32)
-      if len(ids) > room:
-        raise RuntimeError(
-          f"rollout_multiturn: the engine returned {len(ids)} ids for a "
-          f"row limited to {room}; expected at most its limit"
-        )
-      end = None
-      if matcher is not None:
-        head = row.ids[row.turn_start :]
-
-        def closes(k, head=head, ids=ids, row=row):
-          text = tokenizer.decode(head + ids[:k], **decode_kw)
-          return _turn_complete(row.env, text)
-
-        end, row.stop_state = turn_end(matcher, ids, row.stop_state, closes)
-      if end is not None:  # a closed call: the ids after it are dropped
-        dropped += len(ids) - end
-        ids, logp = ids[:end], logp[:end]
-      row.ids += ids
-      row.logp += logp.tolist()
-      row.mask += [1] * len(ids)
-      final = end is None and bool(ids) and ids[-1] in eos
-      if end is None and not final:
-        if not ids or row.room(turn_cap, budget) <= 0:
-          row.cut(_cut_reason(row, budget))
-        else:
-          continuations += 1  # a '>' that closed nothing, or a chunk's end
-        continue
-      turn = tokenizer.decode(row.ids[row.turn_start :], **decode_kw)
-      eos_turn = final and bool(getattr(row.env, "eos_ends_turn", False))
-      _step(row, turn, tokenizer, budget, final=final and not eos_turn)
+      turn = turns.take(row, room, ids, logp)
+      if turn is not None:
+        step(row, turn[0], tokenizer, budget, final=turn[1])
   seconds = time.perf_counter() - start
 
   infos = [r.info for r in rows]
@@ -439,13 +409,15 @@ def rollout_multiturn(
   total = np.array([len(r.ids) for r in rows], np.float64)
   metrics.update(
     engine_calls=float(calls),
-    continuations=float(continuations),
-    dropped_after_stop_mean=float(dropped) / len(rows),
+    continuations=float(turns.continuations),
+    dropped_after_stop_mean=float(turns.dropped) / len(rows),
     model_tokens_mean=float(model.mean()),
     observation_tokens_mean=float((total - model).mean()),
     truncated_rate=float(np.mean([r.finish == "length" for r in rows])),
     reward_mean=float(np.mean([r.reward for r in rows])),
   )
+  if kv_reuse:
+    metrics.update({f"engine/{k}": float(x) for k, x in stats.items()})
   timing = {
     "seconds": seconds,
     "tokens": float(model.sum()),
@@ -494,58 +466,3 @@ def _generate_rows(engine, prompts, limits, sampling, per_row) -> list:
     for i, ids, logp in zip(which, out.response_ids, out.behav_logp):
       outputs[i] = (ids, logp)
   return outputs
-
-
-def _turn_complete(env: Any, turn: str) -> bool:
-  """A turn that stopped on a stop token holds a closed call: the
-  environment's reading where it has one, else any stop sequence."""
-  check = getattr(env, "turn_complete", None)
-  if callable(check):
-    return bool(check(turn))
-  return any(s in turn for s in env.stop_sequences)
-
-
-def _env_step(env: Any, turn: str, final: bool):
-  """`env.step(turn)`, told the turn is final (EOS) where it takes that."""
-  if final:
-    try:
-      takes_final = "final" in inspect.signature(env.step).parameters
-    except (TypeError, ValueError):
-      takes_final = False
-    if takes_final:
-      return env.step(turn, final=True)
-  return env.step(turn)
-
-
-def _cut_reason(row: _Row, budget: int) -> str:
-  return "max_response_tokens" if len(row.ids) >= budget else "max_new_tokens"
-
-
-def _step(
-  row: _Row, turn: str, tokenizer: Tokenizer, budget: int, final: bool
-) -> None:
-  """The environment answers a complete turn; its observation's own ids
-  (mask 0, log-prob 0) are appended, or the episode ends. A `final` turn
-  (the model's EOS) ends the episode whatever the environment answers."""
-  result = _env_step(row.env, turn, final)
-  row.info = {**_EMPTY_INFO, **dict(result.info)}
-  if result.done or final:  # the outcome reward: the row's own
-    row.done, row.finish = True, "stop"
-    row.reward += float(result.reward)
-    if not result.done:
-      row.info["stop_reason"] = "eos"  # the environment wanted more
-    return
-  if result.reward:  # a reward of this turn: at its last model id
-    row.turn_rewards.append((len(row.ids) - 1, float(result.reward)))
-  obs = [
-    int(t)
-    for t in tokenizer.encode(result.observation, add_special_tokens=False)
-  ]
-  if len(row.ids) + len(obs) >= budget:  # no room left to answer it
-    row.done, row.finish = True, "length"
-    row.info["stop_reason"] = "max_response_tokens"
-    return
-  row.ids += obs
-  row.logp += [0.0] * len(obs)
-  row.mask += [0] * len(obs)
-  row.turn_start, row.stop_state = len(row.ids), 0

@@ -16,6 +16,7 @@ request checks, the weights and the choice of path are `jax_sampler`'s.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from typing import Any, Sequence
 
@@ -27,6 +28,7 @@ from rljax.models import sharding as sharding_lib
 from rljax.rollout import inflight
 from rljax.rollout import request_plan
 from rljax.rollout import sampler_weights
+from rljax.rollout import slot_episodes
 from rljax.rollout import slot_plan
 from rljax.rollout import slot_scheduler
 from rljax.rollout import spec_control
@@ -95,6 +97,55 @@ class SamplerRuns:
     self.last_stats = out.stats
     self._add_spec_counts(out.stats)
     return out.stats
+
+  @property
+  def keeps_episode_kv(self) -> bool:
+    """`run_episodes` is available: multi-turn rows keep their KV across
+    turns and leave the decode batch while their tools run."""
+    return self.batching == "continuous"
+
+  def run_episodes(
+    self,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    host: slot_episodes.EpisodeHost,
+    *,
+    budget: int,
+    first_limits: Sequence[int],
+  ) -> dict[str, Any]:
+    """Multi-turn episodes of `sampling.n` rows per prompt, each row's KV
+    kept from turn to turn (`slot_episodes`): `host` reads every segment a
+    row decodes and answers with the row's next step (an observation to
+    append, a continuation, the end, or later). `budget` bounds a row's
+    ids after its prompt (sampled and appended together); `first_limits`
+    (P·n) its first segment. Returns the run's figures (also in
+    `last_stats`). Continuous batching only; plain decoding (speculation
+    and in-flight updates are not taken here)."""
+    prompts, _ = self._check_generate_args(prompt_ids, sampling, "run_episodes")
+    if not self.keeps_episode_kv:
+      raise ValueError(
+        f"JaxSampler.run_episodes: batching={self.batching!r}; expected "
+        "'continuous' (episodes keep their rows' pages in the page pool)"
+      )
+    rows = len(prompts) * sampling.n
+    plan = self._slot_plan(
+      prompts, dataclasses.replace(sampling, max_new_tokens=budget)
+    )
+    plan = dataclasses.replace(
+      plan, held_rows=rows, entries=max(plan.entries, len(prompts))
+    )
+    stats = slot_episodes.run(
+      self.rollout_config,
+      self._slot_params(),
+      plan,
+      prompts,
+      sampling,
+      host,
+      list(first_limits),
+      note_program=self._note(),
+    )
+    self.last_stats = stats
+    return stats
 
   def _speculator(self):
     """A `spec_control.Speculator` for the next run, if speculation is on."""

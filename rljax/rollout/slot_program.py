@@ -72,6 +72,9 @@ class SlotPlan:
     page_size: P, token slots a page.
     entries: E, prompts whose pages the pool holds at once.
     attention: "native" or "xla" (`paged_attention.choose`).
+    held_rows: rows that may hold own pages at once when that is more
+      than `slots` (a multi-turn row keeps its pages while its tool runs
+      outside the decode batch, `slot_episodes`); 0: `slots`.
   """
 
   slots: int
@@ -89,6 +92,7 @@ class SlotPlan:
   page_size: int
   entries: int
   attention: str
+  held_rows: int = 0
 
   @property
   def own_pages(self) -> int:
@@ -103,7 +107,11 @@ class SlotPlan:
   @property
   def pool_pages(self) -> int:
     return kv_pages.pool_pages(
-      self.slots, self.new_tokens, self.entries, self.prompt_len, self.page_size
+      max(self.slots, self.held_rows),
+      self.new_tokens,
+      self.entries,
+      self.prompt_len,
+      self.page_size,
     )
 
   @property
