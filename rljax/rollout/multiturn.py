@@ -225,6 +225,7 @@ class _Row:
   ids: list[int] = dataclasses.field(default_factory=list)
   logp: list[float] = dataclasses.field(default_factory=list)
   mask: list[int] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)
   turn_start: int = 0  # where the model turn in progress began in ``ids``
   stop_state: int = 0  # the stop automaton's state after the turn so far
   done: bool = False
@@ -298,8 +299,11 @@ def _check_capacity(engine, prompts: list[list[int]], budget: int) -> None:
     )
 
 
-def _batch(prompts, rows: list[_Row], n: int, timing) -> RolloutBatch:
+def _batch(
+  prompts, rows: list[_Row], n: int, timing, stamped: bool = False
+) -> RolloutBatch:
   turn_rewards = [list(r.turn_rewards) for r in rows]
+  versions = [np.asarray(r.versions, np.int32) for r in rows]
   return RolloutBatch(
     prompt_ids=prompts,
     response_ids=[list(r.ids) for r in rows],
@@ -309,6 +313,7 @@ def _batch(prompts, rows: list[_Row], n: int, timing) -> RolloutBatch:
     timing=timing,
     action_mask=[np.asarray(r.mask, bool) for r in rows],
     turn_rewards=turn_rewards if any(turn_rewards) else None,
+    policy_version=versions if stamped else None,
   )
 
 
@@ -321,6 +326,7 @@ def rollout_multiturn(
   config: MultiTurnConfig = MultiTurnConfig(),
   *,
   render_prompt: Callable[[str], Sequence[int]] | None = None,
+  between_turns: Callable[[], int] | None = None,
 ) -> MultiTurnRollout:
   """Runs ``sampling.n`` episodes per example (see the module doc).
 
@@ -335,6 +341,11 @@ def rollout_multiturn(
     render_prompt: the first observation (``env.reset``'s text) to prompt
       ids, e.g. through a chat template; default ``tokenizer.encode`` of the
       text as is.
+    between_turns: called before every engine call (the caller may load
+      newer weights into the engine there); returns the version of the
+      weights the engine now holds, which stamps the ids that call samples
+      (``batch.policy_version``; an observation's ids carry the version of
+      the turn they answer). None: no call, no versions.
 
   Returns:
     a ``MultiTurnRollout``.
@@ -383,6 +394,7 @@ def rollout_multiturn(
     rooms = [r.room(turn_cap, budget) for r in active]
     if chunk:
       rooms = [min(room, chunk) for room in rooms]
+    version = between_turns() if between_turns is not None else 0
     call_sampling = dataclasses.replace(
       sampling,
       stop_token_ids=stop_ids,
@@ -421,6 +433,7 @@ def rollout_multiturn(
       row.ids += ids
       row.logp += logp.tolist()
       row.mask += [1] * len(ids)
+      row.versions += [int(version)] * len(ids)
       final = end is None and bool(ids) and ids[-1] in eos
       if end is None and not final:
         if not ids or row.room(turn_cap, budget) <= 0:
@@ -453,7 +466,7 @@ def rollout_multiturn(
     "engine_calls": float(calls),
   }
   return MultiTurnRollout(
-    batch=_batch(prompts, rows, n, timing),
+    batch=_batch(prompts, rows, n, timing, stamped=between_turns is not None),
     rewards=np.array([r.reward for r in rows], np.float32),
     infos=infos,
     metrics=metrics,
@@ -548,4 +561,5 @@ def _step(
   row.ids += obs
   row.logp += [0.0] * len(obs)
   row.mask += [0] * len(obs)
+  row.versions += [row.versions[-1] if row.versions else 0] * len(obs)
   row.turn_start, row.stop_state = len(row.ids), 0
