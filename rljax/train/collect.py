@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 
-from rljax.envs import summarize
 from rljax.rewards import finite as finite_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
@@ -48,7 +47,12 @@ from rljax.train import critic_pretrain
 from rljax.train import episode_saved
 from rljax.train import group_stream
 from rljax.train.collect_stream import Mailbox, StreamCollecting
-from rljax.train.collected import Collected, refuse_all_nonfinite
+from rljax.train.collected import (
+  Collected,
+  episode_metrics,
+  model_tokens,
+  refuse_all_nonfinite,
+)
 from rljax.train.config import TrainConfig
 
 
@@ -101,34 +105,6 @@ def reward_metrics(rollout: Collected, task: Any) -> dict[str, float]:
     "accuracy": float((rewards >= 1.0).mean()),
     "prompts_filtered_long": float(getattr(task, "prompts_filtered_long", 0)),
   }
-
-
-# Counts of `rollout_multiturn`'s driver summed over a step's rounds (its
-# token means and reward are the batch's own metrics already).
-_DRIVER_SUMS = ("engine_calls", "continuations")
-
-
-def episode_metrics(episodes: list) -> dict[str, float]:
-  """The tool metrics of a step's episodes (every round's
-  `MultiTurnRollout`): `rljax.envs.summarize` of their infos (tool_call_rate,
-  malformed_call_rate, turns_mean, tool_calls_mean, tool_error/<kind>, ...),
-  the driver's engine calls and continuations, and the share of episodes
-  the driver cut (`episode_truncated_rate`)."""
-  infos = [i for e in episodes for i in e.infos]
-  out = summarize(infos)
-  for key in _DRIVER_SUMS:
-    out[key] = float(sum(e.metrics.get(key, 0.0) for e in episodes))
-  cut = [r == "length" for e in episodes for r in e.batch.finish_reason]
-  out["episode_truncated_rate"] = float(np.mean(cut)) if cut else 0.0
-  return out
-
-
-def model_tokens(rb: RolloutBatch) -> int:
-  """The ids the model sampled: a trajectory's model ids (its action
-  mask), not its observations'."""
-  if rb.action_mask is None:
-    return int(rb.response_lengths.sum())
-  return int(sum(int(np.sum(m)) for m in rb.action_mask))
 
 
 class Collector(StreamCollecting):

@@ -159,12 +159,6 @@ def _tool_task_checks(cfg: TrainConfig) -> list[Problem]:
   if t.difficulty not in TOOL_LEVELS:
     expected = f"a level of task.name={t.name!r}: one of {tuple(TOOL_LEVELS)}"
     out.append(Problem("task.difficulty", t.difficulty, expected))
-  if getattr(cfg.run, "async_mode", "off") == "streaming":
-    expected = (
-      f"'off' or 'one_step' with task.name={t.name!r} (episodes do not run "
-      "in the stream)"
-    )
-    out.append(Problem("run.async_mode", cfg.run.async_mode, expected))
   if cfg.reward.name != "verifier":
     expected = (
       f"'verifier' with task.name={t.name!r} (the environment scores each "
