@@ -6,6 +6,13 @@ one_step: the worker runs step k+1's episodes while step k trains; their
 rewards and tool counters reach the step (and a checkpoint) with the batch.
 """
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 
@@ -13,6 +20,7 @@ from rljax.rollout.base import RolloutBatch
 from rljax.rollout.multiturn import MultiTurnRollout
 from rljax.train import collect as collect_lib
 from rljax.train import episode_saved
+from rljax.train import group_stream
 from rljax.train.metrics import read_metrics
 from tests.train.test_tool_training import TURN, _config, _train
 
@@ -133,3 +141,133 @@ def test_one_step_resume_trains_what_the_uninterrupted_run_did(
   np.testing.assert_array_equal(full_collected[2].rewards, collected[0].rewards)
   logged = read_metrics(str(tmp_path / "cut"))
   assert [r["step"] for r in logged] == [1, 2, 3]
+
+
+def _streaming(run_dir, **overrides):
+  return _config(
+    run_dir,
+    **{
+      "run.async_mode": "streaming",
+      "rollout.batching": "continuous",
+      "run.eval_every": 0,
+      **overrides,
+    },
+  )
+
+
+def test_streaming_trains_on_episodes(tmp_path, monkeypatch):
+  rows, collected, _ = _train(
+    _streaming(tmp_path, **{"run.steps": 3}), monkeypatch
+  )
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  _check_tool_rows(rows, collected)
+  for row in rows:
+    assert row["version_lag_max"] <= 1.0  # run.max_staleness
+
+
+class TurnGate(group_stream.GroupStream):
+  """A stream whose worker holds to θ_0 until step 2's episodes have made
+  their first engine call, then waits for θ_1 before their second: those
+  episodes span a weight swap, whatever the threads' speeds."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._seen, self._cap, self._step2_calls = {}, 0, 0
+
+  def _newest(self):
+    item = self.mailbox.latest()
+    if item is not None:
+      self._seen[item.version] = item
+    allowed = [v for v in self._seen if v <= self._cap]
+    return self._seen[max(allowed)] if allowed else None
+
+  def _between_turns(self, key):
+    if key == (2, 0):
+      self._step2_calls += 1
+      if self._step2_calls == 2:
+        deadline = time.monotonic() + 600
+        while (self.mailbox.latest() or self._seen[0]).version < 1:
+          assert time.monotonic() < deadline, "θ_1 was never published"
+          time.sleep(0.05)
+        self._cap = 1 << 30
+    return super()._between_turns(key)
+
+
+def test_an_episode_spanning_a_swap_has_tokens_of_two_versions(
+  tmp_path, monkeypatch
+):
+  monkeypatch.setattr(group_stream, "GroupStream", TurnGate)
+  rows, collected, _ = _train(
+    _streaming(tmp_path, **{"run.steps": 2}), monkeypatch
+  )
+  step2 = collected[1].batch
+  for versions, mask in zip(step2.policy_version, step2.action_mask):
+    model = versions[np.asarray(mask, bool)]
+    # The first call (up to the opening tag's '>') sampled with θ_0, every
+    # later one with θ_1: one episode, two versions, in order.
+    assert model[0] == 0 and model[-1] == 1
+    assert np.all(np.diff(model) >= 0)
+  assert rows[1]["rollout_weight_swaps"] >= 1.0
+  assert rows[1]["version_lag_max"] == 1.0 and rows[1]["version_lag_mean"] < 1
+  # Step 1's episodes ran with θ_0 alone.
+  assert {int(v) for r in collected[0].batch.policy_version for v in r} == {0}
+
+
+WORKER = os.path.join(os.path.dirname(__file__), "tool_fault_worker.py")
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", RLJAX_HUGE_PAGES="0")
+
+
+def _worker(fields: dict, env=None, wait=True):
+  cmd = [sys.executable, WORKER, json.dumps(fields)]
+  proc = subprocess.Popen(
+    cmd, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    text=True,
+  )  # fmt: skip
+  if wait:
+    out, _ = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, out[-4000:]
+  return proc
+
+
+# Each step's 4 episodes make 2 calculator calls each: call 17 is the first
+# of step 3's episodes.
+_STEP_3_CALL = 17
+
+
+@pytest.mark.slow  # three training processes, one killed
+@pytest.mark.parametrize("mode", ["one_step", "streaming"])
+def test_kill_9_mid_episode_resumes_to_the_uninterrupted_run(tmp_path, mode):
+  fields = {
+    "run.steps": 3,
+    "run.checkpoint_every": 1,
+    "run.eval_every": 0,
+    "run.async_mode": mode,
+  }
+  if mode == "streaming":
+    # Staleness 0: nothing newer exists while a request's episodes run, so
+    # the run is a function of its own progress (comparable token for
+    # token); every step's episodes run after the step before trained.
+    fields.update({"rollout.batching": "continuous", "run.max_staleness": 0})
+  full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
+  _worker({**fields, "run.run_dir": full})
+  marker = str(tmp_path / "in_episode")
+  env = dict(
+    ENV, RLJAX_TEST_SLOW_CALL=str(_STEP_3_CALL), RLJAX_TEST_IN_EPISODE=marker
+  )
+  proc = _worker({**fields, "run.run_dir": cut}, env=env, wait=False)
+  deadline = time.monotonic() + 900
+  while not os.path.exists(marker):
+    assert proc.poll() is None, proc.communicate()[0][-4000:]
+    assert time.monotonic() < deadline, "no episode of step 3 started"
+    time.sleep(0.2)
+  os.kill(proc.pid, signal.SIGKILL)  # step 3's episodes in flight
+  proc.communicate(timeout=60)
+  assert proc.returncode == -signal.SIGKILL
+  _worker({**fields, "run.run_dir": cut, "run.resume": True})
+  want, got = read_metrics(full), read_metrics(cut)
+  assert [r["step"] for r in got] == [1, 2, 3]  # each step logged once
+  for a, b in zip(want, got):
+    for key in _SAME:
+      np.testing.assert_allclose(
+        b[key], a[key], rtol=1e-6, err_msg=f"step {a['step']}: {key}"
+      )
