@@ -42,6 +42,10 @@ from rljax.train import episode_saved
 from rljax.train.stream_pick import Key
 
 
+class _Closed(Exception):
+  """The stream closed while episodes ran: they end at the next turn."""
+
+
 def _prefix(i: int) -> str:
   return f"episode{i}/"
 
@@ -102,6 +106,8 @@ class StreamEpisodes:
     published weights into the engine if they are newer (none while a cut
     is due: the cut comes first); returns the version the engine holds."""
     with self._cv:
+      if self._closed:  # `close` waits for the worker: stop at this turn
+        raise _Closed()
       due = self._cut_due()
     item = self._newest()
     if not due and item is not None and item.version > self._running:
@@ -130,11 +136,14 @@ class StreamEpisodes:
       for item in items:
         block.started[item.index] = int(self._running)
       self._cv.notify_all()
-    out = self.episodes(
-      key,
-      [block.examples[item.index] for item in items],
-      lambda: self._between_turns(key),
-    )
+    try:
+      out = self.episodes(
+        key,
+        [block.examples[item.index] for item in items],
+        lambda: self._between_turns(key),
+      )
+    except _Closed:
+      return
     with self._cv:
       for g, item in enumerate(items):
         group = group_episodes(out, g)

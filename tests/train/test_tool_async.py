@@ -18,6 +18,7 @@ import pytest
 
 from rljax.rollout.base import RolloutBatch
 from rljax.rollout.multiturn import MultiTurnRollout
+from rljax.train import checkpoint as ckpt_lib
 from rljax.train import collect as collect_lib
 from rljax.train import episode_saved
 from rljax.train import group_stream
@@ -217,16 +218,19 @@ WORKER = os.path.join(os.path.dirname(__file__), "tool_fault_worker.py")
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", RLJAX_HUGE_PAGES="0")
 
 
-def _worker(fields: dict, env=None, wait=True):
+def _worker(fields: dict, env=None, log=None):
+  """The worker's output once it ends; with `log` (a file, not a pipe that
+  could fill while nobody reads it), the running process."""
   cmd = [sys.executable, WORKER, json.dumps(fields)]
   proc = subprocess.Popen(
-    cmd, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    text=True,
+    cmd, env=env or ENV, stdout=log or subprocess.PIPE,
+    stderr=subprocess.STDOUT, text=True,
   )  # fmt: skip
-  if wait:
-    out, _ = proc.communicate(timeout=1200)
-    assert proc.returncode == 0, out[-4000:]
-  return proc
+  if log is not None:
+    return proc
+  out, _ = proc.communicate(timeout=1200)
+  assert proc.returncode == 0, out[-4000:]
+  return out
 
 
 # Each step's 4 episodes make 2 calculator calls each: call 17 is the first
@@ -254,16 +258,27 @@ def test_kill_9_mid_episode_resumes_to_the_uninterrupted_run(tmp_path, mode):
   env = dict(
     ENV, RLJAX_TEST_SLOW_CALL=str(_STEP_3_CALL), RLJAX_TEST_IN_EPISODE=marker
   )
-  proc = _worker({**fields, "run.run_dir": cut}, env=env, wait=False)
-  deadline = time.monotonic() + 900
-  while not os.path.exists(marker):
-    assert proc.poll() is None, proc.communicate()[0][-4000:]
-    assert time.monotonic() < deadline, "no episode of step 3 started"
-    time.sleep(0.2)
-  os.kill(proc.pid, signal.SIGKILL)  # step 3's episodes in flight
-  proc.communicate(timeout=60)
-  assert proc.returncode == -signal.SIGKILL
-  _worker({**fields, "run.run_dir": cut, "run.resume": True})
+  with open(tmp_path / "killed.log", "w") as log:
+    proc = _worker({**fields, "run.run_dir": cut}, env=env, log=log)
+    deadline = time.monotonic() + 900
+    while not os.path.exists(marker):
+      assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-4000:]
+      assert time.monotonic() < deadline, "no episode of step 3 started"
+      time.sleep(0.2)
+    # The last checkpoint before the kill: one_step's of step 1 (step 2's
+    # waits for step 3's episodes), streaming's of step 2 (its cut came
+    # before step 3's episodes began, and it is written while they run).
+    start = 1 if mode == "one_step" else 2
+    manifest = os.path.join(cut, "checkpoints", str(start), ckpt_lib.MANIFEST)
+    while not os.path.exists(manifest):
+      assert time.monotonic() < deadline, f"checkpoint {start} never completed"
+      time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)  # step 3's episodes in flight
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+  out = _worker({**fields, "run.run_dir": cut, "run.resume": True})
+  # Step 3's episodes are run again, from the same prompts and weights.
+  assert f"starts at step {start}" in out, out[-4000:]
   want, got = read_metrics(full), read_metrics(cut)
   assert [r["step"] for r in got] == [1, 2, 3]  # each step logged once
   for a, b in zip(want, got):
