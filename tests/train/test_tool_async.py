@@ -4,6 +4,10 @@ episode: call, observation, call; `task.max_turns=2` ends it, reward 0).
 
 one_step: the worker runs step k+1's episodes while step k trains; their
 rewards and tool counters reach the step (and a checkpoint) with the batch.
+streaming: each request's episodes run in the stream, taking new weights
+between turns. kill -9 in the middle of an episode, in either mode: the
+resumed run trains what the uninterrupted one did. The same plumbing
+without a model, fast: test_tool_async_parts.py.
 """
 
 import json
@@ -94,6 +98,7 @@ def test_episode_floats_round_trip():
     episode_saved.decode(RolloutBatch.concat([rb, rb]), saved)
 
 
+@pytest.mark.slow  # a whole trainer run (~40-140 s on 2 cores)
 def test_one_step_trains_on_episodes(tmp_path, monkeypatch):
   rows, collected, _ = _train(
     _one_step(tmp_path, **{"run.steps": 3}), monkeypatch
@@ -156,6 +161,7 @@ def _streaming(run_dir, **overrides):
   )
 
 
+@pytest.mark.slow  # a whole trainer run (~40-140 s on 2 cores)
 def test_streaming_trains_on_episodes(tmp_path, monkeypatch):
   rows, collected, _ = _train(
     _streaming(tmp_path, **{"run.steps": 3}), monkeypatch
@@ -194,6 +200,7 @@ class TurnGate(group_stream.GroupStream):
     return super()._between_turns(key)
 
 
+@pytest.mark.slow  # a whole trainer run (~40-140 s on 2 cores)
 def test_an_episode_spanning_a_swap_has_tokens_of_two_versions(
   tmp_path, monkeypatch
 ):
