@@ -281,8 +281,11 @@ def _check_capacity(engine, prompts: list[list[int]], budget: int) -> None:
     )
 
 
-def _batch(prompts, rows: list[Row], n: int, timing) -> RolloutBatch:
+def _batch(
+  prompts, rows: list[Row], n: int, timing, stamped: bool = False
+) -> RolloutBatch:
   turn_rewards = [list(r.turn_rewards) for r in rows]
+  versions = [np.asarray(r.versions, np.int32) for r in rows]
   return RolloutBatch(
     prompt_ids=prompts,
     response_ids=[list(r.ids) for r in rows],
@@ -292,6 +295,7 @@ def _batch(prompts, rows: list[Row], n: int, timing) -> RolloutBatch:
     timing=timing,
     action_mask=[np.asarray(r.mask, bool) for r in rows],
     turn_rewards=turn_rewards if any(turn_rewards) else None,
+    policy_version=versions if stamped else None,
   )
 
 
@@ -305,6 +309,7 @@ def rollout_multiturn(
   *,
   render_prompt: Callable[[str], Sequence[int]] | None = None,
   kv_reuse: bool = False,
+  between_turns: Callable[[], int] | None = None,
 ) -> MultiTurnRollout:
   """Runs ``sampling.n`` episodes per example (see the module doc).
 
@@ -323,11 +328,22 @@ def rollout_multiturn(
       row's KV across turns and runs tools off the decode batch
       (`JaxSampler` with batching="continuous", `multiturn_kv`); False:
       one engine call per turn (any engine).
+    between_turns: called before every engine call (the caller may load
+      newer weights into the engine there); returns the version of the
+      weights the engine now holds, which stamps the ids that call samples
+      (``batch.policy_version``; an observation's ids carry the version of
+      the turn they answer). None: no call, no versions. Not with
+      `kv_reuse` (its one run takes no weights between turns).
 
   Returns:
     a ``MultiTurnRollout``.
   """
   _check_args(engine, examples, sampling, config)
+  if kv_reuse and between_turns is not None:
+    raise ValueError(
+      "rollout_multiturn: kv_reuse=True with between_turns; expected one of "
+      "them (a kept-KV run takes no new weights between turns)"
+    )
   n, budget, turn_cap = (
     sampling.n,
     config.max_response_tokens,
@@ -381,6 +397,7 @@ def rollout_multiturn(
     if not active:
       break
     rooms = [turns.room(r) for r in active]
+    version = between_turns() if between_turns is not None else 0
     call_sampling = dataclasses.replace(
       sampling,
       stop_token_ids=stop_ids,
@@ -398,7 +415,7 @@ def rollout_multiturn(
       )  # fmt: skip
     calls += 1
     for row, room, (ids, logp) in zip(active, rooms, outputs):
-      turn = turns.take(row, room, ids, logp)
+      turn = turns.take(row, room, ids, logp, version)
       if turn is not None:
         step(row, turn[0], tokenizer, budget, final=turn[1])
   seconds = time.perf_counter() - start
@@ -425,7 +442,7 @@ def rollout_multiturn(
     "engine_calls": float(calls),
   }
   return MultiTurnRollout(
-    batch=_batch(prompts, rows, n, timing),
+    batch=_batch(prompts, rows, n, timing, stamped=between_turns is not None),
     rewards=np.array([r.reward for r in rows], np.float32),
     infos=infos,
     metrics=metrics,

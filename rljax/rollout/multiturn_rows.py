@@ -28,6 +28,9 @@ class Row:
   ids: list[int] = dataclasses.field(default_factory=list)
   logp: list[float] = dataclasses.field(default_factory=list)
   mask: list[int] = dataclasses.field(default_factory=list)
+  # The version of the weights that sampled each id (an observation's ids:
+  # that of the turn they answer); stamped only where the caller asks.
+  versions: list[int] = dataclasses.field(default_factory=list)
   turn_start: int = 0  # where the model turn in progress began in ``ids``
   stop_state: int = 0  # the stop automaton's state after the turn so far
   done: bool = False
@@ -82,8 +85,11 @@ class Turns:
     room = row.room(self.turn_cap, self.budget)
     return min(room, self.chunk) if self.chunk else room
 
-  def take(self, row: Row, room: int, ids, logp) -> tuple[str, bool] | None:
-    """Appends the kept ids of one segment (limited to `room`) to the row.
+  def take(
+    self, row: Row, room: int, ids, logp, version: int = 0
+  ) -> tuple[str, bool] | None:
+    """Appends the kept ids of one segment (limited to `room`, sampled by
+    weights of `version`) to the row.
     Returns (the turn's text, final) when a turn ended and the environment
     is to answer it (`_step`); None when the row goes on in its next
     segment (a '>' that closed nothing, a chunk's end) or was cut."""
@@ -108,6 +114,7 @@ class Turns:
     row.ids += ids
     row.logp += logp.tolist()
     row.mask += [1] * len(ids)
+    row.versions += [int(version)] * len(ids)
     final = end is None and bool(ids) and ids[-1] in self.eos
     if end is None and not final:
       if not ids or row.room(self.turn_cap, self.budget) <= 0:
@@ -184,4 +191,5 @@ def answer_turn(row: Row, result, tokenizer: Any, budget: int, final: bool):
   row.ids += obs
   row.logp += [0.0] * len(obs)
   row.mask += [0] * len(obs)
+  row.versions += [row.versions[-1] if row.versions else 0] * len(obs)
   row.turn_start, row.stop_state = len(row.ids), 0

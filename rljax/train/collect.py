@@ -25,7 +25,10 @@ episodes (`task.episodes`: `rollout_multiturn` on the actor's engine, which
 holds the synced weights): the rewards are the episodes' (the environment's
 verdict on each final answer), not `task.score`'s, and the episodes' tool
 metrics join the step's (`episode_metrics`). Dynamic sampling refills with
-more episodes; pipelined mode is refused by the config's validation.
+more episodes. In pipelined mode the worker runs the episodes of the step
+ahead; their rewards and tool counters travel with the batch as floats
+(`episode_saved`), through the queue and a checkpoint's in-flight
+rollouts alike. Streaming mode runs them in the stream (`stream_episodes`).
 """
 
 from __future__ import annotations
@@ -37,14 +40,19 @@ from typing import Any
 
 import numpy as np
 
-from rljax.envs import summarize
 from rljax.rewards import finite as finite_lib
 from rljax.rollout.base import RolloutBatch, SamplingConfig
 from rljax.train import batch as batch_lib
 from rljax.train import critic_pretrain
+from rljax.train import episode_saved
 from rljax.train import group_stream
 from rljax.train.collect_stream import Mailbox, StreamCollecting
-from rljax.train.collected import Collected, refuse_all_nonfinite
+from rljax.train.collected import (
+  Collected,
+  episode_metrics,
+  model_tokens,
+  refuse_all_nonfinite,
+)
 from rljax.train.config import TrainConfig
 
 
@@ -97,26 +105,6 @@ def reward_metrics(rollout: Collected, task: Any) -> dict[str, float]:
     "accuracy": float((rewards >= 1.0).mean()),
     "prompts_filtered_long": float(getattr(task, "prompts_filtered_long", 0)),
   }
-
-
-# Counts of `rollout_multiturn`'s driver summed over a step's rounds (its
-# token means and reward are the batch's own metrics already).
-_DRIVER_SUMS = ("engine_calls", "continuations")
-
-
-def episode_metrics(episodes: list) -> dict[str, float]:
-  """The tool metrics of a step's episodes (every round's
-  `MultiTurnRollout`): `rljax.envs.summarize` of their infos (tool_call_rate,
-  malformed_call_rate, turns_mean, tool_calls_mean, tool_error/<kind>, ...),
-  the driver's engine calls and continuations, and the share of episodes
-  the driver cut (`episode_truncated_rate`)."""
-  infos = [i for e in episodes for i in e.infos]
-  out = summarize(infos)
-  for key in _DRIVER_SUMS:
-    out[key] = float(sum(e.metrics.get(key, 0.0) for e in episodes))
-  cut = [r == "length" for e in episodes for r in e.batch.finish_reason]
-  out["episode_truncated_rate"] = float(np.mean(cut)) if cut else 0.0
-  return out
 
 
 class Collector(StreamCollecting):
@@ -197,6 +185,9 @@ class Collector(StreamCollecting):
         timing["time_rollout_wait"] = now - t_wait
         timing.update(self._idle_shares(now, now - t_wait))
         self._pending_data_states.pop(0)
+        if multi_turn:  # the episodes' rewards and counters rode along
+          saved, extra = episode_saved.split(extra)
+          episodes.append(episode_saved.decode(rb, saved))
         timing.update(extra)
       elif multi_turn:
         examples = self.task.next_train_batch(cfg.rollout.prompts_per_step)
@@ -210,7 +201,7 @@ class Collector(StreamCollecting):
       timing["time_rollout"] += t_gen
       t0 = time.perf_counter()
       if multi_turn:  # scored by the environment as each episode ended
-        gen_tokens += int(rb.timing.get("tokens", 0))  # model ids only
+        gen_tokens += model_tokens(rb)
         raw = episodes[-1].rewards
       else:
         gen_tokens += int(rb.response_lengths.sum())
@@ -271,11 +262,7 @@ class Collector(StreamCollecting):
     here, on the trainer's thread, so the worker never reads params that a
     later update donates; the prompts are drawn here too, in step order.
     """
-    if getattr(self.task, "multi_turn", False):  # the config refuses it
-      raise ValueError(
-        "run.pipelined=True with a multi-turn task; expected False (an "
-        "episode's rewards and tool metrics do not travel through the queue)"
-      )
+    multi_turn = bool(getattr(self.task, "multi_turn", False))
     if self._executor is None:
       self._executor = concurrent.futures.ThreadPoolExecutor(1)
     self._pending_data_states.append(self.task.state_dict())
@@ -288,7 +275,12 @@ class Collector(StreamCollecting):
     def job():
       span[0] = time.perf_counter()
       extra = self.actor.push(rparams, diag)
-      rb, ex, t_gen = self._generate(step, 0, examples)
+      if multi_turn:
+        out, t_gen = self._episodes(step, 0, examples)
+        rb, ex = out.batch, examples
+        extra.update(episode_saved.encode(out))
+      else:
+        rb, ex, t_gen = self._generate(step, 0, examples)
       # Versions count policy updates (value-pretraining steps do not).
       trained_by = critic_pretrain.policy_version(self.cfg, step - 1)
       extra["rollout_staleness"] = float(trained_by - version)

@@ -4,6 +4,10 @@ when the step checkpoints), admits the paced requests into the
 `group_stream.GroupStream`, and takes each step's groups from it, scored on
 arrival by the synchronous loop's own scoring (`Collector._score`).
 
+A multi-turn task's requests run as episodes (`stream_episodes`): the
+stream hands `_score_arrivals` each group's episodes, whose rewards are the
+scores, and a step's tool metrics are those of the episodes it takes.
+
 `StreamCollecting` is a base class of `collect.Collector`, not a class on
 its own: the config, task, actor and stream it reads are the Collector's.
 """
@@ -21,7 +25,11 @@ from rljax.train import actor as actor_lib
 from rljax.train import critic_pretrain
 from rljax.train import group_stream
 from rljax.train import stream_pick
-from rljax.train.collected import Collected, refuse_all_nonfinite
+from rljax.train.collected import (
+  Collected,
+  episode_metrics,
+  refuse_all_nonfinite,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +102,21 @@ class StreamCollecting:
         **{
           f"reward_{k}": float(np.mean(v)) for k, v in taken.components.items()
         },
+        **(episode_metrics(taken.episodes) if taken.episodes else {}),
       },
     )
 
-  def _score_arrivals(self, groups: list[RolloutBatch], examples: list):
+  def _score_arrivals(
+    self, groups: list[RolloutBatch], examples: list, episodes=None
+  ):
     """The stream's scorer: one `_score` call over the groups that arrived
-    (its messages name the step being collected)."""
+    (its messages name the step being collected); a multi-turn task's
+    groups come with their `episodes`, whose rewards are the scores."""
     rb = RolloutBatch.concat(groups)
-    scored, bad = self._score(self._streamed_step, rb, examples)
+    raw = None
+    if episodes is not None:
+      raw = np.concatenate([e.rewards for e in episodes])
+    scored, bad = self._score(self._streamed_step, rb, examples, raw)
     n, rows = rb.n, lambda g: slice(g * n, (g + 1) * n)
     return [
       stream_pick.Scored(
@@ -145,10 +160,6 @@ class StreamCollecting:
     """Streaming: admits the prompts of every step up to `last` not yet
     admitted (the caller keeps last = the trained step + 1 + max_staleness:
     the pace), drawn here in step order (`group_stream`)."""
-    if getattr(self.task, "multi_turn", False):  # the config refuses it
-      raise ValueError(
-        "run.async_mode='streaming' with a multi-turn task; expected 'off'"
-      )
     stream = self._group_stream()
     for step in range(stream.admitted_through + 1, last + 1):
       self._admit(step, 0)
@@ -177,5 +188,23 @@ class StreamCollecting:
         self.cfg.run.max_staleness,
         score=self._score_arrivals,
         refill_rounds=a.max_resample_rounds if a.dynamic_sampling else 0,
+        episodes=(
+          self._stream_episodes
+          if getattr(self.task, "multi_turn", False)
+          else None
+        ),
       )
     return self._stream
+
+  def _stream_episodes(self, key, examples: list, between_turns):
+    """The stream worker's episodes of request `key` = (step, round): the
+    synchronous loop's sampling for that round, the engine held for the
+    whole run (`Actor.with_engine`) while `between_turns` swaps weights."""
+    sampling = self._sampling(*key)
+    out, _ = self.actor.with_engine(
+      "rollout",
+      lambda engine: self.task.episodes(
+        engine, examples, sampling, between_turns=between_turns
+      ),
+    )
+    return out

@@ -1,5 +1,6 @@
 """The step's rollout as the trainer builds its batch from (`Collected`),
-and the check that stops a step whose every reward is NaN or inf. Shared
+the check that stops a step whose every reward is NaN or inf, and the
+counts of a multi-turn rollout (its tool metrics, its model ids). Shared
 by the synchronous collector (`collect`) and its streaming half
 (`collect_stream`)."""
 
@@ -9,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from rljax.envs import summarize
 from rljax.rewards import finite as finite_lib
 from rljax.rollout.base import RolloutBatch
 
@@ -34,3 +36,31 @@ def refuse_all_nonfinite(step: int, cfg, sampled: float, nonfinite: float):
       f"step {step}: every reward is NaN or inf ({int(nonfinite)} samples) "
       f"from --reward.name={cfg.reward.name!r}; the reward function is broken"
     )
+
+
+# Counts of `rollout_multiturn`'s driver summed over a step's rounds (its
+# token means and reward are the batch's own metrics already).
+_DRIVER_SUMS = ("engine_calls", "continuations")
+
+
+def episode_metrics(episodes: list) -> dict[str, float]:
+  """The tool metrics of a step's episodes (every round's
+  `MultiTurnRollout`): `rljax.envs.summarize` of their infos (tool_call_rate,
+  malformed_call_rate, turns_mean, tool_calls_mean, tool_error/<kind>, ...),
+  the driver's engine calls and continuations, and the share of episodes
+  the driver cut (`episode_truncated_rate`)."""
+  infos = [i for e in episodes for i in e.infos]
+  out = summarize(infos)
+  for key in _DRIVER_SUMS:
+    out[key] = float(sum(e.metrics.get(key, 0.0) for e in episodes))
+  cut = [r == "length" for e in episodes for r in e.batch.finish_reason]
+  out["episode_truncated_rate"] = float(np.mean(cut)) if cut else 0.0
+  return out
+
+
+def model_tokens(rb: RolloutBatch) -> int:
+  """The ids the model sampled: a trajectory's model ids (its action
+  mask), not its observations'."""
+  if rb.action_mask is None:
+    return int(rb.response_lengths.sum())
+  return int(sum(int(np.sum(m)) for m in rb.action_mask))

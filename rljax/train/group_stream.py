@@ -79,7 +79,9 @@ import numpy as np
 
 from rljax.rollout import prompt_feed
 from rljax.rollout.base import RolloutBatch, SamplingConfig
+from rljax.train.collected import model_tokens
 from rljax.train.stream_cuts import StreamCuts
+from rljax.train.stream_episodes import StreamEpisodes
 from rljax.train.stream_worker import StreamWorker
 from rljax.train.stream_pick import (
   Block,
@@ -104,13 +106,16 @@ SCHEDULE_METRICS = (
 )
 
 
-class GroupStream(StreamCuts, StreamWorker):
+class GroupStream(StreamCuts, StreamEpisodes, StreamWorker):
   """The worker, the admitted requests and the trainer's `take` (see the
   module docstring). `sampling_for(key)` is a request's SamplingConfig;
   `mailbox` holds the newest published θ (`collect_stream.Mailbox`); `score(groups,
   examples)` scores arriving groups on the trainer's thread (a `Scored`
   each; None: every group is kept, unscored); `refill_rounds` bounds a
-  step's refill requests (dynamic sampling's max_resample_rounds)."""
+  step's refill requests (dynamic sampling's max_resample_rounds).
+  `episodes(key, examples, between_turns)`, for a multi-turn task: runs
+  the episodes of request `key`'s `examples` (`stream_episodes`); the
+  scorer then gets each group's episodes as a third argument."""
 
   def __init__(
     self,
@@ -121,6 +126,7 @@ class GroupStream(StreamCuts, StreamWorker):
     max_staleness: int,
     score: Callable[[list[RolloutBatch], list], list[Scored]] | None = None,
     refill_rounds: int = 0,
+    episodes: Callable | None = None,
   ):
     self.actor = actor
     self.mailbox = mailbox
@@ -129,6 +135,7 @@ class GroupStream(StreamCuts, StreamWorker):
     self.k = max_staleness
     self.score = score
     self.refill_rounds = refill_rounds
+    self.episodes = episodes
     self._cv = threading.Condition()
     # In admission order, which is the order their prompts were drawn (a
     # resume re-draws them in it).
@@ -245,12 +252,15 @@ class GroupStream(StreamCuts, StreamWorker):
         fresh = self._unscored()
       if fresh and self.score is not None:
         ts = time.perf_counter()
-        got = self.score([g for _, _, g, _ in fresh], [e for *_, e in fresh])
+        args = [[g for _, _, g, _ in fresh], [e for *_, e in fresh]]
+        if self.episodes is not None:
+          args.append([self._blocks[k].episodes[i] for k, i, _, _ in fresh])
+        got = self.score(*args)
         t_score += time.perf_counter() - ts
         with self._cv:
           for (key, i, g, _), s in zip(fresh, got):
             self._blocks[key].scores[i] = s
-            scored.append((s, int(g.response_lengths.sum()), (key, i)))
+            scored.append((s, model_tokens(g), (key, i)))
         continue
       with self._cv:
         action, picked, filler = self._decide(step, version, refill is not None)
@@ -276,7 +286,7 @@ class GroupStream(StreamCuts, StreamWorker):
         sum(not s.keep for s, *_ in scored)
       ),
       dynamic_sampling_rounds=float(1 + self._rounds.get(step, 0)),
-      rollout_tokens=float(taken.batch.response_lengths.sum() + thrown),
+      rollout_tokens=float(model_tokens(taken.batch) + thrown),
       reward_nonfinite=float(sum(s.nonfinite for s, *_ in scored)),
       reward_sampled=float(sum(len(s.rewards) for s, *_ in scored)),
     )
@@ -309,11 +319,12 @@ class GroupStream(StreamCuts, StreamWorker):
   def _take(self, step, version, picked, filler, waited) -> Taken:
     """Marks the chosen groups trained and gathers the step's batch."""
     picked = sorted(picked)
-    rbs, examples, scores, oldest = [], [], [], None
+    rbs, examples, scores, oldest, episodes = [], [], [], None, []
     for key, i in picked + filler:
       block = self._blocks[key]
       block.trained[i] = True
       rbs.append(block.groups[i])
+      episodes.append(block.episodes[i])
       examples.append(block.examples[i])
       scores.append(block.scores[i])
       v = block.started[i]
@@ -355,6 +366,7 @@ class GroupStream(StreamCuts, StreamWorker):
     return Taken(
       RolloutBatch.concat(rbs), examples, valid, rewards, components,
       len(picked), metrics,
+      episodes if self.episodes is not None else None,
     )  # fmt: skip
 
   def _forget_retired(self) -> None:

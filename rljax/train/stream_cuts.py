@@ -14,6 +14,7 @@ from typing import Callable
 
 from rljax.rollout import prompt_feed
 from rljax.rollout.base import RolloutBatch
+from rljax.train import stream_episodes
 from rljax.train import stream_saved
 from rljax.train.stream_pick import Block
 
@@ -97,7 +98,10 @@ class StreamCuts:
       }
       complete = [g for g in block.groups if g is not None]
       n = complete[0].n if complete else self.sampling_for(block.key).n
-      out.append(stream_saved.encode(block, n, places))
+      rb, extra = stream_saved.encode(block, n, places)
+      if self.episodes is not None:  # rewards that no scorer can redo
+        rb, extra = stream_episodes.encode_block(block, rb, extra)
+      out.append((rb, extra))
     return out
 
   def restore(
@@ -120,6 +124,7 @@ class StreamCuts:
         key, examples, [list(x) for x in prompts], int(seed or 0),
         data_state, started, groups, trained, partial=partial,
       )  # fmt: skip
+      stream_episodes.decode_block(block, extra)
       for i, place in places.items():
         item = prompt_feed.StreamPrompt(
           block.prompts[i], i, block.seed, (key, i), partial[i]

@@ -48,11 +48,15 @@ class Block:
   partial: list[prompt_feed.PartialRows | None] = dataclasses.field(
     default_factory=list
   )
+  # A multi-turn task's complete groups: each one's episodes (rows,
+  # rewards, tool counters; `stream_episodes`).
+  episodes: list = dataclasses.field(default_factory=list)
 
   def __post_init__(self):
     p = len(self.prompts)
     self.scores = self.scores or [None] * p
     self.partial = self.partial or [None] * p
+    self.episodes = self.episodes or [None] * p
     if self.expired is None:
       self.expired = np.zeros((p,), bool)
 
@@ -82,6 +86,7 @@ class Taken:
   components: dict[str, np.ndarray] | None  # each [P' * n]
   kept_groups: int
   metrics: dict[str, float]
+  episodes: list | None = None  # a multi-turn task's, one per group
 
 
 def choose(

@@ -102,7 +102,10 @@ class StreamWorker:
           shape = self._blocks[key].prompts
           self._in_run = True
         try:
-          self._run(key, shape)
+          if self.episodes is not None:  # a multi-turn task's requests
+            self._run_episodes(key)
+          else:
+            self._run(key, shape)
         finally:
           with self._cv:
             self._in_run = False

@@ -359,9 +359,12 @@ class ToolTask(tasks_lib.Task):
     engine,
     examples: Sequence[data_lib.Example],
     sampling: SamplingConfig,
+    between_turns=None,
   ) -> MultiTurnRollout:
     """`sampling.n` episodes per example on `engine`; `sampling`'s
-    max_new_tokens is replaced by the task's per-turn cap."""
+    max_new_tokens is replaced by the task's per-turn cap;
+    `between_turns` as `rollout_multiturn` takes it (streaming mode's
+    weight updates between turns, each turn's ids stamped)."""
     for e in examples:
       self.prompt_ids(e)  # the capacity check, with the example named
     return rollout_multiturn(
@@ -372,6 +375,7 @@ class ToolTask(tasks_lib.Task):
       dataclasses.replace(sampling, max_new_tokens=self.turn_tokens),
       self.multiturn_config,
       render_prompt=self.render_ids,
+      between_turns=between_turns,
     )
 
   def score(self, completions, examples, n):

@@ -308,6 +308,40 @@ class TestForcedToolEpisode:
     assert all(len(r) == len(TURN_1) for r in out.batch.response_ids)
     _assert_token_in_token_out(out, recorder, envs, tokenizer, 128)
 
+  def test_between_turns_stamps_each_calls_ids(self, tokenizer, forced):
+    # The hook runs before every engine call and says which weights the
+    # engine holds: from the second call on, "version 1".
+    _, _, sampler = forced
+    calls = []
+
+    def between_turns():
+      calls.append(len(calls))
+      return 0 if len(calls) == 1 else 1
+
+    envs = []
+
+    def make_env():
+      envs.append(ToolEnv([CalculatorTool()], ToolEnvConfig(max_turns=4)))
+      return envs[-1]
+
+    out = rollout_multiturn(
+      sampler, _examples(), make_env, tokenizer, GREEDY, CONFIG,
+      between_turns=between_turns,
+    )  # fmt: skip
+    assert len(calls) == out.metrics["engine_calls"] == 3.0
+    first = len(_ids(tokenizer, TURN_1)[: TURN_1.index(">") + 1])
+    for ids, versions, mask in zip(
+      out.batch.response_ids, out.batch.policy_version, out.batch.action_mask
+    ):
+      assert len(versions) == len(ids)
+      # The first call ended at the opening tag's '>' (a continuation).
+      assert versions[:first].tolist() == [0] * first
+      assert versions[first:].tolist() == [1] * (len(ids) - first)
+      assert mask[:first].all()
+    plain, _, _ = _run(sampler, tokenizer, GREEDY, CONFIG)
+    assert plain.batch.policy_version is None
+    assert plain.batch.response_ids == out.batch.response_ids
+
 
 class TestRandomModel:
   """The tiny random model: random ids, cut by the turn's token cap; the

@@ -181,7 +181,6 @@ class TestConfig:
       _config(
         tmp_path,
         **{
-          "run.pipelined": True,
           "reward.name": "judge",
           "task.max_prompt_tokens": 64,
           "task.max_turn_tokens": 65,
@@ -190,7 +189,6 @@ class TestConfig:
       )
     text = str(err.value)
     for field in (
-      "--run.pipelined=True",
       "--reward.name='judge'",
       "--task.max_prompt_tokens=64",
       "--task.max_turn_tokens=65",
@@ -212,13 +210,13 @@ class TestConfig:
       assert tool_task.make_tool(name).name == name
 
 
-def test_tool_rl_script_refuses_pipelined_before_loading(tmp_path):
+def test_tool_rl_script_refuses_a_bad_reward_before_loading(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
   proc = subprocess.run(
     [
       sys.executable,
       os.path.join(root, "experiments", "tool_rl.py"),
-      "--run.pipelined=true",
+      "--reward.name=judge",
       f"--run.run_dir={tmp_path}",
     ],
     capture_output=True,
@@ -227,7 +225,7 @@ def test_tool_rl_script_refuses_pipelined_before_loading(tmp_path):
     timeout=300,
   )
   assert proc.returncode == 2, proc.stderr[-2000:]
-  assert "--run.pipelined=True; expected False" in proc.stderr
+  assert "--reward.name='judge'; expected 'verifier'" in proc.stderr
   assert "Traceback" not in proc.stderr
 
 

@@ -159,14 +159,6 @@ def _tool_task_checks(cfg: TrainConfig) -> list[Problem]:
   if t.difficulty not in TOOL_LEVELS:
     expected = f"a level of task.name={t.name!r}: one of {tuple(TOOL_LEVELS)}"
     out.append(Problem("task.difficulty", t.difficulty, expected))
-  why = (
-    f"with task.name={t.name!r} (an episode's rewards and tool metrics do "
-    "not travel through the pipelined queue and its checkpoint)"
-  )
-  if cfg.run.pipelined:
-    out.append(Problem("run.pipelined", cfg.run.pipelined, f"False {why}"))
-  elif getattr(cfg.run, "async_mode", "off") != "off":  # pipelined's twin
-    out.append(Problem("run.async_mode", cfg.run.async_mode, f"'off' {why}"))
   if cfg.reward.name != "verifier":
     expected = (
       f"'verifier' with task.name={t.name!r} (the environment scores each "
