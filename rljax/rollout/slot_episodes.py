@@ -200,19 +200,7 @@ def run(
     f = next(
       s for s in slot_plan.prefill_sizes(most_prefill) if s >= len(chosen)
     )
-    lp = plan.prompt_len
-    toks = np.full((f, lp), plan.pad_id, np.int32)
-    mask = np.zeros((f, lp), np.int32)
-    pages = np.full((f, plan.prompt_pages), plan.pool_pages, np.int32)
-    seeds = np.zeros((f,), np.uint32)
-    index = np.zeros((f,), np.int32)
-    for i, p in enumerate(chosen):
-      ids = book.prompts[p].ids
-      toks[i, lp - len(ids) :] = ids
-      mask[i, lp - len(ids) :] = 1
-      pages[i] = book.ptable[book.open_entry(p)]
-      seeds[i] = book.prompts[p].seed & 0xFFFFFFFF
-      index[i] = book.prompts[p].index
+    toks, mask, pages, seeds, index = book.prefill_inputs(chosen, f)
     note_program(("prefill", plan, f))
     pool, tok, logp, key_data = slot_program.prefill(
       config, plan, prefill_params, pool, toks, mask, pages, seeds, index,
@@ -323,13 +311,8 @@ def run(
           "decoding and no prompt prefilled"
         )
       continue
-    live0 = len(book.active)
-    size = slot_program.bucket_for(live0, plan.slots)
-    smaller = [b for b in slot_program.row_buckets(plan.slots) if b < size]
-    exit_live = smaller[-1] if smaller else 0
-    if ready or book.waiting():
-      want = 1 if ready or book.admissible() else refill_at - book.free_slots
-      exit_live = max(exit_live, live0 - max(1, want))
+    size = slot_program.bucket_for(len(book.active), plan.slots)
+    exit_live = book.exit_live(size, refill_at, ready=bool(ready))
     book.reserve(plan.chunk_steps)
     inputs, table = book.bucket_inputs(size)
     note_program(("decode", plan, size))

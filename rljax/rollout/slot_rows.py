@@ -186,6 +186,40 @@ class Book:
       row = self.rows[r]
       self.pages.hold(("row", r), min(row.length - 1 + steps, row.limit, most))
 
+  def prefill_inputs(self, chosen: list[int], size: int) -> tuple:
+    """(tokens, mask, prompt pages, seeds, sample index), each [size, ...]:
+    prompts `chosen` left-padded to the prompt bucket, each given a new
+    entry (`open_entry`); rows past them are padding without pages."""
+    plan = self.plan
+    lp = plan.prompt_len
+    toks = np.full((size, lp), plan.pad_id, np.int32)
+    mask = np.zeros((size, lp), np.int32)
+    pages = np.full((size, plan.prompt_pages), plan.pool_pages, np.int32)
+    # A seed's low 32 bits, as `jax.random.key` reads a Python int.
+    seeds = np.zeros((size,), np.uint32)
+    index = np.zeros((size,), np.int32)
+    for i, p in enumerate(chosen):
+      ids = self.prompts[p].ids
+      toks[i, lp - len(ids) :] = ids
+      mask[i, lp - len(ids) :] = 1
+      pages[i] = self.ptable[self.open_entry(p)]
+      seeds[i] = self.prompts[p].seed & 0xFFFFFFFF
+      index[i] = self.prompts[p].index
+    return toks, mask, pages, seeds, index
+
+  def exit_live(self, size: int, refill_at: int, ready: bool = False) -> int:
+    """The live-row count at which a decode chunk of the active rows in row
+    bucket `size` leaves early: below the next smaller bucket (the batch
+    shrinks); with rows waiting (or `ready` rows to re-enter), as soon as a
+    row ends when one could join at once, else when `refill_at` slots are
+    free."""
+    smaller = [b for b in slot_program.row_buckets(self.plan.slots) if b < size]
+    live = smaller[-1] if smaller else 0
+    if ready or self.waiting():
+      want = 1 if ready or self.admissible() else refill_at - self.free_slots
+      live = max(live, len(self.active) - max(1, want))
+    return live
+
   def bucket_inputs(
     self, size: int
   ) -> tuple[dict[str, np.ndarray], np.ndarray]:

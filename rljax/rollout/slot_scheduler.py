@@ -203,21 +203,8 @@ def run(
     f = next(
       s for s in slot_plan.prefill_sizes(most_prefill) if s >= len(chosen)
     )
-    lp, width = plan.prompt_len, plan.prompt_pages
-    toks = np.full((f, lp), plan.pad_id, np.int32)
-    mask = np.zeros((f, lp), np.int32)
-    pages = np.full((f, width), plan.pool_pages, np.int32)
-    # A seed's low 32 bits, as `jax.random.key` reads a Python int.
-    seeds = np.zeros((f,), np.uint32)
-    index = np.zeros((f,), np.int32)
-    for i, p in enumerate(chosen):
-      ids = book.prompts[p].ids
-      toks[i, lp - len(ids) :] = ids
-      mask[i, lp - len(ids) :] = 1
-      pages[i] = book.ptable[book.open_entry(p)]
-      seeds[i] = book.prompts[p].seed & 0xFFFFFFFF
-      index[i] = book.prompts[p].index
-      prefix_tokens += len(ids)
+    toks, mask, pages, seeds, index = book.prefill_inputs(chosen, f)
+    prefix_tokens += sum(len(book.prompts[p].ids) for p in chosen)
     note_program(("prefill", plan, f))
     pool, tok, logp, key_data = slot_program.prefill(
       config,
@@ -345,15 +332,10 @@ def run(
           "decoding and no prompt prefilled"
         )
       break
-    live0 = len(book.active)
-    size = slot_program.bucket_for(live0, plan.slots)
-    smaller = [b for b in slot_program.row_buckets(plan.slots) if b < size]
-    exit_live = smaller[-1] if smaller else 0
-    if book.waiting():
-      # Leave for a refill: as soon as a row ends when a prefilled row
-      # waits, else when a quarter of the slots are free.
-      want = 1 if book.admissible() else refill_at - book.free_slots
-      exit_live = max(exit_live, live0 - max(1, want))
+    size = slot_program.bucket_for(len(book.active), plan.slots)
+    # Leave for a refill: as soon as a row ends when a prefilled row waits,
+    # else when a quarter of the slots are free (refill_at).
+    exit_live = book.exit_live(size, refill_at)
     if spec is not None:
       pool, state, out_tok, out_logp, steps, live = spec.decode_chunk(
         config, decode_params, pool, book, size,

@@ -124,13 +124,7 @@ class StreamEpisodes:
       for item in items:
         self._queue.remove(item)
         self._polled[item.tag] = item
-    newest = self._newest()
-    if newest is None:
-      raise RuntimeError(
-        f"streaming rollout of step {key[0]}: no weights published yet"
-      )
-    if newest.version != self._running or not self._pushed:
-      self._push_newest(f"of step {key[0]}")
+    self._start_from_newest(key)  # StreamWorker's
     block = self._blocks[key]
     with self._cv:
       for item in items:

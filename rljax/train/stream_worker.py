@@ -137,8 +137,9 @@ class StreamWorker:
       self._queue.extendleft(reversed(lost))
     self._push_newest("after an engine restart")
 
-  def _run(self, key: Key, shape: list) -> None:
-    """One streamed slot run, from the newest published θ."""
+  def _start_from_newest(self, key: Key) -> None:
+    """The engine holds the newest published θ before request `key`'s run
+    (pushed if it does not yet)."""
     newest = self._newest()
     if newest is None:
       raise RuntimeError(
@@ -147,6 +148,10 @@ class StreamWorker:
     if newest.version != self._running or not self._pushed:
       # The JAX engine starts without weights: the first run pushes.
       self._push_newest(f"of step {key[0]}")
+
+  def _run(self, key: Key, shape: list) -> None:
+    """One streamed slot run, from the newest published θ."""
+    self._start_from_newest(key)
 
     def weight_updates():
       item = self._newest()
