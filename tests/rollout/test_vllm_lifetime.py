@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -24,6 +25,7 @@ from rljax.rollout.vllm import guard as vllm_guard
 from rljax.rollout.vllm import process as vllm_process
 from rljax.rollout.vllm.process import LaunchedServer
 from rljax.rollout.vllm_sidecar import (
+  SidecarError,
   VLLMSidecar,
   VLLMSidecarConfig,
 )
@@ -151,9 +153,16 @@ def test_pool_restart_relaunches_only_unhealthy_members():
 STAND_IN = r"""
 import http.server, json, os, signal, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+# STAND_IN_HANG=1: completions after the start-up probe's never answer, and
+# the first SIGTERM only stops the engine child, as vLLM's graceful shutdown
+# then waits for open connections to close; a second SIGTERM ends it.
+hang = os.environ.get("STAND_IN_HANG") == "1"
+terms, completions = [], []
 def stop(*_):
   child.kill()
-  os._exit(0)
+  terms.append(1)
+  if not hang or len(terms) > 1:
+    os._exit(0)
 signal.signal(signal.SIGTERM, stop)
 key = os.environ.get("VLLM_API_KEY")  # the sidecar always sets one
 
@@ -175,6 +184,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
       return self._answer(200, {"data": [{"id": "policy",
                                           "max_model_len": 64}]})
     if self.path == "/v1/completions":
+      completions.append(1)
+      if hang and len(completions) > 1:
+        time.sleep(600)
       return self._answer(200, {"choices": [{
           "index": 0, "token_ids": [1], "finish_reason": "length",
           "logprobs": {"token_logprobs": [0.0]}}]})
@@ -333,6 +345,32 @@ class TestNoEngineOutlivesItsTrainer:
       time.sleep(0.1)
     assert not _running_in_group(first), "the replaced server outlived close()"
     assert not _running_in_group(second)
+
+
+def test_a_rollout_waiting_on_a_server_whose_guard_died_fails_at_once(
+  stand_in, monkeypatch
+):
+  """The guard killed while a request waits: its server gets SIGTERM and,
+  like vLLM's, keeps the connection open while it shuts down. The rollout
+  must fail (SidecarError, which the trainer answers with a restart) within
+  seconds, not wait out the request timeout."""
+  script, ckpt = stand_in
+  _use_stand_in(monkeypatch, script)
+  monkeypatch.setenv("STAND_IN_HANG", "1")
+  sidecar = VLLMSidecar(
+    ckpt, VLLMSidecarConfig(startup_timeout_s=60, request_timeout_s=300)
+  )
+  try:
+    guard = sidecar.pid
+    killer = threading.Timer(1.0, os.kill, (guard, signal.SIGKILL))
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(SidecarError, match="unanswered"):
+      sidecar.generate([[1, 2]], vllm_sidecar.SamplingConfig(max_new_tokens=1))
+    assert time.monotonic() - started < 30
+    killer.join()
+  finally:
+    sidecar.close()
 
 
 class TestLocalSurface:

@@ -36,6 +36,10 @@ from rljax.rollout.vllm.api import parse_completion
 Row = tuple[list[int], np.ndarray, str]  # response ids, behav_logp, reason
 
 
+# How often a waiting rollout checks that its server process still runs.
+_ALIVE_POLL_S = 0.5
+
+
 def _prompt_seed(seed: int, prompt_index: int) -> int:
   # vLLM seeds sample j of a request with seed + j; a 32-bit hash of
   # (seed, prompt index) keeps every (prompt, sample) stream distinct (up to
@@ -263,7 +267,7 @@ class EngineClient:
         pool.submit(self.http.complete, body): i
         for i, body in enumerate(bodies)
       }
-      done = concurrent.futures.as_completed(futures)
+      done = self._completed(futures, action)
       if self.config.show_progress:
         import tqdm  # pylint: disable=g-import-not-at-top
 
@@ -293,6 +297,20 @@ class EngineClient:
     finally:
       pool.shutdown(wait=False, cancel_futures=True)
     return [row for rows in results for row in rows]
+
+  def _completed(self, futures, action: str):
+    """`futures` as they complete, checking between answers that the
+    server still runs (`Server.check_alive`): a dead server's connections
+    may stay open."""
+    pending = set(futures)
+    while pending:
+      done, pending = concurrent.futures.wait(
+        pending,
+        timeout=_ALIVE_POLL_S,
+        return_when=concurrent.futures.FIRST_COMPLETED,
+      )
+      yield from done
+      self.server.check_alive(action, len(pending))
 
   def reload(self, path: str, settle: bool = True) -> None:
     """Reloads the weights of a checkpoint-format dir in place, resets the

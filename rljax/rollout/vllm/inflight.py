@@ -261,6 +261,7 @@ def stream(
         timeout=config.inflight_poll_s,
         return_when=concurrent.futures.FIRST_COMPLETED,
       )
+      client.server.check_alive(action, len(live) - len(done))
       for future in done:
         item, _ = live.pop(future)
         rows = _rows(run, future, item.index, sampling.n, action)

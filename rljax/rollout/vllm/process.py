@@ -167,6 +167,18 @@ class Server:
   def log_tail(self) -> str:
     return ""
 
+  def check_alive(self, action: str, in_flight: int) -> None:
+    """Raises `failure` when a launched server's process is gone while
+    `in_flight` requests wait on it. Its HTTP side may outlive it: a server
+    whose guard was killed gets SIGTERM and then waits, in its graceful
+    shutdown, for the open connections to close, which the waiting
+    requests never do; only the process table tells."""
+    if in_flight and self.exited():
+      raise self.failure(
+        action,
+        f"its process ended with {in_flight} request(s) still unanswered",
+      )
+
   def start(self, connect: Callable[[], None]) -> None:
     """Waits for the server to answer: `connect()` checks it, raising
     `SidecarError`."""
