@@ -238,6 +238,71 @@ def prefill(
   return {"k": tuple(out_k), "v": tuple(out_v)}, tok, logp, key_data
 
 
+def paged_decoder(
+  config,
+  params,
+  pool,
+  tokens,
+  cos,
+  sin,
+  table,
+  write,
+  count,
+  own_len,
+  prefix: attention_lib.Prefix,
+  entry,
+  *,
+  activation_dtype=None,
+  attention: str = "xla",
+):
+  """The decoder on T tokens of each of B rows over the page pool: the one
+  layer loop of a decode step (T = 1) and a verify step (T > 1).
+
+  Row b's T keys and values go to own slots write[b], ..., write[b] +
+  count[b] - 1 (count 0: nothing written); its query t attends to its
+  prefix entry's prompt slots and its own slots u < own_len[b] - (T - 1)
+  + t (`paged_attention`).
+
+  Args:
+    config: the architecture.
+    params: params with `unstack_layers`'d layers.
+    pool: the page pool (`init_pool`).
+    tokens: int32 [B, T]; cos, sin: their RoPE rows [B, T, ...].
+    table: int32 [B, W] the rows' own pages.
+    write, count, own_len, entry: int32 [B].
+    prefix: the entries' prompt pages.
+    activation_dtype: as `decoder.final_hidden_states`.
+    attention: "native" or "xla" (`paged_attention`).
+
+  Returns:
+    (logits f32 [B, T, V], the pool with the new keys and values).
+  """
+  b, t = tokens.shape
+  x = decoder_lib.embed_tokens(params, tokens, activation_dtype)
+  out_k, out_v = [], []
+  for i in range(config.num_layers):
+    layer = params["layers"][i]
+    q, k, v = blocks_lib.qkv(config, layer, x, cos, sin)
+    pool_k, pool_v = kv_pages.write_tokens(
+      pool["k"][i], pool["v"][i], k, v, table, write, count
+    )
+    out_k.append(pool_k)
+    out_v.append(pool_v)
+    out = attention_lib.paged_attention(
+      q, pool_k, pool_v, table, own_len, prefix, entry, impl=attention
+    )
+    x = x + layers_lib.linear(
+      out.reshape(b, t, config.num_heads * config.head_dim).astype(x.dtype),
+      layer["o_proj"],
+    )
+    x = blocks_lib.mlp_block(config, layer, x)
+  hidden = layers_lib.rms_norm(
+    x, params["final_norm"]["scale"], config.rms_norm_eps
+  )
+  logits = decoder_lib.logits_from_hidden(config, params, hidden)
+  return logits, {"k": tuple(out_k), "v": tuple(out_v)}
+
+
 def decode_step(
   config,
   params,
@@ -253,7 +318,8 @@ def decode_step(
   rope_table,
   attention: str = "xla",
 ):
-  """One decode step of B rows over the page pool.
+  """One decode step of B rows over the page pool (`paged_decoder` at
+  T = 1).
 
   Row b feeds tokens[b] at position positions[b]; its key and value go to
   own slot own_len[b] - 1 (own_len 0: an idle row, which writes nowhere
@@ -261,46 +327,21 @@ def decode_step(
   prompt slots and its own slots u < own_len[b].
 
   Args:
-    config: the architecture.
-    params: params with `unstack_layers`'d layers.
-    pool: the page pool (`init_pool`).
     tokens, positions, own_len, entry: int32 [B].
-    table: int32 [B, W] the rows' own pages.
-    prefix: the entries' prompt pages.
-    activation_dtype: as `decoder.final_hidden_states`.
     rope_table: `layers.rope_table` covering every position.
-    attention: "native" or "xla" (`paged_attention`).
+    the rest: as `paged_decoder`.
 
   Returns:
     (logits f32 [B, V], the pool with the new keys and values).
   """
-  b = tokens.shape[0]
-  hd = config.head_dim
   cos, sin = (jnp.take(t, positions[:, None], axis=0) for t in rope_table)
-  x = decoder_lib.embed_tokens(params, tokens[:, None], activation_dtype)
-  write = own_len - 1
   count = (own_len > 0).astype(jnp.int32)
-  out_k, out_v = [], []
-  for i in range(config.num_layers):
-    layer = params["layers"][i]
-    q, k, v = blocks_lib.qkv(config, layer, x, cos, sin)
-    pool_k, pool_v = kv_pages.write_tokens(
-      pool["k"][i], pool["v"][i], k, v, table, write, count
-    )
-    out_k.append(pool_k)
-    out_v.append(pool_v)
-    out = attention_lib.paged_attention(
-      q, pool_k, pool_v, table, own_len, prefix, entry, impl=attention
-    )
-    x = x + layers_lib.linear(
-      out.reshape(b, 1, config.num_heads * hd).astype(x.dtype), layer["o_proj"]
-    )
-    x = blocks_lib.mlp_block(config, layer, x)
-  hidden = layers_lib.rms_norm(
-    x, params["final_norm"]["scale"], config.rms_norm_eps
-  )
-  logits = decoder_lib.logits_from_hidden(config, params, hidden)
-  return logits[:, 0], {"k": tuple(out_k), "v": tuple(out_v)}
+  logits, pool = paged_decoder(
+    config, params, pool, tokens[:, None], cos, sin, table, own_len - 1,
+    count, own_len, prefix, entry, activation_dtype=activation_dtype,
+    attention=attention,
+  )  # fmt: skip
+  return logits[:, 0], pool
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))

@@ -41,10 +41,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rljax.models import blocks as blocks_lib
-from rljax.models import decoder as decoder_lib
 from rljax.models import layers as layers_lib
-from rljax.rollout import kv_pages
 from rljax.rollout import paged_attention as attention_lib
 from rljax.rollout import slot_program
 from rljax.rollout import spec_accept
@@ -85,7 +82,8 @@ def verify_step(
   rope_table,
   attention: str = "xla",
 ):
-  """The decoder on T tokens of each of B rows over the page pool.
+  """The decoder on T tokens of each of B rows over the page pool
+  (`slot_program.paged_decoder`).
 
   Args:
     config: the architecture.
@@ -101,36 +99,15 @@ def verify_step(
   Returns:
     (logits f32 [B, T, V], the pool with the new keys and values).
   """
-  b, t = tokens.shape
-  hd = config.head_dim
+  t = tokens.shape[1]
   positions = jnp.minimum(positions, rope_table[0].shape[0] - 1)
   cos, sin = (jnp.take(c, positions, axis=0) for c in rope_table)
-  x = decoder_lib.embed_tokens(params, tokens, activation_dtype)
-  start = length - 1
-  count = jnp.where(live, t, 0).astype(jnp.int32)
-  own_len = jnp.where(live, length + t - 1, 0)
-  entry = jnp.where(live, entry, -1)
-  out_k, out_v = [], []
-  for i in range(config.num_layers):
-    layer = params["layers"][i]
-    q, k, v = blocks_lib.qkv(config, layer, x, cos, sin)
-    pool_k, pool_v = kv_pages.write_tokens(
-      pool["k"][i], pool["v"][i], k, v, table, start, count
-    )
-    out_k.append(pool_k)
-    out_v.append(pool_v)
-    out = attention_lib.paged_attention(
-      q, pool_k, pool_v, table, own_len, prefix, entry, impl=attention
-    )
-    x = x + layers_lib.linear(
-      out.reshape(b, t, config.num_heads * hd).astype(x.dtype), layer["o_proj"]
-    )
-    x = blocks_lib.mlp_block(config, layer, x)
-  hidden = layers_lib.rms_norm(
-    x, params["final_norm"]["scale"], config.rms_norm_eps
-  )
-  logits = decoder_lib.logits_from_hidden(config, params, hidden)
-  return logits, {"k": tuple(out_k), "v": tuple(out_v)}
+  return slot_program.paged_decoder(
+    config, params, pool, tokens, cos, sin, table, length - 1,
+    jnp.where(live, t, 0).astype(jnp.int32),
+    jnp.where(live, length + t - 1, 0), prefix, jnp.where(live, entry, -1),
+    activation_dtype=activation_dtype, attention=attention,
+  )  # fmt: skip
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
