@@ -131,8 +131,12 @@ class SamplerRuns:
     plan = self._slot_plan(
       prompts, dataclasses.replace(sampling, max_new_tokens=budget)
     )
+    # Powers of two, as the row buckets: the plan keys every program, so
+    # exact counts would compile a new set for each batch size.
     plan = dataclasses.replace(
-      plan, held_rows=rows, entries=max(plan.entries, len(prompts))
+      plan,
+      held_rows=request_plan.next_power_of_two(rows),
+      entries=max(plan.entries, request_plan.next_power_of_two(len(prompts))),
     )
     stats = slot_episodes.run(
       self.rollout_config,

@@ -200,6 +200,16 @@ def test_a_slow_tool_does_not_stall_the_other_rows(engine):
   assert out.metrics["engine/appends"] >= 2
 
 
+def test_row_counts_of_one_bucket_share_their_programs(engine):
+  """The pool an episode run holds is sized by a power of two of its rows
+  and prompts (`SlotPlan.held_rows`, `entries`), so a run of 6 rows and
+  one of 8 run the same programs: the second compiles nothing."""
+  _rollout(engine, ENDING[:3], Answers, kv_reuse=True)
+  before = engine.num_compiles
+  _rollout(engine, ENDING, Answers, kv_reuse=True)
+  assert engine.num_compiles == before
+
+
 def test_kv_reuse_needs_an_engine_that_keeps_episode_kv(engine):
   static = JaxSampler(_CONFIG, engine.params, max_prompt_len=64)
   with pytest.raises(ValueError, match="kv_reuse=True"):
