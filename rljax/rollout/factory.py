@@ -33,6 +33,7 @@ def make_engine(
   inflight_kv: str = "keep",
   kv_page_size: int = 0,
   speculative: str = "off",
+  chunk_steps: int = 32,
 ):
   """The rollout engine `engine` for a model.
 
@@ -65,6 +66,8 @@ def make_engine(
       or "suffix", `spec_control`); its earlier responses per prompt are
       logged to <run_dir>/spec_drafts.jsonl, so a resumed run drafts from
       what the run had seen.
+    chunk_steps: the continuous JAX sampler's most decode steps between
+      two scheduling points (where a streaming run takes new weights).
   """
   if engine == "jax":
     from rljax.rollout import spec_control  # pylint: disable=g-import-not-at-top
@@ -90,6 +93,7 @@ def make_engine(
       inflight_kv=inflight_kv,
       kv_page_size=kv_page_size,
       speculative=spec or "off",
+      chunk_steps=chunk_steps,
       draft_store=store,
     )
   if engine == "vllm":

@@ -105,6 +105,7 @@ class Actor:
       inflight_kv=cfg.rollout.inflight_kv,
       kv_page_size=cfg.rollout.kv_page_size,
       speculative=cfg.rollout.speculative,
+      chunk_steps=cfg.rollout.chunk_steps,
     )
     if (
       cfg.run.async_mode == "streaming"

@@ -315,6 +315,7 @@ def _reward_checks(cfg: TrainConfig) -> list[Problem]:
 
 
 _QUANTIZED = ("int8", "int8_wo", "fp8")
+_DEFAULT_CHUNK_STEPS = sections.RolloutConfig.chunk_steps
 
 
 def _silent_no_op_checks(cfg: TrainConfig) -> list[Problem]:
@@ -345,6 +346,13 @@ def _silent_no_op_checks(cfg: TrainConfig) -> list[Problem]:
       "engine's slot KV; add --rollout.batching=continuous)"
     )
     out.append(Problem("rollout.kv_page_size", r.kv_page_size, expected))
+  if r.chunk_steps != _DEFAULT_CHUNK_STEPS and r.batching != "continuous":
+    expected = (
+      f"{_DEFAULT_CHUNK_STEPS} (the default) with rollout.batching="
+      f"{r.batching!r} (chunks are the continuous engine's; add "
+      "--rollout.batching=continuous)"
+    )
+    out.append(Problem("rollout.chunk_steps", r.chunk_steps, expected))
   if r.speculative != "off" and (
     r.engine != "jax" or r.batching != "continuous"
   ):

@@ -107,6 +107,7 @@ FIELD_RULES: dict[str, v.Rule] = {
   "rollout.batching": v.one_of("static", "continuous"),
   "rollout.inflight_kv": v.one_of("keep", "recompute"),
   "rollout.kv_page_size": v.at_least(0),
+  "rollout.chunk_steps": v.at_least(1),
   "rollout.speculative": v.one_of("off", "suffix"),
   "loss.surrogate": v.one_of(*objectives.SURROGATES),
   "loss.correction": v.one_of(*objectives.CORRECTIONS),

@@ -160,6 +160,11 @@ FIELD_HELP: dict[str, str] = {
     "every prompt's and row's keys and values (0: the default, 16); at "
     "most task.max_prompt_tokens + rollout.max_new_tokens."
   ),
+  "rollout.chunk_steps": (
+    "batching=continuous: most decode steps between two scheduling points "
+    "(finished rows leave, waiting prompts join, a streaming run takes new "
+    "weights); shorter chunks let updates land inside shorter responses."
+  ),
   "rollout.speculative": (
     "batching=continuous: off, or suffix (speculative decoding: drafts "
     "from suffix matches over the row's own text, its group's and earlier "

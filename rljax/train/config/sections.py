@@ -154,6 +154,11 @@ class RolloutConfig:
   # batching=continuous: token slots a page of the KV pool (every prompt's
   # and row's keys and values, rljax/rollout/kv_pages.py); 0: the default.
   kv_page_size: int = 0
+  # batching=continuous: most decode steps between two scheduling points,
+  # where finished rows leave, waiting prompts join and a streaming run
+  # takes new weights. Shorter chunks let a weight update land inside
+  # shorter responses, at one host round trip per chunk.
+  chunk_steps: int = 32
   # batching=continuous: "suffix" verifies drafts from suffix matches over
   # the row, its siblings and earlier responses to the prompt where that
   # pays (rljax/rollout/spec_control.py); samples are plain decoding's.
