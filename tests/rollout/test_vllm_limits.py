@@ -5,6 +5,7 @@ import pytest
 
 from rljax.rollout import base
 from rljax.rollout.vllm import client as vllm_client
+from rljax.rollout.vllm import process as vllm_process
 from rljax.rollout.vllm_sidecar import VLLMSidecarConfig
 
 
@@ -52,6 +53,7 @@ class TestPromptLimits:
     client = vllm_client.EngineClient.__new__(vllm_client.EngineClient)
     client.config = VLLMSidecarConfig(fresh_prefix_cache=False)
     client.http = Http()
+    client.server = vllm_process.Server("http://127.0.0.1:1")  # attached
     rows = client.generate_rows([[1, 2], [3]], self.SAMPLING, 0, [3, 8])
     assert len(rows) == 4
     assert sorted(b["max_tokens"] for b in bodies) == [3, 8]
