@@ -56,37 +56,16 @@ OBSERVATION = "\n<output>\n42\n</output>\n"
 TOY_STOPS = (5, 30, 92, 110, 111)
 
 
-class ToyIds:
-  """The toy model's tokenizer: an id's text is its decimal number."""
-
-  eos_token_id = pad_token_id = 0
-
-  def encode(self, text, add_special_tokens=False):
-    del add_special_tokens
-    return [int(x) for x in text.split()]
-
-  def decode(self, ids, **kwargs):
-    del kwargs
-    return " ".join(str(int(i)) for i in ids)
-
-  def __len__(self):
-    return 128
-
-
 def _toy():
   """(config, params, tokenizer) of the toy model."""
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from rljax import models  # pylint: disable=g-import-not-at-top
+  from rljax.models import toy  # pylint: disable=g-import-not-at-top
 
   config = models.tiny_config(vocab_size=128)
-  p = models.init_params(config, jax.random.key(0))
-  p = jax.tree_util.tree_map(lambda x: x * 10.0, p)
-  for norm in ("attn_norm", "mlp_norm"):
-    p["layers"][norm]["scale"] = jnp.ones_like(p["layers"][norm]["scale"])
-  p["final_norm"]["scale"] = jnp.ones_like(p["final_norm"]["scale"])
-  return config, p, ToyIds()
+  params = toy.sharp_params(config, jax.random.key(0))
+  return config, params, toy.DecimalTokenizer(config.vocab_size)
 
 
 class StandIn:

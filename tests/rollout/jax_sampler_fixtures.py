@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rljax import models
+from rljax.models import toy
 from rljax.rollout import base
 from rljax.rollout.jax_sampler import JaxSampler
 
@@ -29,16 +30,7 @@ def tiny():
   attention matter.
   """
   config = _TINY_CONFIG
-  params = models.init_params(config, jax.random.key(0))
-  params = jax.tree_util.tree_map(lambda x: x * 10.0, params)
-  params["final_norm"]["scale"] = jnp.ones_like(params["final_norm"]["scale"])
-  params["layers"]["attn_norm"]["scale"] = jnp.ones_like(
-    params["layers"]["attn_norm"]["scale"]
-  )
-  params["layers"]["mlp_norm"]["scale"] = jnp.ones_like(
-    params["layers"]["mlp_norm"]["scale"]
-  )
-  return config, params
+  return config, toy.sharp_params(config, jax.random.key(0))
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rljax import models
+from rljax.models import toy
 from rljax.models import decoder as decoder_lib
 from rljax.models import layers as layers_lib
 from rljax.rollout import base
@@ -29,12 +30,7 @@ PROMPTS = [[5, 17, 3], [9], [4, 8, 15, 16, 23, 42, 7], [11, 12], [1, 2, 3], [6]]
 def params():
   """Sharp next-token distributions (no near-ties for float noise to flip),
   as tests/rollout/test_jax_sampler.py's tiny model."""
-  p = models.init_params(_CONFIG, jax.random.key(0))
-  p = jax.tree_util.tree_map(lambda x: x * 10.0, p)
-  for norm in ("attn_norm", "mlp_norm"):
-    p["layers"][norm]["scale"] = jnp.ones_like(p["layers"][norm]["scale"])
-  p["final_norm"]["scale"] = jnp.ones_like(p["final_norm"]["scale"])
-  return p
+  return toy.sharp_params(_CONFIG, jax.random.key(0))
 
 
 def _pair(params, **kw):

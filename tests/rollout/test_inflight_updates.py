@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rljax import models
+from rljax.models import toy
 from rljax import quant as quant_lib
 from rljax.rollout import base
 from rljax.rollout.jax_sampler import JaxSampler
@@ -28,12 +29,7 @@ GREEDY = base.SamplingConfig(n=1, greedy=True, max_new_tokens=24)
 def _sharp(seed):
   """Sharp next-token distributions (no near-ties for float noise to flip),
   as the other rollout tests' tiny model."""
-  p = models.init_params(_CONFIG, jax.random.key(seed))
-  p = jax.tree_util.tree_map(lambda x: x * 10.0, p)
-  for norm in ("attn_norm", "mlp_norm"):
-    p["layers"][norm]["scale"] = jnp.ones_like(p["layers"][norm]["scale"])
-  p["final_norm"]["scale"] = jnp.ones_like(p["final_norm"]["scale"])
-  return p
+  return toy.sharp_params(_CONFIG, jax.random.key(seed))
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from rljax import models
+from rljax.models import toy
 from rljax.data.records import Example
 from rljax.envs import CalculatorTool, ToolEnv, ToolEnvConfig
 from rljax.envs.base import StepResult
@@ -49,34 +50,14 @@ INFO = {"tool_calls": 0, "malformed_calls": 0, "tool_errors": {}}
 @pytest.fixture(scope="module")
 def engine():
   """One continuous engine for the module (its programs compile once)."""
-  p = models.init_params(_CONFIG, jax.random.key(0))
-  p = jax.tree_util.tree_map(lambda x: x * 10.0, p)
-  for norm in ("attn_norm", "mlp_norm"):
-    p["layers"][norm]["scale"] = jnp.ones_like(p["layers"][norm]["scale"])
-  p["final_norm"]["scale"] = jnp.ones_like(p["final_norm"]["scale"])
   return JaxSampler(
     _CONFIG,
-    p,
+    toy.sharp_params(_CONFIG, jax.random.key(0)),
     max_prompt_len=64,
     batching="continuous",
     decode_slots=4,
     chunk_steps=8,
   )
-
-
-class Ids:
-  """A toy tokenizer: the text of ids is their decimal numbers."""
-
-  def encode(self, text, add_special_tokens=False):
-    del add_special_tokens
-    return [int(x) for x in text.split()]
-
-  def decode(self, ids, **kwargs):
-    del kwargs
-    return " ".join(str(int(i)) for i in ids)
-
-  def __len__(self):
-    return _CONFIG.vocab_size
 
 
 class Answers:
@@ -122,7 +103,7 @@ def _rollout(engine, prompts, make_env, kv_reuse, **config):
     engine,
     _examples(prompts),
     make_env,
-    Ids(),
+    toy.DecimalTokenizer(_CONFIG.vocab_size),
     GREEDY,
     MultiTurnConfig(max_response_tokens=BUDGET, **config),
     kv_reuse=kv_reuse,
