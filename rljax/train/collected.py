@@ -41,20 +41,41 @@ def refuse_all_nonfinite(step: int, cfg, sampled: float, nonfinite: float):
 # Counts of `rollout_multiturn`'s driver summed over a step's rounds (its
 # token means and reward are the batch's own metrics already).
 _DRIVER_SUMS = ("engine_calls", "continuations")
+# Counts of a kept-KV episode run (`slot_episodes`, `engine/<count>` in the
+# episodes' metrics), summed over a step's rounds as kv_episode_<count>.
+_KEPT_KV_SUMS = (
+  "prefills",
+  "appends",
+  "appended_tokens",
+  "decode_steps",
+  "slot_steps",
+  "live_row_steps",
+)
 
 
 def episode_metrics(episodes: list) -> dict[str, float]:
   """The tool metrics of a step's episodes (every round's
   `MultiTurnRollout`): `rljax.envs.summarize` of their infos (tool_call_rate,
   malformed_call_rate, turns_mean, tool_calls_mean, tool_error/<kind>, ...),
-  the driver's engine calls and continuations, and the share of episodes
-  the driver cut (`episode_truncated_rate`)."""
+  the driver's engine calls and continuations, the share of episodes the
+  driver cut (`episode_truncated_rate`), and a kept-KV run's counts
+  (`kv_episode_*`: prefills, appended observation ids, decode steps, the
+  decode batches' occupancy)."""
   infos = [i for e in episodes for i in e.infos]
   out = summarize(infos)
   for key in _DRIVER_SUMS:
     out[key] = float(sum(e.metrics.get(key, 0.0) for e in episodes))
   cut = [r == "length" for e in episodes for r in e.batch.finish_reason]
   out["episode_truncated_rate"] = float(np.mean(cut)) if cut else 0.0
+  kept = [e.metrics for e in episodes if "engine/slot_steps" in e.metrics]
+  if kept:
+    for key in _KEPT_KV_SUMS:
+      total = sum(m.get(f"engine/{key}", 0.0) for m in kept)
+      out[f"kv_episode_{key}"] = float(total)
+    # Live rows per slot-step: what the run's decode batches held.
+    out["kv_episode_occupancy"] = out["kv_episode_live_row_steps"] / max(
+      1.0, out["kv_episode_slot_steps"]
+    )
   return out
 
 

@@ -22,6 +22,7 @@ PREFIX = "episode/"
 _COUNTERS = ("turns", "tool_calls", "malformed_calls")
 _DRIVER = ("engine_calls", "continuations")
 _ERROR = "tool_error_"
+_ENGINE = "engine/"
 
 
 def encode(episodes: MultiTurnRollout, prefix: str = PREFIX) -> dict:
@@ -29,6 +30,9 @@ def encode(episodes: MultiTurnRollout, prefix: str = PREFIX) -> dict:
   out = {f"{prefix}rows": float(len(episodes.rewards))}
   for key in _DRIVER:
     out[f"{prefix}{key}"] = float(episodes.metrics.get(key, 0.0))
+  for key, value in episodes.metrics.items():
+    if key.startswith(_ENGINE):  # a kept-KV run's counts
+      out[f"{prefix}{key}"] = float(value)
   for r, (reward, info) in enumerate(zip(episodes.rewards, episodes.infos)):
     out[f"{prefix}reward_{r}"] = float(reward)
     for key in _COUNTERS:
@@ -67,6 +71,10 @@ def decode(
     [extra[f"{prefix}reward_{r}"] for r in range(rows)], np.float32
   )
   metrics = {key: float(extra.get(f"{prefix}{key}", 0.0)) for key in _DRIVER}
+  head = f"{prefix}{_ENGINE}"
+  for key, value in extra.items():
+    if key.startswith(head):
+      metrics[key[len(prefix) :]] = float(value)
   return MultiTurnRollout(batch, rewards, infos, metrics)
 
 

@@ -286,6 +286,7 @@ class ToolTask(tasks_lib.Task):
     prompts_filtered_long: int = 0,
     tool_choice: str = "auto",
     remote: envs.RemoteEnvFactory | None = None,
+    kv_reuse: bool = False,
   ):
     # The chat template around the environment's first observation (and
     # the tools, where a chat format's template lists them).
@@ -315,6 +316,7 @@ class ToolTask(tasks_lib.Task):
     )
     self.turn_tokens = turn_tokens
     self.tool_choice = tool_choice
+    self.kv_reuse = kv_reuse
     # An environment server's episodes replace the in-process environment.
     self.remote = remote
     # The prompt ends with a call's opening where the first call is forced.
@@ -375,6 +377,7 @@ class ToolTask(tasks_lib.Task):
       dataclasses.replace(sampling, max_new_tokens=self.turn_tokens),
       self.multiturn_config,
       render_prompt=self.render_ids,
+      kv_reuse=self.kv_reuse,
       between_turns=between_turns,
     )
 
@@ -470,6 +473,7 @@ def build_tool_task(cfg, tokenizer) -> ToolTask:
       prompts_filtered_long=dropped,
       tool_choice=t.tool_choice,
       remote=remote,
+      kv_reuse=t.tool_kv_reuse,
     )
 
   probe = make(train, held_out)  # renders first prompts for the filter

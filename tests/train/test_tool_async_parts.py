@@ -68,7 +68,12 @@ class FakeTask:
       {"turns": 2, "tool_calls": 1, "malformed_calls": 0, "tool_errors": {}}
     ] * rows
     rewards = np.array([j % 2 for j in range(rows)], np.float32)
-    return MultiTurnRollout(batch, rewards, infos, {"engine_calls": 2.0})
+    # A kept-KV run's counts ride along (`slot_episodes`).
+    kept = {"engine/prefills": 2.0, "engine/appended_tokens": 3.0}
+    kept.update({"engine/slot_steps": 10.0, "engine/live_row_steps": 5.0})
+    return MultiTurnRollout(
+      batch, rewards, infos, {"engine_calls": 2.0, **kept}
+    )
 
 
 class FakeActor:
@@ -115,6 +120,9 @@ def test_one_step_episodes_travel_through_the_queue():
   m = got.metrics
   assert m["tool_call_rate"] == 1.0 and m["turns_mean"] == 2.0
   assert m["episodes"] == 4.0 and m["engine_calls"] == 2.0
+  assert m["kv_episode_prefills"] == 2.0
+  assert m["kv_episode_appended_tokens"] == 3.0
+  assert m["kv_episode_occupancy"] == 0.5
   assert m["rollout_staleness"] == 0.0
   assert m["rollout_tokens"] == 4 * 2  # model ids, not the observation's
   assert not any(k.startswith("episode/") for k in m)

@@ -156,6 +156,30 @@ def test_jax_engine_trains_on_tool_episodes(tmp_path, monkeypatch):
   assert rows[0]["engine_calls"] >= 2.0  # one call per turn at least
 
 
+def test_kept_kv_episodes_train_in_one_engine_run_per_rollout(
+  tmp_path, monkeypatch
+):
+  """--task.tool_kv_reuse: each step's episodes run in one run of the
+  continuous engine (`multiturn_kv`), their KV kept across turns, and
+  train exactly as the per-turn calls do (the same checks)."""
+  cfg = _config(
+    tmp_path,
+    **{
+      "task.tool_kv_reuse": True,
+      "rollout.batching": "continuous",
+      "run.eval_every": 0,
+    },
+  )
+  rows, collected, batches = _train(cfg, monkeypatch)
+  _check_steps(rows, collected, batches)
+  for row in rows:
+    assert row["engine_calls"] == 1.0
+    # Each prompt prefilled once at most; the observations appended.
+    assert 1.0 <= row["kv_episode_prefills"] <= 2.0
+    assert row["kv_episode_appended_tokens"] > 0
+    assert 0.0 < row["kv_episode_occupancy"] <= 1.0
+
+
 def test_dynamic_sampling_refills_with_episodes(tmp_path, monkeypatch):
   # Every reward is 0: no group has a signal, so each step samples
   # 1 + max_resample_rounds rounds of episodes and trains on filler.
@@ -195,6 +219,32 @@ class TestConfig:
       "--task.difficulty='steps=2'",
     ):
       assert field in text, text
+
+  @pytest.mark.parametrize(
+    "overrides,why",
+    [
+      ({}, "rollout.batching='continuous'"),
+      (
+        {
+          "rollout.batching": "continuous",
+          "run.async_mode": "streaming",
+        },
+        "other than 'streaming'",
+      ),
+    ],
+  )
+  def test_kept_kv_is_refused_where_it_cannot_run(
+    self, tmp_path, overrides, why
+  ):
+    with pytest.raises(ConfigError, match=r"--task.tool_kv_reuse=True") as e:
+      _config(tmp_path, **{"task.tool_kv_reuse": True, **overrides})
+    assert why in str(e.value)
+
+  def test_kept_kv_is_refused_without_tools(self, tmp_path):
+    with pytest.raises(ConfigError, match=r"--task.tool_kv_reuse=True"):
+      _config(
+        tmp_path, **{"task.tool_kv_reuse": True, "task.name": "arithmetic"}
+      )
 
   def test_bad_tool_and_format_are_named(self, tmp_path):
     with pytest.raises(ConfigError, match=r"--task.tool='abacus'"):

@@ -178,7 +178,31 @@ def _tool_task_checks(cfg: TrainConfig) -> list[Problem]:
     out.append(Problem("task.max_turn_tokens", t.max_turn_tokens, expected))
   if t.env_url:
     out += _remote_env_checks(cfg)
+  if t.tool_kv_reuse:
+    out += _kv_reuse_checks(cfg)
   return out
+
+
+def _kv_reuse_checks(cfg: TrainConfig) -> list[Problem]:
+  """Kept-KV episodes run in the continuous JAX engine, take no weights
+  between turns, and step in-process environments only."""
+  r, why = cfg.rollout, []
+  if r.engine != "jax" or r.batching != "continuous":
+    why.append(
+      f"rollout.engine='jax' and rollout.batching='continuous' (not "
+      f"{r.engine!r}, {r.batching!r}): the pages that keep an episode's KV "
+      "are the continuous JAX engine's"
+    )
+  if cfg.run.async_mode == "streaming":
+    why.append(
+      "run.async_mode other than 'streaming': a streaming worker takes new "
+      "weights between turns, and a kept-KV run takes none"
+    )
+  if cfg.task.env_url:
+    why.append("task.env_url='': kept-KV episodes step in-process tools")
+  if not why:
+    return []
+  return [Problem("task.tool_kv_reuse", True, "; ".join(why))]
 
 
 # What the environment server decides when task.env_url names one.
@@ -227,6 +251,7 @@ _TOOL_FIELDS = (
   "max_calls_per_turn",
   "max_turn_tokens",
   "env_url",
+  "tool_kv_reuse",
 )
 
 

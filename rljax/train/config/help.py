@@ -106,6 +106,12 @@ FIELD_HELP: dict[str, str] = {
     "Tool tasks: ids of one model turn; 0 = rollout.max_new_tokens, which "
     "bounds the whole trajectory (model and tool ids)."
   ),
+  "task.tool_kv_reuse": (
+    "Tool tasks: keep each episode's KV across its turns in one run of "
+    "the continuous JAX engine, tools running off the decode batch, "
+    "instead of one engine call per turn that prefills the history again. "
+    "Sampled episodes draw other random streams than the per-turn calls."
+  ),
   # reward
   "reward.name": (
     "The training reward: the task's verifier, a Bradley-Terry reward "

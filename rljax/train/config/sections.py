@@ -98,6 +98,10 @@ class TaskConfig:
   max_turns: int = 4  # model turns per episode
   max_calls_per_turn: int = 2  # tool calls run per turn (concurrently)
   max_turn_tokens: int = 0  # ids of one model turn; 0 = rollout.max_new_tokens
+  # Each episode's KV kept across its turns in one run of the continuous
+  # JAX engine, tools run off the decode batch (rljax/rollout/multiturn_kv.py)
+  # instead of one engine call per turn that prefills the history again.
+  tool_kv_reuse: bool = False
   # The python tool's sandbox: "strong", or the weaker mode only by name
   # (never chosen for the run; docs/sandbox.md).
   python_sandbox: str = "strong"  # strong|unsafe_rlimits_only
