@@ -18,7 +18,8 @@ RUNS=docs/qurl/runs
 # the instrument directory (under QURL_RUNS) its runs start from.
 NEW_PARTS="q9_acr_long_a:inst_add3 q9_acr_long_b:inst_add3 \
 q9_acr_long_calibration:inst_add3 q10_uaq_table4_a:inst_medium \
-q10_uaq_table4_b:inst_medium q11_streaming_probe:inst_medium"
+q10_uaq_table4_b:inst_medium q11_streaming_probe:inst_medium \
+q12_streaming_chunk_probe:inst_medium"
 if [ -n "$QURL_RUNS" ]; then
   for entry in $NEW_PARTS; do
     part=${entry%%:*}
@@ -81,6 +82,7 @@ STUDIES=(
   $(study q9_acr_long q9_acr_long_a q9_acr_long_b)
   $(study q10_uaq_table4 q10_uaq_table4_a q10_uaq_table4_b)
   $(study q11_streaming_probe q11_streaming_probe)
+  $(study q12_streaming_chunk_probe q12_streaming_chunk_probe)
 )
 REPLAYS=$(ls docs/qurl/replay/*/replay.json 2> /dev/null | paste -sd, -)
 python3 experiments/qurl_report.py \

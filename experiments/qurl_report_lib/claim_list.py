@@ -510,4 +510,7 @@ REGISTERED = {
   "rule that fixes Q9's C",
   "q11_streaming_probe": "1 seed × 20 steps × 4 lags (fp32 streaming, TIS): "
   "does any response span a weight swap? No verdicts",
+  "q12_streaming_chunk_probe": "1 seed × 20 steps × 2 lags (fp32 streaming, "
+  "TIS, new weights between every decode step): does any response span a "
+  "weight swap now? No verdicts",
 }
