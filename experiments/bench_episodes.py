@@ -14,7 +14,11 @@ threads), up to --max_turns turns and --budget ids. Arms, each warmed once
   per turn     `rollout_multiturn` as before: one engine call per turn,
                every row's history prefilled again (--per_turn);
   single turn  one `generate` of the same prompts, each row forced (no stop
-               id) to its episode's total length (model + tool ids).
+               id) to its episode's total length (model + tool ids);
+  vLLM         with --vllm: the per-turn driver on a vLLM sidecar serving
+               a bf16 export of the same model, its prefix cache kept
+               across calls (each turn prefills only the ids after the
+               cached prefix), the same prompts and stand-in tool.
 
 Useful ids/s counts every id of a row after its prompt (model and tool
 ids: both are what a row holds); the ratio kept KV / single turn is the
@@ -51,6 +55,12 @@ _BUDGET = flags.DEFINE_integer("budget", 160, "Ids after the prompt.")
 _SLOTS = flags.DEFINE_integer("slots", 16, "Decode slots.")
 _SLEEP = flags.DEFINE_float("tool_sleep", 0.0, "Seconds a tool call takes.")
 _PER_TURN = flags.DEFINE_bool("per_turn", False, "Also the per-turn driver.")
+_VLLM = flags.DEFINE_bool(
+  "vllm",
+  False,
+  "Also the per-turn driver on a vLLM sidecar (bf16 export, prefix cache "
+  "kept across turns); not with --model=toy.",
+)
 
 OBSERVATION = "\n<output>\n42\n</output>\n"
 TOY_STOPS = (5, 30, 92, 110, 111)
@@ -110,6 +120,11 @@ def main(argv):
   from rljax.rollout.multiturn import MultiTurnConfig, rollout_multiturn  # pylint: disable=g-import-not-at-top
 
   toy = _MODEL.value == "toy"
+  if toy and _VLLM.value:
+    raise app.UsageError(
+      "--vllm with --model=toy; expected a real model (vLLM serves an HF "
+      "export, and the toy model's tokenizer is not one)"
+    )
   if toy:
     config, params, tok = _toy()
   else:
@@ -143,9 +158,9 @@ def main(argv):
   )
   config = MultiTurnConfig(max_response_tokens=_BUDGET.value)
 
-  def episodes(kv_reuse):
+  def episodes(kv_reuse, on=engine):
     return rollout_multiturn(
-      engine,
+      on,
       examples,
       StandIn,
       tok,
@@ -162,10 +177,11 @@ def main(argv):
   arms = [("kept_kv", True)] + (
     [("per_turn", False)] if _PER_TURN.value else []
   )
-  for name, kv in arms:
-    episodes(kv)  # compiles
+
+  def timed(name, kv, on=engine):
+    episodes(kv, on)  # compiles (vLLM: fills the prefix cache, as RL would)
     t0 = time.perf_counter()
-    got = episodes(kv)
+    got = episodes(kv, on)
     seconds = time.perf_counter() - t0
     ids = sum(len(r) for r in got.batch.response_ids)
     model_ids = int(sum(int(np.sum(m)) for m in got.batch.action_mask))
@@ -178,6 +194,10 @@ def main(argv):
       "engine_calls": got.metrics["engine_calls"],
     }
     print(json.dumps({name: out[name]}), flush=True)  # kept if cut short
+    return got
+
+  for name, kv in arms:
+    got = timed(name, kv)
     if kv:
       lengths = [max(1, len(r)) for r in got.batch.response_ids]
       prompts = got.batch.prompt_ids
@@ -198,8 +218,33 @@ def main(argv):
     out["kept_kv"]["ids_per_s"] / out["single_turn"]["ids_per_s"]
   )
   out["lengths"] = {"mean": float(np.mean(lengths)), "max": max(lengths)}
+  if _VLLM.value:
+    _vllm_arm(config, params, tok, timed)
+    out["vllm_over_single"] = (
+      out["vllm_per_turn"]["ids_per_s"] / out["single_turn"]["ids_per_s"]
+    )
   out["load_1m_after"] = os.getloadavg()[0]
   print(json.dumps(out))
+
+
+def _vllm_arm(config, params, tok, timed) -> None:
+  """The per-turn driver on a vLLM sidecar serving a bf16 export of the
+  policy, its prefix cache kept across calls (`timed` as the JAX arms)."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  from rljax import models  # pylint: disable=g-import-not-at-top
+  from rljax.rollout import vllm_sidecar  # pylint: disable=g-import-not-at-top
+
+  with tempfile.TemporaryDirectory(prefix="bench_episodes_") as work:
+    ckpt = os.path.join(work, "vllm-bf16")
+    models.save_hf(config, params, ckpt, tok, dtype="bfloat16")
+    settings = vllm_sidecar.VLLMSidecarConfig(
+      max_model_len=512 + _BUDGET.value,
+      fresh_prefix_cache=False,
+      max_concurrent_requests=_ROWS.value,
+    )
+    with vllm_sidecar.VLLMSidecar(ckpt, settings, model_config=config) as eng:
+      timed("vllm_per_turn", False, eng)
 
 
 if __name__ == "__main__":
