@@ -28,6 +28,7 @@ with the machine (`machine.machine_info`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -156,16 +157,22 @@ def main(argv):
     max_new_tokens=_TURN.value,
     stop_token_ids=TOY_STOPS if toy else (int(tok.eos_token_id),),
   )
-  config = MultiTurnConfig(max_response_tokens=_BUDGET.value)
+  limits = MultiTurnConfig(max_response_tokens=_BUDGET.value)
 
-  def episodes(kv_reuse, on=engine):
+  def episodes(kv_reuse, on=engine, one_per_row=False):
+    # vLLM refuses greedy n > 1: each prompt n times at n = 1 gives the
+    # same greedy rows.
+    rows, per = examples, sampling
+    if one_per_row:
+      rows = [e for e in examples for _ in range(n)]
+      per = dataclasses.replace(sampling, n=1)
     return rollout_multiturn(
       on,
-      examples,
+      rows,
       StandIn,
       tok,
-      sampling,
-      config,
+      per,
+      limits,
       render_prompt=None
       if toy
       else lambda text: tok.encode(render(text), add_special_tokens=False),
@@ -178,10 +185,11 @@ def main(argv):
     [("per_turn", False)] if _PER_TURN.value else []
   )
 
-  def timed(name, kv, on=engine):
-    episodes(kv, on)  # compiles (vLLM: fills the prefix cache, as RL would)
+  def timed(name, kv, on=engine, one_per_row=False):
+    # Untimed first: compiles (vLLM: fills the prefix cache, as RL would).
+    episodes(kv, on, one_per_row)
     t0 = time.perf_counter()
-    got = episodes(kv, on)
+    got = episodes(kv, on, one_per_row)
     seconds = time.perf_counter() - t0
     ids = sum(len(r) for r in got.batch.response_ids)
     model_ids = int(sum(int(np.sum(m)) for m in got.batch.action_mask))
@@ -214,6 +222,7 @@ def main(argv):
     "ids": ids,
     "ids_per_s": ids / seconds,
   }
+  print(json.dumps({"single_turn": out["single_turn"]}), flush=True)
   out["kept_kv_over_single"] = (
     out["kept_kv"]["ids_per_s"] / out["single_turn"]["ids_per_s"]
   )
@@ -244,7 +253,7 @@ def _vllm_arm(config, params, tok, timed) -> None:
       max_concurrent_requests=_ROWS.value,
     )
     with vllm_sidecar.VLLMSidecar(ckpt, settings, model_config=config) as eng:
-      timed("vllm_per_turn", False, eng)
+      timed("vllm_per_turn", False, eng, one_per_row=True)
 
 
 if __name__ == "__main__":
