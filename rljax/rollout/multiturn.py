@@ -113,6 +113,9 @@ __all__ = [
 
 # What the engine stops on (MultiTurnConfig.stop_by).
 STOP_BY = ("token", "string")
+# The prefix of a kept-KV run's own figures in `MultiTurnRollout.metrics`
+# (`slot_episodes.run`'s counts: prefills, appends, decode steps, ...).
+ENGINE_METRICS = "engine/"
 # A seed per engine call: calls after the first must not replay its keys.
 _SEED_STRIDE = 0x9E3779B1
 _SEED_RANGE = 2**31
@@ -434,7 +437,7 @@ def rollout_multiturn(
     reward_mean=float(np.mean([r.reward for r in rows])),
   )
   if kv_reuse:
-    metrics.update({f"engine/{k}": float(x) for k, x in stats.items()})
+    metrics.update({f"{ENGINE_METRICS}{k}": float(x) for k, x in stats.items()})
   timing = {
     "seconds": seconds,
     "tokens": float(model.sum()),

@@ -13,6 +13,7 @@ import numpy as np
 from rljax.envs import summarize
 from rljax.rewards import finite as finite_lib
 from rljax.rollout.base import RolloutBatch
+from rljax.rollout.multiturn import ENGINE_METRICS
 
 
 @dataclasses.dataclass
@@ -41,8 +42,9 @@ def refuse_all_nonfinite(step: int, cfg, sampled: float, nonfinite: float):
 # Counts of `rollout_multiturn`'s driver summed over a step's rounds (its
 # token means and reward are the batch's own metrics already).
 _DRIVER_SUMS = ("engine_calls", "continuations")
-# Counts of a kept-KV episode run (`slot_episodes`, `engine/<count>` in the
-# episodes' metrics), summed over a step's rounds as kv_episode_<count>.
+# Counts of a kept-KV episode run (`slot_episodes`, ENGINE_METRICS + count
+# in the episodes' metrics), summed over a step's rounds as
+# kv_episode_<count>.
 _KEPT_KV_SUMS = (
   "prefills",
   "appends",
@@ -67,10 +69,11 @@ def episode_metrics(episodes: list) -> dict[str, float]:
     out[key] = float(sum(e.metrics.get(key, 0.0) for e in episodes))
   cut = [r == "length" for e in episodes for r in e.batch.finish_reason]
   out["episode_truncated_rate"] = float(np.mean(cut)) if cut else 0.0
-  kept = [e.metrics for e in episodes if "engine/slot_steps" in e.metrics]
+  slot_steps = f"{ENGINE_METRICS}slot_steps"
+  kept = [e.metrics for e in episodes if slot_steps in e.metrics]
   if kept:
     for key in _KEPT_KV_SUMS:
-      total = sum(m.get(f"engine/{key}", 0.0) for m in kept)
+      total = sum(m.get(f"{ENGINE_METRICS}{key}", 0.0) for m in kept)
       out[f"kv_episode_{key}"] = float(total)
     # Live rows per slot-step: what the run's decode batches held.
     out["kv_episode_occupancy"] = out["kv_episode_live_row_steps"] / max(

@@ -16,13 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from rljax.rollout.base import RolloutBatch
-from rljax.rollout.multiturn import MultiTurnRollout
+from rljax.rollout.multiturn import ENGINE_METRICS, MultiTurnRollout
 
 PREFIX = "episode/"
 _COUNTERS = ("turns", "tool_calls", "malformed_calls")
 _DRIVER = ("engine_calls", "continuations")
 _ERROR = "tool_error_"
-_ENGINE = "engine/"
 
 
 def encode(episodes: MultiTurnRollout, prefix: str = PREFIX) -> dict:
@@ -31,7 +30,7 @@ def encode(episodes: MultiTurnRollout, prefix: str = PREFIX) -> dict:
   for key in _DRIVER:
     out[f"{prefix}{key}"] = float(episodes.metrics.get(key, 0.0))
   for key, value in episodes.metrics.items():
-    if key.startswith(_ENGINE):  # a kept-KV run's counts
+    if key.startswith(ENGINE_METRICS):  # a kept-KV run's counts
       out[f"{prefix}{key}"] = float(value)
   for r, (reward, info) in enumerate(zip(episodes.rewards, episodes.infos)):
     out[f"{prefix}reward_{r}"] = float(reward)
@@ -71,7 +70,7 @@ def decode(
     [extra[f"{prefix}reward_{r}"] for r in range(rows)], np.float32
   )
   metrics = {key: float(extra.get(f"{prefix}{key}", 0.0)) for key in _DRIVER}
-  head = f"{prefix}{_ENGINE}"
+  head = f"{prefix}{ENGINE_METRICS}"
   for key, value in extra.items():
     if key.startswith(head):
       metrics[key[len(prefix) :]] = float(value)

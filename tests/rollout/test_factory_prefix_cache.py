@@ -33,19 +33,28 @@ def test_vllm_prefix_cache_follows_reuse(monkeypatch, tmp_path, reuse):
   assert seen["config"].max_model_len == 96
 
 
-def test_the_trainer_reuses_the_cache_for_tool_tasks_only(monkeypatch):
-  from rljax.train import actor as actor_lib
-  from rljax.train.config import apply_preset
+def actor_engine_kwargs(monkeypatch, cfg) -> dict:
+  """The keywords the trainer's `Actor` hands `factory.make_engine` for
+  `cfg` (stopped there: the engine itself is not needed)."""
+  from rljax.train import actor as actor_lib  # pylint: disable=g-import-not-at-top
 
   seen = []
 
   def make_engine(*args, **kwargs):
-    seen.append(kwargs["reuse_prefix_cache"])
-    raise RuntimeError("stop here")  # the engine itself is not needed
+    seen.append(kwargs)
+    raise RuntimeError("stop here")
 
   monkeypatch.setattr(actor_lib.rollout_factory, "make_engine", make_engine)
+  with pytest.raises(RuntimeError, match="stop here"):
+    actor_lib.Actor(cfg, None, None, None)
+  return seen[0]
+
+
+def test_the_trainer_reuses_the_cache_for_tool_tasks_only(monkeypatch):
+  from rljax.train.config import apply_preset
+
+  seen = []
   for task in ("tool_arithmetic", "arithmetic"):
     cfg = apply_preset("grpo", {"model.name": "tiny", "task.name": task})
-    with pytest.raises(RuntimeError, match="stop here"):
-      actor_lib.Actor(cfg, None, None, None)
+    seen.append(actor_engine_kwargs(monkeypatch, cfg)["reuse_prefix_cache"])
   assert seen == [True, False]

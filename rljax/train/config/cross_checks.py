@@ -340,7 +340,6 @@ def _reward_checks(cfg: TrainConfig) -> list[Problem]:
 
 
 _QUANTIZED = ("int8", "int8_wo", "fp8")
-_DEFAULT_CHUNK_STEPS = sections.RolloutConfig.chunk_steps
 
 
 def _silent_no_op_checks(cfg: TrainConfig) -> list[Problem]:
@@ -371,9 +370,10 @@ def _silent_no_op_checks(cfg: TrainConfig) -> list[Problem]:
       "engine's slot KV; add --rollout.batching=continuous)"
     )
     out.append(Problem("rollout.kv_page_size", r.kv_page_size, expected))
-  if r.chunk_steps != _DEFAULT_CHUNK_STEPS and r.batching != "continuous":
+  default_chunk = sections.field_default("rollout.chunk_steps")
+  if r.chunk_steps != default_chunk and r.batching != "continuous":
     expected = (
-      f"{_DEFAULT_CHUNK_STEPS} (the default) with rollout.batching="
+      f"{default_chunk} (the default) with rollout.batching="
       f"{r.batching!r} (chunks are the continuous engine's; add "
       "--rollout.batching=continuous)"
     )
